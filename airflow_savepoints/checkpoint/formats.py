@@ -1,0 +1,182 @@
+"""Parsers for the files of a Spark Structured Streaming checkpoint.
+
+Formats are those of Spark 3.5 and 4.x (see docs/savepoint-format.md and the checkpoint spec):
+``metadata``, ``offsets/N`` (v1 and v2), ``commits/N`` (v1-v3), file-source logs, operator metadata
+v2 (transformWithState), RocksDB snapshot zips and Spark's ``.crc`` checksum sidecars.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_savepoints.core.errors import CheckpointError
+
+BATCH_FILE = re.compile(r"^(\d+)$")
+COMPACT_FILE = re.compile(r"^(\d+)\.compact$")
+HDFS_STATE_FILE = re.compile(r"^(\d+)(?:\.[^.]+)?\.(delta|snapshot|metadata)$")
+ROCKSDB_V1_FILE = re.compile(r"^(\d+)\.(zip|changelog)$")
+ROCKSDB_V2_FILE = re.compile(r"^(\d+)_([0-9A-Za-z-]+)\.(zip|changelog)$")
+SPARK_SIDECAR_SUFFIX = ".crc"
+
+
+def is_transient_name(name: str) -> bool:
+    """Temp files (``.x.<uuid>.tmp``) and Hadoop's hidden ``.x.crc`` files: never part of a savepoint."""
+    return name.startswith(".") or name.endswith(".tmp")
+
+
+def _text(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{what} is not UTF-8 text", "the checkpoint may be damaged") from exc
+
+
+def _json(line: str, what: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise CheckpointError(f"{what} holds invalid JSON: {line[:80]!r}", "the checkpoint may be damaged") from exc
+
+
+def parse_stream_metadata(data: bytes) -> str:
+    """The query id from the checkpoint's ``metadata`` file."""
+    text = _text(data, "metadata").strip()
+    first = text.splitlines()[0] if text else ""
+    value = _json(first, "metadata") if first else None
+    if not isinstance(value, dict) or not isinstance(value.get("id"), str):
+        raise CheckpointError("the checkpoint's 'metadata' file has no query id", "the checkpoint may be damaged")
+    return value["id"]
+
+
+@dataclass
+class OffsetEntry:
+    """``offsets/N``: log version, batch metadata and one offset per source (None = no offset yet)."""
+
+    version: int
+    metadata: dict[str, Any]
+    # source key ("0", "1", … for v1; the source name for v2) -> offset JSON (None for "-")
+    sources: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> dict[str, str]:
+        return dict(self.metadata.get("conf") or {})
+
+
+def _log_version(first_line: str, what: str) -> int:
+    match = re.fullmatch(r"v(\d+)", first_line.strip())
+    if not match:
+        raise CheckpointError(f"{what} does not start with a version line (got {first_line[:20]!r})",
+                              "the checkpoint may be damaged")
+    return int(match.group(1))
+
+
+def parse_offsets(data: bytes, what: str = "offsets") -> OffsetEntry:
+    lines = _text(data, what).split("\n")
+    if len(lines) < 2:
+        raise CheckpointError(f"{what} is truncated", "the checkpoint may be damaged")
+    version = _log_version(lines[0], what)
+    metadata = _json(lines[1], what) if lines[1].strip() else {}
+    sources: dict[str, Any] = {}
+    for index, line in enumerate(x for x in lines[2:] if x.strip()):
+        if version >= 2:
+            key, _, value = line.partition(":")
+            sources[key] = None if value.strip() == "-" else _json(value, what)
+        else:
+            sources[str(index)] = None if line.strip() == "-" else _json(line, what)
+    return OffsetEntry(version=version, metadata=metadata if isinstance(metadata, dict) else {}, sources=sources)
+
+
+@dataclass
+class CommitEntry:
+    version: int
+    state_unique_ids: dict[str, list[list[str]]] = field(default_factory=dict)
+
+
+def parse_commit(data: bytes, what: str = "commits") -> CommitEntry:
+    lines = _text(data, what).split("\n")
+    version = _log_version(lines[0], what)
+    body = _json(lines[1], what) if len(lines) > 1 and lines[1].strip() else {}
+    ids = body.get("stateUniqueIds") if isinstance(body, dict) else None
+    return CommitEntry(version=version, state_unique_ids=ids or {})
+
+
+def file_source_log_offset(offset: Any) -> int | None:
+    """The file-source log batch id in a source offset (``{"logOffset": L}``), else None."""
+    if isinstance(offset, dict) and isinstance(offset.get("logOffset"), int):
+        return offset["logOffset"]
+    return None
+
+
+def parse_operator_metadata_v2(data: bytes, what: str) -> dict[str, Any]:
+    lines = _text(data, what).split("\n", 1)
+    if _log_version(lines[0], what) != 2 or len(lines) < 2:
+        raise CheckpointError(f"{what} is not operator metadata v2", "the checkpoint may be damaged")
+    return _json(lines[1].strip(), what)
+
+
+def schema_file_paths(op_metadata_v2: dict[str, Any]) -> list[str]:
+    paths: list[str] = []
+    for store in op_metadata_v2.get("stateStoreInfo") or []:
+        paths.extend(store.get("stateSchemaFilePaths") or [])
+    return paths
+
+
+def rewrite_schema_file_paths(data: bytes, new_state_root: str, op: str, what: str) -> bytes:
+    """Point every ``stateSchemaFilePaths`` entry at ``<new_state_root>/<op>/_stateSchema/...``."""
+    lines = _text(data, what).split("\n", 1)
+    body = parse_operator_metadata_v2(data, what)
+    for store in body.get("stateStoreInfo") or []:
+        rewritten = []
+        for old in store.get("stateSchemaFilePaths") or []:
+            marker = f"/{op}/_stateSchema/"
+            if marker not in old:
+                raise CheckpointError(f"{what}: unexpected schema file path {old!r}", "please report this checkpoint")
+            rewritten.append(new_state_root.rstrip("/") + marker + old.split(marker, 1)[1])
+        store["stateSchemaFilePaths"] = rewritten
+    return (lines[0] + "\n" + json.dumps(body, separators=(",", ":"))).encode("utf-8")
+
+
+@dataclass
+class RocksDBSnapshot:
+    """Immutable files (relative to the store folder) a RocksDB snapshot zip refers to, with sizes."""
+
+    files: dict[str, int]
+
+
+def parse_rocksdb_zip(data: bytes, what: str) -> RocksDBSnapshot:
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            raw = archive.read("metadata")
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise CheckpointError(f"{what} is not a RocksDB snapshot zip with a 'metadata' entry",
+                              "it may have been replaced while it was read") from exc
+    lines = _text(raw, what).split("\n", 1)
+    body = _json(lines[1] if len(lines) > 1 else lines[0], what)
+    files: dict[str, int] = {}
+    for entry in body.get("sstFiles") or []:
+        name = entry.get("dfsSstFileName") or entry.get("dfsFileName")
+        if name:
+            files[f"SSTs/{name}"] = int(entry.get("sizeBytes", -1))
+    for entry in body.get("logFiles") or []:
+        name = entry.get("dfsLogFileName") or entry.get("dfsFileName")
+        if name:
+            files[f"logs/{name}"] = int(entry.get("sizeBytes", -1))
+    return RocksDBSnapshot(files=files)
+
+
+@dataclass
+class SparkChecksum:
+    value: int  # unsigned CRC32C
+    main_file_size: int
+
+
+def parse_spark_sidecar(data: bytes, what: str) -> SparkChecksum:
+    body = _json(_text(data, what).strip(), what)
+    if not isinstance(body, dict) or str(body.get("algorithm", "")).upper() != "CRC32C":
+        raise CheckpointError(f"{what} is not a Spark CRC32C checksum file", "the checkpoint may be damaged")
+    return SparkChecksum(value=int(body["value"]) & 0xFFFFFFFF, main_file_size=int(body.get("mainFileSize", -1)))

@@ -1,0 +1,394 @@
+"""Plan the minimal set of checkpoint files that restores committed micro-batch N.
+
+The planner works from ONE listing of the live checkpoint (path -> size and version token) plus a
+reader for the handful of small files whose content decides the plan (``metadata``, ``offsets/N``,
+``commits/N``, operator metadata, RocksDB snapshot zips). It never lists twice, so the plan is
+consistent with that one listing; the copier later checks the files did not change.
+
+Rules (docs/savepoint-format.md explains each one):
+
+* N is the newest batch with both ``offsets/N`` and ``commits/N``.
+* Always: ``metadata``, the newest ``offsets/<b>`` with b < N, ``offsets/N``, ``commits/N``.
+* If ``offsets/N+1`` exists (batch N+1 is planned but not committed), it is included, so that a
+  restore re-runs N+1 with the same offsets, exactly as Spark's own crash recovery does.
+* Each file source's log up to the offset recorded for it (newest compact file <= L, then L's tail);
+  other sources' folders whole.
+* State version V = N+1 for every operator, partition and store: HDFS snapshot + deltas; RocksDB
+  zip + changelogs + the SSTs/logs the zip lists (checkpoint format v1 and v2); per-store schema
+  files, operator metadata, transformWithState metadata v2 and the schema files it names; Spark
+  ``.crc`` sidecars of selected files. Never temp files or Hadoop's hidden ``.crc`` files.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_savepoints.checkpoint import formats
+from airflow_savepoints.core.errors import (
+    CheckpointError,
+    CheckpointRaceError,
+    NoCommittedBatchError,
+    NotACheckpointError,
+)
+from airflow_savepoints.storage import FileStat
+
+Reader = Callable[[str], bytes]
+
+# Copy order: sources first (Spark purges old file-source logs soonest), then state, then the
+# offset/commit logs, and the checkpoint's ``metadata`` file last.
+GROUP_SOURCES, GROUP_STATE, GROUP_LOGS, GROUP_METADATA = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    path: str
+    size: int
+    version: str
+    group: int
+    sidecar_of: str | None = None  # for Spark .crc sidecars: the main file they check
+    expected_size: int | None = None  # a size the checkpoint itself promises (RocksDB zip metadata)
+
+
+@dataclass
+class CheckpointPlan:
+    """What to copy for batch ``batch_id`` and what the checkpoint says about itself."""
+
+    batch_id: int
+    query_id: str
+    includes_next_offsets: bool
+    files: list[PlannedFile]
+    offset_log_version: int
+    commit_log_version: int
+    checkpoint_format_version: int
+    state_store_provider: str | None
+    changelog_checkpointing: bool | None
+    source_offsets: dict[str, Any]
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    operators: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def _int_names(listing: Mapping[str, FileStat], folder: str) -> dict[int, str]:
+    """Batch-numbered files directly in ``folder`` (``offsets/12`` -> {12: "offsets/12"})."""
+    found: dict[int, str] = {}
+    prefix = folder + "/"
+    for path in listing:
+        if path.startswith(prefix):
+            name = path[len(prefix) :]
+            if "/" not in name and formats.BATCH_FILE.match(name):
+                found[int(name)] = path
+    return found
+
+
+def newest_committed_batch(listing: Mapping[str, FileStat]) -> int | None:
+    committed = set(_int_names(listing, "offsets")) & set(_int_names(listing, "commits"))
+    return max(committed) if committed else None
+
+
+def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str = "the checkpoint") -> CheckpointPlan:
+    """Plan the savepoint of the newest committed batch of the checkpoint described by ``listing``."""
+    listing = {p: s for p, s in listing.items() if not any(formats.is_transient_name(x) for x in p.split("/"))}
+    offsets = _int_names(listing, "offsets")
+    commits = _int_names(listing, "commits")
+    if "metadata" not in listing and not offsets:
+        raise NotACheckpointError(
+            f"{where} is not a Spark streaming checkpoint: it has no 'metadata' file and no 'offsets/' folder",
+            "point at the query's checkpointLocation (the folder holding metadata, offsets/, commits/)",
+        )
+    committed = sorted(set(offsets) & set(commits))
+    if not committed:
+        raise NoCommittedBatchError(
+            f"{where} has no committed micro-batch yet (no batch with both offsets/N and commits/N)",
+            "wait until the query has committed its first batch, then try again",
+        )
+    if "metadata" not in listing:
+        raise CheckpointError(
+            f"{where} has offsets and commits but no 'metadata' file (the query id)",
+            "a checkpoint without it cannot be restarted with its identity; restore it from a savepoint instead",
+        )
+    n = committed[-1]
+    planned: dict[str, PlannedFile] = {}
+
+    def add(path: str, group: int, expected_size: int | None = None) -> None:
+        stat = listing.get(path)
+        if stat is None:
+            raise CheckpointRaceError(f"{where}: '{path}' is needed for batch {n} but is not there")
+        planned[path] = PlannedFile(path, stat.size, stat.version, group, expected_size=expected_size)
+
+    query_id = formats.parse_stream_metadata(read("metadata"))
+    add("metadata", GROUP_METADATA)
+    add(offsets[n], GROUP_LOGS)
+    add(commits[n], GROUP_LOGS)
+    earlier = [b for b in offsets if b < n]
+    if earlier:
+        add(offsets[max(earlier)], GROUP_LOGS)
+    elif n > 0:
+        raise CheckpointError(
+            f"{where}: offsets/{n - 1} is gone, so Spark could not restart batch {n}",
+            "the checkpoint was purged too far (minBatchesToRetain); it cannot be saved as a savepoint",
+        )
+    offset_n = formats.parse_offsets(read(offsets[n]), f"offsets/{n}")
+    commit_n = formats.parse_commit(read(commits[n]), f"commits/{n}")
+    next_batch = n + 1 if (n + 1) in offsets else None
+    offsets_for_sources = offset_n
+    if next_batch is not None:
+        add(offsets[next_batch], GROUP_LOGS)
+        offsets_for_sources = formats.parse_offsets(read(offsets[next_batch]), f"offsets/{next_batch}")
+
+    _plan_sources(listing, offsets_for_sources, add, where)
+    ckpt_format = 2 if commit_n.state_unique_ids else 1
+    operators = _plan_state(listing, read, n + 1, commit_n, add, where)
+
+    # Spark's own checksum sidecars travel only together with their main file.
+    for path in list(planned):
+        sidecar = path + formats.SPARK_SIDECAR_SUFFIX
+        if sidecar in listing and sidecar not in planned:
+            stat = listing[sidecar]
+            planned[sidecar] = PlannedFile(sidecar, stat.size, stat.version, planned[path].group, sidecar_of=path)
+
+    conf = offset_n.conf
+    provider = conf.get("spark.sql.streaming.stateStore.providerClass")
+    changelog = None
+    if operators:
+        changelog = any(p.endswith(".changelog") for p in planned)
+    return CheckpointPlan(
+        batch_id=n,
+        query_id=query_id,
+        includes_next_offsets=next_batch is not None,
+        files=sorted(planned.values(), key=lambda f: (f.group, f.path)),
+        offset_log_version=offset_n.version,
+        commit_log_version=commit_n.version,
+        checkpoint_format_version=ckpt_format,
+        state_store_provider=provider,
+        changelog_checkpointing=changelog,
+        source_offsets=offset_n.sources,
+        spark_conf=conf,
+        operators=operators,
+    )
+
+
+# --- sources ---------------------------------------------------------------------------------------
+def _plan_sources(listing, offset_entry: formats.OffsetEntry, add, where: str) -> None:
+    by_source: dict[str, list[str]] = defaultdict(list)
+    for path in listing:
+        if path.startswith("sources/"):
+            parts = path.split("/")
+            if len(parts) >= 3:
+                by_source[parts[1]].append(path)
+    for source, paths in sorted(by_source.items()):
+        log_offset = formats.file_source_log_offset(offset_entry.sources.get(source))
+        if source in offset_entry.sources and offset_entry.sources[source] is None:
+            continue  # the source has no offset yet: nothing of its log is committed
+        if log_offset is None:
+            for path in paths:  # Kafka, rate and unknown sources: the folder whole (tiny)
+                add(path, GROUP_SOURCES)
+            continue
+        _plan_file_source_log(listing, f"sources/{source}", log_offset, add, where)
+
+
+def _plan_file_source_log(listing, folder: str, last: int, add, where: str) -> None:
+    plain = _int_names(listing, folder)
+    compact: dict[int, str] = {}
+    for path in listing:
+        if path.startswith(folder + "/"):
+            match = formats.COMPACT_FILE.match(path[len(folder) + 1 :])
+            if match:
+                compact[int(match.group(1))] = path
+    bases = [c for c in compact if c <= last]
+    start = 0
+    if bases:
+        base = max(bases)
+        add(compact[base], GROUP_SOURCES)
+        start = base + 1
+    missing = [b for b in range(start, last + 1) if b not in plain]
+    if missing:
+        raise CheckpointRaceError(
+            f"{where}: file-source log {folder} lacks entries {missing[:5]} needed up to {last}"
+        )
+    for batch in range(start, last + 1):
+        add(plain[batch], GROUP_SOURCES)
+
+
+# --- state -----------------------------------------------------------------------------------------
+_STORE_CONTENT = ("_metadata", "SSTs", "logs")
+
+
+def _store_folders(op_paths: list[str], op_folder: str) -> dict[str, list[str]]:
+    """Group an operator's partition files by store folder (``state/0/1`` or ``state/0/1/left-…``)."""
+    stores: dict[str, list[str]] = defaultdict(list)
+    for path in op_paths:
+        rest = path[len(op_folder) + 1 :].split("/")
+        if len(rest) < 2 or not rest[0].isdigit():
+            continue
+        partition, first = rest[0], rest[1]
+        is_default_store = (
+            len(rest) == 2
+            or first in _STORE_CONTENT
+        )
+        if is_default_store:
+            stores[f"{op_folder}/{partition}"].append(path)
+        else:
+            stores[f"{op_folder}/{partition}/{first}"].append(path)
+    return stores
+
+
+def _plan_state(listing, read: Reader, version: int, commit: formats.CommitEntry, add, where: str) -> list[str]:
+    by_operator: dict[str, list[str]] = defaultdict(list)
+    for path in listing:
+        parts = path.split("/")
+        if parts[0] == "state" and len(parts) >= 3 and parts[1].isdigit():
+            by_operator[parts[1]].append(path)
+    for op, paths in sorted(by_operator.items()):
+        op_folder = f"state/{op}"
+        _plan_operator_metadata(listing, read, op, op_folder, paths, version, add, where)
+        unique_ids = commit.state_unique_ids.get(op)
+        for store, files in sorted(_store_folders(paths, op_folder).items()):
+            partition = store.split("/")[2]
+            ids: set[str] = set()
+            if unique_ids is not None:
+                try:
+                    ids = set(unique_ids[int(partition)])
+                except (IndexError, ValueError, TypeError):
+                    ids = set()
+            _plan_store(listing, read, store, files, version, ids, add, where)
+    return sorted(by_operator)
+
+
+def _plan_operator_metadata(listing, read, op, op_folder, paths, version, add, where) -> None:
+    v1 = f"{op_folder}/_metadata/metadata"
+    if v1 in listing:
+        add(v1, GROUP_STATE)
+    v2_folder = f"{op_folder}/_metadata/v2"
+    v2 = _int_names(listing, v2_folder)
+    usable = [b for b in v2 if b <= version]
+    if not usable:
+        return
+    chosen = v2[max(usable)]
+    add(chosen, GROUP_STATE)
+    body = formats.parse_operator_metadata_v2(read(chosen), chosen)
+    marker = f"/{op}/_stateSchema/"
+    for uri in formats.schema_file_paths(body):
+        if marker not in uri:
+            raise CheckpointError(f"{where}: {chosen} names an unexpected schema file {uri!r}",
+                                  "please report this checkpoint layout")
+        add(f"{op_folder}/_stateSchema/" + uri.split(marker, 1)[1], GROUP_STATE)
+
+
+def _plan_store(listing, read, store: str, files: list[str], version: int, ids: set[str], add, where) -> None:
+    direct: dict[str, str] = {}
+    for path in files:
+        rel = path[len(store) + 1 :]
+        if rel.startswith("_metadata/"):
+            add(path, GROUP_STATE)  # per-store schema
+        elif "/" not in rel:
+            direct[rel] = path
+    hdfs: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    rocks_v1: dict[int, dict[str, str]] = defaultdict(dict)
+    rocks_v2: dict[int, dict[str, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
+    for name, path in direct.items():
+        if name.endswith(formats.SPARK_SIDECAR_SUFFIX):
+            continue
+        if m := formats.HDFS_STATE_FILE.match(name):
+            hdfs[int(m.group(1))][m.group(2)].append(path)
+        elif m := formats.ROCKSDB_V1_FILE.match(name):
+            rocks_v1[int(m.group(1))][m.group(2)] = path
+        elif m := formats.ROCKSDB_V2_FILE.match(name):
+            rocks_v2[int(m.group(1))][m.group(3)][m.group(2)] = path
+    if rocks_v2 and ids:
+        _plan_rocksdb_v2(listing, read, store, rocks_v2, version, ids, add, where)
+    elif rocks_v1 or rocks_v2:
+        flat = rocks_v1 or {v: {k: next(iter(d.values())) for k, d in kinds.items()} for v, kinds in rocks_v2.items()}
+        _plan_rocksdb_v1(listing, read, store, flat, version, add, where)
+    elif hdfs:
+        _plan_hdfs(store, hdfs, version, add, where)
+    # a store folder with no version files at all holds only schema files (already added)
+
+
+def _plan_hdfs(store, files: dict[int, dict[str, list[str]]], version: int, add, where) -> None:
+    snapshots = sorted((v for v in files if "snapshot" in files[v] and v <= version), reverse=True)
+    for base in [*snapshots, 0]:
+        deltas = range(base + 1, version + 1)
+        if all("delta" in files.get(v, {}) for v in deltas):
+            if base:
+                for path in files[base]["snapshot"]:
+                    add(path, GROUP_STATE)
+            for v in deltas:
+                for path in files[v]["delta"] + files[v].get("metadata", []):
+                    add(path, GROUP_STATE)
+            return
+    raise CheckpointRaceError(f"{where}: state store {store} cannot load version {version} "
+                              f"(no snapshot with a complete chain of deltas)")
+
+
+def _add_rocksdb_snapshot(listing, read, store, zip_path, add) -> None:
+    add(zip_path, GROUP_STATE)
+    snapshot = formats.parse_rocksdb_zip(read(zip_path), zip_path)
+    for rel, size in snapshot.files.items():
+        add(f"{store}/{rel}", GROUP_STATE, expected_size=size if size >= 0 else None)
+
+
+def _plan_rocksdb_v1(listing, read, store, files: dict[int, dict[str, str]], version, add, where) -> None:
+    zips = sorted((v for v in files if "zip" in files[v] and v <= version), reverse=True)
+    for base in zips:
+        chain = range(base + 1, version + 1)
+        if all("changelog" in files.get(v, {}) for v in chain):
+            _add_rocksdb_snapshot(listing, read, store, files[base]["zip"], add)
+            for v in chain:
+                add(files[v]["changelog"], GROUP_STATE)
+            return
+    chain = range(1, version + 1)
+    if all("changelog" in files.get(v, {}) for v in chain):  # changelogs from the start, no snapshot yet
+        for v in chain:
+            add(files[v]["changelog"], GROUP_STATE)
+        return
+    raise CheckpointRaceError(f"{where}: RocksDB store {store} cannot load version {version} "
+                              f"(no snapshot zip with a complete chain of changelogs)")
+
+
+def _plan_rocksdb_v2(listing, read, store, files, version, ids: set[str], add, where) -> None:
+    """Checkpoint format v2: follow the committed unique id of version V back to its snapshot.
+
+    Conservative: from V down to the newest version with a snapshot zip, every changelog and zip of
+    each version is taken (a few small extra files at most), so the lineage is always covered.
+    """
+    at_v = files.get(version, {})
+    committed = [uid for uid in ids if uid in at_v.get("zip", {}) or uid in at_v.get("changelog", {})]
+    if not committed:
+        raise CheckpointRaceError(f"{where}: RocksDB store {store} has no file for committed version "
+                                  f"{version} with unique id {sorted(ids)}")
+    uid = committed[0]
+    if uid in at_v.get("zip", {}):
+        _add_rocksdb_snapshot(listing, read, store, at_v["zip"][uid], add)
+        if uid in at_v.get("changelog", {}):
+            add(at_v["changelog"][uid], GROUP_STATE)
+        return
+    add(at_v["changelog"][uid], GROUP_STATE)
+    v = version - 1
+    while v >= 1:
+        kinds = files.get(v, {})
+        for path in kinds.get("changelog", {}).values():
+            add(path, GROUP_STATE)
+        if kinds.get("zip"):
+            for path in kinds["zip"].values():
+                _add_rocksdb_snapshot(listing, read, store, path, add)
+            return
+        if not kinds:
+            raise CheckpointRaceError(f"{where}: RocksDB store {store} lacks version {v} of the lineage "
+                                      f"of version {version}")
+        v -= 1
+    # lineage reaches back to version 1 with changelogs only: nothing more to take
+
+
+def planned_paths(plan: CheckpointPlan) -> list[str]:
+    return [f.path for f in plan.files]
+
+
+def folder_of(path: str) -> str:
+    return posixpath.dirname(path)

@@ -1,0 +1,215 @@
+"""``airflow-savepoints``: take, list, show, verify, restore and dispose savepoints from a terminal.
+
+Every command takes ``--json``. Errors print what went wrong and how to fix it, and exit 1
+(usage errors exit 2). Storage options (S3 endpoint, keys) come from fsspec's configuration
+(``FSSPEC_S3_ENDPOINT_URL``, ``~/.config/fsspec``) or the usual environment variables.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from airflow_savepoints import __version__, core
+from airflow_savepoints.core.errors import SavepointError
+from airflow_savepoints.core.restore import verify_savepoint
+from airflow_savepoints.core.settings import resolve_savepoint_dir
+from airflow_savepoints.storage import Store
+
+app = typer.Typer(
+    name="airflow-savepoints",
+    help="Flink-style savepoints for Spark Structured Streaming checkpoints.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text.")]
+DirOption = Annotated[
+    str | None,
+    typer.Option("--dir", help="Savepoint directory (default: AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR or airflow.cfg)."),
+]
+
+
+class TriggerType(StrEnum):
+    manual = "manual"
+    periodic = "periodic"
+
+
+def _emit(as_json: bool, payload: Any, text: str | None = None) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+    elif text is not None:
+        out.print(text)
+
+
+def _command(fn):
+    """Run a command; a SavepointError becomes a clear message and exit status 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        as_json = kwargs.get("as_json", False)
+        try:
+            return fn(*args, **kwargs)
+        except SavepointError as exc:
+            if as_json:
+                sys.stdout.write(json.dumps({"error": exc.to_dict()}, indent=2) + "\n")
+            else:
+                err.print(f"[bold red]error:[/] {exc.message}")
+                if exc.hint:
+                    err.print(f"[yellow]how to fix:[/] {exc.hint}")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _human_age(created: datetime) -> str:
+    seconds = int((datetime.now(UTC) - created).total_seconds())
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"{seconds // span}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+@app.command()
+@_command
+def trigger(
+    checkpoint: Annotated[str, typer.Argument(help="The live checkpoint location of the query.")],
+    job: Annotated[str, typer.Option("--job", help="Job name: the folder of its savepoints.")],
+    savepoint_dir: DirOption = None,
+    savepoint_type: Annotated[TriggerType, typer.Option("--type")] = TriggerType.manual,
+    reason: Annotated[str | None, typer.Option(help="Why it is taken (kept in the manifest).")] = None,
+    request_id: Annotated[str | None, typer.Option(help="Idempotency key: a retry returns the same savepoint.")] = None,
+    max_attempts: Annotated[int, typer.Option(min=1, max=100)] = 5,
+    parallelism: Annotated[int, typer.Option(min=1, max=256)] = 8,
+    as_json: JsonFlag = False,
+) -> None:
+    """Take a savepoint of the newest committed batch of CHECKPOINT."""
+    info = core.take_savepoint(
+        checkpoint, job, savepoint_dir=savepoint_dir, savepoint_type=savepoint_type.value, reason=reason,
+        request_id=request_id, max_attempts=max_attempts, parallelism=parallelism,
+    )
+    s = info.summary()
+    _emit(as_json, s, f"[green]savepoint completed[/]: {s['pointer']}\n"
+                      f"  batch {s['batch_id']}, {s['files']} files, {_human_size(s['bytes'])}, query {s['query_id']}")
+
+
+@app.command(name="list")
+@_command
+def list_(
+    job: Annotated[str, typer.Option("--job", help="Job name.")],
+    savepoint_dir: DirOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List the completed savepoints of a job, oldest first."""
+    root = Store(resolve_savepoint_dir(savepoint_dir))
+    infos = core.list_savepoints(root, job)
+    rows = [i.summary() for i in infos]
+    if as_json:
+        _emit(True, {"job": job, "savepoint_dir": root.url, "savepoints": rows})
+        return
+    if not rows:
+        out.print(f"no savepoints of job '{job}' in {root.url}")
+        return
+    table = Table(title=f"savepoints of {job} in {root.url}")
+    for column in ("type", "reason", "batch", "size", "age", "state", "pointer"):
+        table.add_column(column, overflow="fold")
+    for info, row in zip(infos, rows, strict=True):
+        table.add_row(row["type"], row["reason"] or "", str(row["batch_id"]), _human_size(row["bytes"]),
+                      _human_age(info.manifest.created_at), row["state"], row["pointer"])
+    out.print(table)
+
+
+@app.command()
+@_command
+def show(
+    pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show a savepoint's manifest."""
+    location, manifest = core.resolve_pointer(pointer)
+    if as_json:
+        _emit(True, {"pointer": location.url, "manifest": manifest.model_dump(mode="json")})
+        return
+    summary = core.SavepointInfo(pointer=location.url, manifest=manifest).summary()
+    for key, value in summary.items():
+        out.print(f"{key:26} {value}")
+    out.print(f"{'checkpoint':26} {manifest.checkpoint}")
+    out.print(f"{'state store':26} {manifest.state_store.model_dump()}")
+
+
+@app.command()
+@_command
+def verify(
+    pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Check every file of a savepoint against the sizes and checksums in its manifest."""
+    location, manifest = verify_savepoint(pointer)
+    _emit(as_json, {"pointer": location.url, "ok": True, "files": len(manifest.files), "bytes": manifest.total_bytes},
+          f"[green]ok[/]: {location.url}: {len(manifest.files)} files, {_human_size(manifest.total_bytes)} verified")
+
+
+@app.command()
+@_command
+def restore(
+    pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
+    to: Annotated[str, typer.Option("--to", help="A new, empty checkpoint location.")],
+    new_query_id: Annotated[bool, typer.Option(help="Give the restored query a new id (a fork).")] = False,
+    sink_path: Annotated[
+        str | None, typer.Option(help="The job's file sink output path: refuse if it is past the savepoint.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
+    result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, sink_path=sink_path)
+    confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
+    _emit(as_json, result.model_dump(mode="json"),
+          f"[green]restored[/] batch {result.batch_id} into {result.checkpoint} (query {result.query_id})\n"
+          f"  start the query with checkpointLocation={result.checkpoint} and {confs}")
+
+
+@app.command()
+@_command
+def dispose(
+    pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
+    savepoint_dir: DirOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete a savepoint (only a complete savepoint inside the savepoint directory)."""
+    info = core.dispose_savepoint(pointer, savepoint_dir=savepoint_dir)
+    _emit(as_json, {"disposed": info.pointer, "savepoint_id": info.manifest.savepoint_id},
+          f"disposed {info.pointer}")
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    out.print(__version__)
+
+
+def main() -> None:  # console script entry point
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Every failure the package reports on purpose.
+
+Each error names the thing at fault and says how to fix it (``hint``). The CLI prints both and exits
+non-zero; operators re-raise them. ``code`` is a stable short name for scripts and JSON output.
+"""
+
+from __future__ import annotations
+
+
+class SavepointError(Exception):
+    """Base class: a failure with a message for humans and a hint on how to fix it."""
+
+    code = "error"
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"code": self.code, "message": self.message, "hint": self.hint}
+
+
+# --- bad input -------------------------------------------------------------------------------------
+class InvalidInputError(SavepointError):
+    code = "invalid_input"
+
+
+class InvalidJobNameError(InvalidInputError):
+    code = "invalid_job_name"
+
+
+class InvalidPathError(InvalidInputError):
+    code = "invalid_path"
+
+
+class NoSavepointDirError(InvalidInputError):
+    code = "no_savepoint_dir"
+
+
+# --- storage ---------------------------------------------------------------------------------------
+class StorageError(SavepointError):
+    code = "storage_error"
+
+
+class UnknownSchemeError(StorageError):
+    code = "unknown_scheme"
+
+
+class MissingBackendError(StorageError):
+    code = "missing_backend"
+
+
+class CredentialsError(StorageError):
+    code = "missing_credentials"
+
+
+class StoragePermissionError(StorageError):
+    code = "permission_denied"
+
+
+class StorageFullError(StorageError):
+    code = "storage_full"
+
+
+class OutsideRootError(StorageError):
+    code = "outside_root"
+
+
+# --- the live checkpoint ---------------------------------------------------------------------------
+class CheckpointError(SavepointError):
+    code = "checkpoint_error"
+
+
+class CheckpointNotFoundError(CheckpointError):
+    code = "checkpoint_not_found"
+
+
+class NotACheckpointError(CheckpointError):
+    code = "not_a_checkpoint"
+
+
+class NoCommittedBatchError(CheckpointError):
+    code = "no_committed_batch"
+
+
+class CheckpointRaceError(CheckpointError):
+    """The checkpoint changed under the copy (Spark replaced or purged a planned file). Retried."""
+
+    code = "checkpoint_race"
+
+
+class SavepointRetriesExhaustedError(CheckpointError):
+    code = "retries_exhausted"
+
+
+# --- savepoints and pointers -----------------------------------------------------------------------
+class PointerError(SavepointError):
+    code = "pointer_error"
+
+
+class SavepointNotFoundError(PointerError):
+    code = "savepoint_not_found"
+
+
+class IncompleteSavepointError(PointerError):
+    code = "incomplete_savepoint"
+
+
+class ManifestUnreadableError(PointerError):
+    code = "manifest_unreadable"
+
+
+class ManifestCorruptError(PointerError):
+    code = "manifest_corrupt"
+
+
+class ManifestVersionError(PointerError):
+    code = "manifest_version_unsupported"
+
+
+class SavepointInFlightError(SavepointError):
+    code = "savepoint_in_flight"
+
+
+class VerificationError(SavepointError):
+    code = "verification_failed"
+
+
+# --- restore ---------------------------------------------------------------------------------------
+class RestoreError(SavepointError):
+    code = "restore_error"
+
+
+class TargetNotEmptyError(RestoreError):
+    code = "target_not_empty"
+
+
+class SinkAheadError(RestoreError):
+    code = "sink_ahead"

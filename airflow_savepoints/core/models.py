@@ -1,0 +1,134 @@
+"""Pydantic models: the savepoint manifest (``_metadata``) and what the services return."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from airflow_savepoints.core.errors import InvalidJobNameError
+
+MANIFEST_FORMAT = "airflow-savepoints/savepoint"
+MANIFEST_VERSION = 1
+MANIFEST_FILE = "_metadata"
+CHECKSUM_ALGORITHM = "crc32c"
+
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def validate_job_name(job: str) -> str:
+    """A job name is one folder name: letters, digits, '.', '_', '-'; not empty, no '/', not '..'."""
+    if not isinstance(job, str) or not JOB_NAME.match(job) or ".." in job:
+        raise InvalidJobNameError(
+            f"invalid job name {job!r}",
+            "use 1-128 characters from A-Z a-z 0-9 . _ - , starting with a letter or digit, without '..' or '/'",
+        )
+    return job
+
+
+class SavepointType(StrEnum):
+    MANUAL = "manual"
+    PERIODIC = "periodic"
+    STOP = "stop"
+    RETAINED_CHECKPOINT = "retained_checkpoint"
+
+
+class FileEntry(BaseModel):
+    """One file of the savepoint, relative to its directory."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    size: int = Field(ge=0)
+    checksum: str  # hex CRC32C of the file's bytes
+
+
+class StateStoreSettings(BaseModel):
+    """State-store settings a restarting query must match; Spark does not persist all of them."""
+
+    provider: str | None = None
+    checkpoint_format_version: int = 1
+    changelog_checkpointing: bool | None = None
+    operators: list[str] = Field(default_factory=list)
+
+
+class SavepointManifest(BaseModel):
+    """The ``_metadata`` file: written last, so its presence is what makes a savepoint complete."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["airflow-savepoints/savepoint"] = MANIFEST_FORMAT
+    format_version: int = MANIFEST_VERSION
+    savepoint_id: str
+    job: str
+    query_id: str
+    batch_id: int = Field(ge=0)
+    includes_next_offsets: bool = False
+    type: SavepointType
+    reason: str | None = None
+    request_id: str | None = None
+    created_at: datetime
+    tool_version: str
+    spark_version: str | None = None
+    checkpoint: str  # the live checkpoint it was taken from (a URL, never with credentials)
+    offset_log_version: int = 1
+    commit_log_version: int = 1
+    state_store: StateStoreSettings = Field(default_factory=StateStoreSettings)
+    source_offsets: dict[str, Any] = Field(default_factory=dict)
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    checksum_algorithm: Literal["crc32c"] = CHECKSUM_ALGORITHM
+    files: list[FileEntry]
+    total_bytes: int = Field(ge=0)
+    attempts: int = 1
+
+    @field_validator("job")
+    @classmethod
+    def _job_name(cls, value: str) -> str:
+        return validate_job_name(value)
+
+    def age_seconds(self, now: datetime | None = None) -> float:
+        return ((now or datetime.now(UTC)) - self.created_at).total_seconds()
+
+
+class SavepointInfo(BaseModel):
+    """A completed savepoint as the services return it: where it is and its manifest."""
+
+    pointer: str
+    manifest: SavepointManifest
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON the CLI prints and operators push to XCom (no credentials, plain types)."""
+        m = self.manifest
+        return {
+            "pointer": self.pointer,
+            "savepoint_id": m.savepoint_id,
+            "job": m.job,
+            "query_id": m.query_id,
+            "batch_id": m.batch_id,
+            "includes_next_offsets": m.includes_next_offsets,
+            "type": m.type.value,
+            "state": "completed",
+            "reason": m.reason,
+            "request_id": m.request_id,
+            "created_at": m.created_at.isoformat(),
+            "files": len(m.files),
+            "bytes": m.total_bytes,
+            "spark_version": m.spark_version,
+            "checkpoint_format_version": m.state_store.checkpoint_format_version,
+        }
+
+
+class RestoreResult(BaseModel):
+    pointer: str
+    checkpoint: str
+    batch_id: int
+    query_id: str
+    new_query_id: bool
+    files: int
+    bytes: int
+    rewritten: list[str] = Field(default_factory=list)
+    state_store: StateStoreSettings
+    spark_conf_to_set: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,228 @@
+"""Verify savepoints and restore them into fresh checkpoint locations.
+
+Restore reads the savepoint once: every file is streamed into the new checkpoint location while its
+CRC32C is computed, and a file that does not match the manifest aborts the restore and removes
+what was written. Absolute paths Spark stores (transformWithState schema file paths) are rewritten
+to the new location; the checkpoint's ``metadata`` (the query id) is written last. The savepoint
+itself is only read.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import crc32c
+
+from airflow_savepoints.checkpoint import formats
+from airflow_savepoints.core.copier import checksum_of, copy_file
+from airflow_savepoints.core.errors import (
+    InvalidInputError,
+    SinkAheadError,
+    TargetNotEmptyError,
+    VerificationError,
+)
+from airflow_savepoints.core.models import (
+    MANIFEST_FILE,
+    FileEntry,
+    RestoreResult,
+    SavepointManifest,
+)
+from airflow_savepoints.core.pointer import resolve_pointer
+from airflow_savepoints.storage import Store
+
+OPERATOR_METADATA_V2 = "/_metadata/v2/"
+
+
+def _mismatch(entry: FileEntry, size: int, crc: int) -> str | None:
+    if size != entry.size:
+        return f"{entry.path}: {size} bytes, the manifest says {entry.size} (truncated or extended)"
+    if format(crc, "08x") != entry.checksum:
+        return f"{entry.path}: checksum {crc:08x}, the manifest says {entry.checksum} (content changed)"
+    return None
+
+
+def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None,
+                     parallelism: int = 8) -> tuple[Store, SavepointManifest]:
+    """Check every file of the savepoint against its manifest; raise naming the bad files."""
+    location, manifest = resolve_pointer(pointer, storage_options)
+    listing = location.list_files()
+    problems = [f"{e.path}: missing" for e in manifest.files if e.path not in listing]
+    present = [e for e in manifest.files if e.path in listing]
+
+    def check(entry: FileEntry) -> str | None:
+        size, crc = checksum_of(location, entry.path)
+        return _mismatch(entry, size, crc)
+
+    with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
+        problems += [p for p in pool.map(check, present) if p]
+    if problems:
+        raise VerificationError(
+            f"savepoint {location.url} is damaged: " + "; ".join(problems[:10])
+            + (f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""),
+            "do not restore it; use another savepoint of the job",
+        )
+    return location, manifest
+
+
+def file_sink_latest_batch(sink: Store) -> int | None:
+    """The newest batch id recorded in a file sink's ``_spark_metadata`` log, if any."""
+    latest = None
+    for path in sink.list_files("_spark_metadata"):
+        name = path.split("/")[-1]
+        match = formats.BATCH_FILE.match(name) or formats.COMPACT_FILE.match(name)
+        if match and "/" not in path:
+            latest = max(latest if latest is not None else -1, int(match.group(1)))
+    return latest
+
+
+def check_sink(manifest: SavepointManifest, sink_path: str, storage_options: dict[str, Any] | None) -> None:
+    """Refuse a restore that a file sink would silently skip (its log is past the savepoint)."""
+    latest = file_sink_latest_batch(Store(sink_path, storage_options))
+    if latest is not None and latest > manifest.batch_id:
+        raise SinkAheadError(
+            f"the file sink at {sink_path} already holds batch {latest}, past the savepoint's batch "
+            f"{manifest.batch_id}: Spark would skip batches {manifest.batch_id + 1}..{latest} as already "
+            "committed, silently dropping their new output, and a stateful query would then fail on missing state",
+            "restore a savepoint at batch >= " + str(latest) + ", or point the restored job at a new "
+            "output path (and its own checkpoint), or remove the sink's output after batch "
+            f"{manifest.batch_id} yourself",
+        )
+
+
+def restore_savepoint(
+    pointer: str,
+    target: str,
+    *,
+    new_query_id: bool = False,
+    sink_path: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    target_storage_options: dict[str, Any] | None = None,
+    sink_storage_options: dict[str, Any] | None = None,
+    parallelism: int = 8,
+) -> RestoreResult:
+    """Materialise the savepoint at ``pointer`` into the fresh, empty checkpoint location ``target``."""
+    location, manifest = resolve_pointer(pointer, storage_options)
+    destination = Store(target, target_storage_options)
+    if location.contains(destination) or destination.contains(location):
+        raise InvalidInputError(
+            f"the restore target {destination.url} overlaps the savepoint {location.url}",
+            "restore into a new checkpoint location outside the savepoint directory",
+        )
+    if destination.isfile():
+        raise TargetNotEmptyError(f"the restore target {destination.url} is a file", "choose a new folder")
+    existing = destination.list_files()
+    if existing:
+        raise TargetNotEmptyError(
+            f"the restore target {destination.url} is not empty ({len(existing)} files, e.g. "
+            f"{sorted(existing)[0]})",
+            "restore into a new, empty checkpoint location; nothing was changed",
+        )
+    if sink_path:
+        check_sink(manifest, sink_path, sink_storage_options)
+    listing = location.list_files()
+    missing = [e.path for e in manifest.files if e.path not in listing]
+    if missing:
+        raise VerificationError(
+            f"savepoint {location.url} is damaged: {', '.join(missing[:10])} missing",
+            "do not restore it; use another savepoint of the job",
+        )
+
+    rewritten: list[str] = []
+    try:
+        body = [e for e in manifest.files if e.path != "metadata" and not _rewritable(e.path)]
+        with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
+            problems = [p for p in pool.map(lambda e: _copy_checked(location, destination, e), body) if p]
+        _raise_if(problems, location)
+        for entry in manifest.files:
+            if _rewritable(entry.path):
+                _restore_rewritten(location, destination, entry, manifest)
+                rewritten.append(entry.path)
+        query_id = manifest.query_id
+        metadata_entry = next(e for e in manifest.files if e.path == "metadata")
+        data = location.read_bytes("metadata")
+        _raise_if([_mismatch(metadata_entry, len(data), crc32c.crc32c(data))], location)
+        if new_query_id:
+            query_id = str(uuid.uuid4())
+            data = json.dumps({"id": query_id}).encode() + b"\n"
+        destination.write_bytes_atomic("metadata", data)  # last: the checkpoint's identity
+    except BaseException:
+        _undo(destination)
+        raise
+    return RestoreResult(
+        pointer=location.url,
+        checkpoint=destination.url,
+        batch_id=manifest.batch_id,
+        query_id=query_id,
+        new_query_id=new_query_id,
+        files=len(manifest.files),
+        bytes=manifest.total_bytes,
+        rewritten=rewritten,
+        state_store=manifest.state_store,
+        spark_conf_to_set=spark_conf_to_set(manifest),
+    )
+
+
+def spark_conf_to_set(manifest: SavepointManifest) -> dict[str, str]:
+    """Settings Spark does not persist in the checkpoint; the restarted query must use them."""
+    conf = {"spark.sql.streaming.stateStore.checkpointFormatVersion":
+            str(manifest.state_store.checkpoint_format_version)}
+    if manifest.state_store.changelog_checkpointing is not None and manifest.state_store.provider and \
+            "RocksDB" in manifest.state_store.provider:
+        conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = \
+            str(manifest.state_store.changelog_checkpointing).lower()
+    return conf
+
+
+def _raise_if(problems: list[str | None], location: Store) -> None:
+    problems = [p for p in problems if p]
+    if problems:
+        raise VerificationError(
+            f"savepoint {location.url} is damaged: " + "; ".join(problems[:10]),
+            "nothing was restored; use another savepoint of the job",
+        )
+
+
+def _copy_checked(location: Store, destination: Store, entry: FileEntry) -> str | None:
+    if posixpath.basename(entry.path) == MANIFEST_FILE and "/" not in entry.path:
+        return None
+    copied = copy_file(location, entry.path, destination)
+    return _mismatch(entry, copied.size, copied.crc)
+
+
+def _rewritable(path: str) -> bool:
+    """transformWithState operator metadata v2 (and its Spark checksum file) holds absolute paths."""
+    main = path[: -len(formats.SPARK_SIDECAR_SUFFIX)] if path.endswith(formats.SPARK_SIDECAR_SUFFIX) else path
+    return path.startswith("state/") and OPERATOR_METADATA_V2 in main and main.rsplit("/", 1)[-1].isdigit()
+
+
+def _restore_rewritten(location: Store, destination: Store, entry: FileEntry, manifest: SavepointManifest) -> None:
+    if entry.path.endswith(formats.SPARK_SIDECAR_SUFFIX):
+        return  # regenerated together with its main file below
+    data = location.read_bytes(entry.path)
+    _raise_if([_mismatch(entry, len(data), crc32c.crc32c(data))], location)
+    op = entry.path.split("/")[1]
+    new = formats.rewrite_schema_file_paths(data, destination.spark_url_of("state"), op, entry.path)
+    destination.write_bytes_atomic(entry.path, new)
+    sidecar = entry.path + formats.SPARK_SIDECAR_SUFFIX
+    if any(e.path == sidecar for e in manifest.files):
+        old = json.loads(location.read_bytes(sidecar))
+        crc = crc32c.crc32c(new)
+        old["value"] = crc - (1 << 32) if crc >= (1 << 31) else crc  # Spark stores a signed int32
+        old["mainFileSize"] = len(new)
+        destination.write_bytes_atomic(sidecar, json.dumps(old, separators=(",", ":")).encode())
+
+
+def _undo(destination: Store) -> None:
+    """Remove what a failed restore wrote (the target was empty when it started)."""
+    for top in ("metadata", "offsets", "commits", "sources", "state"):
+        try:
+            if top == "metadata":
+                destination.remove_file(top)
+            else:
+                destination.remove_tree(top)
+        except Exception:  # noqa: BLE001 - best effort; the error that caused the undo is raised
+            pass

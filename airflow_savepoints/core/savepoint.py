@@ -1,0 +1,271 @@
+"""Take a savepoint of a (running) Spark streaming query.
+
+One attempt: list the live checkpoint once, plan committed batch N, copy the plan into a fresh
+``savepoint-<id6>-<random>/`` location (sources first, ``metadata`` last, files in parallel), check
+sizes and Spark's own checksums, re-list the checkpoint and compare every copied file's size and
+version token, then write ``_metadata`` last. A file that changed or vanished means Spark raced the
+copy: the attempt is discarded and retried on a newer N. Any failure disposes the location.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from airflow_savepoints import __version__
+from airflow_savepoints.checkpoint import formats
+from airflow_savepoints.checkpoint.planner import CheckpointPlan, plan_checkpoint
+from airflow_savepoints.core.copier import CopiedFile, copy_many
+from airflow_savepoints.core.errors import (
+    CheckpointNotFoundError,
+    CheckpointRaceError,
+    InvalidInputError,
+    SavepointInFlightError,
+    SavepointRetriesExhaustedError,
+)
+from airflow_savepoints.core.lock import JobLock
+from airflow_savepoints.core.models import (
+    MANIFEST_FILE,
+    FileEntry,
+    SavepointInfo,
+    SavepointManifest,
+    SavepointType,
+    StateStoreSettings,
+    validate_job_name,
+)
+from airflow_savepoints.core.pointer import list_savepoints, new_savepoint_id, savepoint_info
+from airflow_savepoints.core.settings import resolve_savepoint_dir
+from airflow_savepoints.storage import Store
+
+log = logging.getLogger(__name__)
+
+
+def _as_store(location: str | Store, storage_options: dict[str, Any] | None) -> Store:
+    return location if isinstance(location, Store) else Store(location, storage_options)
+
+
+def check_apart(checkpoint: Store, root: Store) -> None:
+    """Savepoints never live inside the live checkpoint, nor the checkpoint inside the savepoint root."""
+    if root.contains(checkpoint) or checkpoint.contains(root):
+        raise InvalidInputError(
+            f"the savepoint directory {root.url} and the checkpoint {checkpoint.url} overlap",
+            "keep savepoints in their own directory, outside the query's checkpointLocation",
+        )
+
+
+def find_by_request_id(root: Store, job: str, request_id: str) -> SavepointInfo | None:
+    for info in reversed(list_savepoints(root, job)):
+        if info.manifest.request_id == request_id:
+            return info
+    return None
+
+
+def take_savepoint(
+    checkpoint: str | Store,
+    job: str,
+    *,
+    savepoint_dir: str | Store | None = None,
+    savepoint_type: SavepointType | str = SavepointType.MANUAL,
+    reason: str | None = None,
+    request_id: str | None = None,
+    spark_version: str | None = None,
+    max_attempts: int = 5,
+    parallelism: int = 8,
+    storage_options: dict[str, Any] | None = None,
+    checkpoint_storage_options: dict[str, Any] | None = None,
+    lock_stale_after: float = 120.0,
+    wait_for_same_request: float = 600.0,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
+) -> SavepointInfo:
+    """Take a savepoint of the newest committed batch of ``checkpoint`` for ``job``.
+
+    With ``request_id``, a retried call returns the savepoint already taken for that id.
+    """
+    validate_job_name(job)
+    savepoint_type = SavepointType(savepoint_type)
+    if max_attempts < 1 or parallelism < 1:
+        raise InvalidInputError("max_attempts and parallelism must be at least 1", "use positive numbers")
+    source = _as_store(checkpoint, checkpoint_storage_options)
+    root = (
+        savepoint_dir if isinstance(savepoint_dir, Store) else Store(resolve_savepoint_dir(savepoint_dir), storage_options)
+    )
+    check_apart(source, root)
+    notify = on_event or (lambda event, data: None)
+    job_store = root.child(job)
+
+    if request_id:
+        done = find_by_request_id(root, job, request_id)
+        if done is not None:
+            notify("reused", {"pointer": done.pointer})
+            return done
+
+    lock = JobLock(job_store, request_id=request_id, stale_after=lock_stale_after)
+    deadline = time.monotonic() + wait_for_same_request
+    while (holder := lock.try_acquire()) is not None:
+        if not request_id or holder.request_id != request_id or time.monotonic() > deadline:
+            raise SavepointInFlightError(
+                f"a savepoint of job '{job}' is already in progress (request {holder.request_id!r}, "
+                f"location {holder.savepoint_id!r}, owner {holder.owner}, started "
+                f"{datetime.fromtimestamp(holder.started_at, UTC).isoformat()})",
+                "wait for it to finish, or retry with the same request id to get its result",
+            )
+        time.sleep(1.0)  # the same request is in flight elsewhere: wait for its result
+        done = find_by_request_id(root, job, request_id)
+        if done is not None:
+            return done
+    try:
+        if request_id:  # it may have completed between our first look and taking the lease
+            done = find_by_request_id(root, job, request_id)
+            if done is not None:
+                return done
+        return _take_with_retries(
+            source, job_store, job, lock, savepoint_type, reason, request_id, spark_version,
+            max_attempts, parallelism, notify,
+        )
+    finally:
+        lock.release()
+
+
+def _take_with_retries(source, job_store, job, lock, savepoint_type, reason, request_id, spark_version,
+                       max_attempts, parallelism, notify) -> SavepointInfo:
+    state: dict[str, Any] = {"location": None, "attempt": 0}
+    try:
+        for attempt in Retrying(
+            stop=stop_after_attempt(max_attempts),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            retry=retry_if_exception_type(CheckpointRaceError),
+            reraise=False,
+        ):
+            with attempt:
+                state["attempt"] = attempt.retry_state.attempt_number
+                return _attempt(source, job_store, job, lock, state, savepoint_type, reason, request_id,
+                                spark_version, parallelism, notify)
+    except RetryError as exc:
+        cause = exc.last_attempt.exception()
+        _dispose_quietly(state["location"])
+        raise SavepointRetriesExhaustedError(
+            f"could not take a consistent savepoint of {source.url} in {max_attempts} attempts: "
+            f"Spark kept changing the files being copied (last: {cause})",
+            "retry later, raise spark.sql.streaming.minBatchesToRetain, or use --max-attempts",
+        ) from cause
+    except BaseException:
+        _dispose_quietly(state["location"])
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _dispose_quietly(location: Store | None) -> None:
+    if location is None:
+        return
+    try:
+        location.parent().remove_tree(location.name)
+    except Exception:  # noqa: BLE001 - retention removes orphans that could not be removed here
+        log.warning("could not remove incomplete savepoint %s; retention will clean it", location.url)
+
+
+def _attempt(source, job_store, job, lock, state, savepoint_type, reason, request_id, spark_version,
+             parallelism, notify) -> SavepointInfo:
+    listing = source.list_files()
+    if not listing and not source.exists():
+        raise CheckpointNotFoundError(
+            f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
+        )
+    plan = plan_checkpoint(listing, source.read_bytes, where=source.url)
+    location: Store | None = state["location"]
+    if location is None:
+        savepoint_id = new_savepoint_id(plan.query_id)
+        location = job_store.child(savepoint_id)
+        state["location"] = location
+        lock.set_savepoint(savepoint_id)
+    else:
+        job_store.remove_tree(location.name)  # a retry starts from an empty location
+    location.makedirs()
+    notify("planned", {"batch_id": plan.batch_id, "files": len(plan.files), "bytes": plan.total_bytes,
+                       "attempt": state["attempt"], "location": location.url})
+
+    copied: dict[str, CopiedFile] = {}
+    groups = sorted({f.group for f in plan.files})
+    for group in groups:
+        paths = [f.path for f in plan.files if f.group == group]
+        try:
+            copied.update(copy_many(source, location, paths, parallelism))
+        except FileNotFoundError as exc:
+            raise CheckpointRaceError(f"a planned file vanished during the copy: {exc}") from exc
+    _check_copied(plan, copied, location)
+    _check_unchanged(plan, source.list_files())
+    if not lock.still_held():
+        raise SavepointInFlightError(
+            f"the in-flight lease of job '{job}' was taken over while copying",
+            "another trigger judged this one dead; retry later",
+        )
+    manifest = SavepointManifest(
+        savepoint_id=location.name,
+        job=job,
+        query_id=plan.query_id,
+        batch_id=plan.batch_id,
+        includes_next_offsets=plan.includes_next_offsets,
+        type=savepoint_type,
+        reason=reason,
+        request_id=request_id,
+        created_at=datetime.now(UTC),
+        tool_version=__version__,
+        spark_version=spark_version or _local_spark_version(),
+        checkpoint=source.url,
+        offset_log_version=plan.offset_log_version,
+        commit_log_version=plan.commit_log_version,
+        state_store=StateStoreSettings(
+            provider=plan.state_store_provider,
+            checkpoint_format_version=plan.checkpoint_format_version,
+            changelog_checkpointing=plan.changelog_checkpointing,
+            operators=plan.operators,
+        ),
+        source_offsets=plan.source_offsets,
+        spark_conf=plan.spark_conf,
+        files=[FileEntry(path=p, size=c.size, checksum=c.checksum) for p, c in sorted(copied.items())],
+        total_bytes=sum(c.size for c in copied.values()),
+        attempts=state["attempt"],
+    )
+    location.write_bytes_atomic(MANIFEST_FILE, manifest.model_dump_json(indent=1).encode())
+    info = savepoint_info(location, manifest)
+    notify("completed", info.summary())
+    return info
+
+
+def _check_copied(plan: CheckpointPlan, copied: dict[str, CopiedFile], location: Store) -> None:
+    """Sizes as listed and as promised, and Spark's own CRC32C sidecars, match what was copied."""
+    for planned in plan.files:
+        got = copied[planned.path]
+        if got.size != planned.size:
+            raise CheckpointRaceError(f"{planned.path} changed size during the copy ({planned.size} -> {got.size})")
+        if planned.expected_size is not None and got.size != planned.expected_size:
+            raise CheckpointRaceError(
+                f"{planned.path} has {got.size} bytes but its snapshot lists {planned.expected_size}"
+            )
+        if planned.sidecar_of:
+            sidecar = formats.parse_spark_sidecar(location.read_bytes(planned.path), planned.path)
+            main = copied[planned.sidecar_of]
+            if sidecar.value != main.crc or sidecar.main_file_size not in (-1, main.size):
+                raise CheckpointRaceError(f"{planned.sidecar_of} does not match its Spark checksum file")
+
+
+def _check_unchanged(plan: CheckpointPlan, relisted) -> None:
+    for planned in plan.files:
+        now = relisted.get(planned.path)
+        if now is None:
+            raise CheckpointRaceError(f"{planned.path} was deleted during the copy")
+        if (now.size, now.version) != (planned.size, planned.version):
+            raise CheckpointRaceError(f"{planned.path} was replaced during the copy")
+
+
+def _local_spark_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("pyspark")
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,51 @@
+"""Where savepoints go by default, read without importing Airflow.
+
+Order: a directory given for one call, then the environment variable
+``AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR``, then ``savepoint_dir`` in the ``[savepoints]`` section of
+``$AIRFLOW_HOME/airflow.cfg``. Inside Airflow the same option is the provider's configuration.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+from pathlib import Path
+
+from airflow_savepoints.core.errors import NoSavepointDirError
+
+SECTION = "savepoints"
+DIR_OPTION = "savepoint_dir"
+DIR_ENV = "AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR"
+
+
+def _airflow_cfg_value(option: str) -> str | None:
+    home = os.environ.get("AIRFLOW_HOME") or str(Path.home() / "airflow")
+    path = Path(os.environ.get("AIRFLOW_CONFIG") or Path(home) / "airflow.cfg")
+    if not path.is_file():
+        return None
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path)
+    except configparser.Error:
+        return None
+    value = parser.get(SECTION, option, fallback=None)
+    return value.strip() if value and value.strip() else None
+
+
+def configured_savepoint_dir() -> str | None:
+    """The default savepoint directory from the environment or airflow.cfg, if any."""
+    value = os.environ.get(DIR_ENV, "").strip()
+    return value or _airflow_cfg_value(DIR_OPTION)
+
+
+def resolve_savepoint_dir(explicit: str | None) -> str:
+    """The directory for this call: ``explicit`` beats the configured default."""
+    if explicit and explicit.strip():
+        return explicit.strip()
+    configured = configured_savepoint_dir()
+    if configured:
+        return configured
+    raise NoSavepointDirError(
+        "no savepoint directory given and none configured",
+        f"pass --dir (savepoint_dir=...) or set {DIR_ENV}, or [{SECTION}] {DIR_OPTION} in airflow.cfg",
+    )

@@ -1,0 +1,425 @@
+"""A directory tree on any fsspec filesystem, addressed by paths relative to its root.
+
+Every read, write, listing and deletion of the package goes through :class:`Store`, so that URL
+schemes, credentials, error messages and the "never leave the root" rule live in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import fsspec
+from fsspec.registry import known_implementations
+
+from airflow_savepoints.core.errors import (
+    CredentialsError,
+    InvalidPathError,
+    MissingBackendError,
+    OutsideRootError,
+    StorageError,
+    StorageFullError,
+    StoragePermissionError,
+    UnknownSchemeError,
+)
+
+# URL scheme -> fsspec protocol. s3a/s3n name the same objects as s3 (Hadoop's names for them).
+SCHEME_ALIASES = {
+    "s3a": "s3",
+    "s3n": "s3",
+    "gs": "gcs",
+    "abfss": "abfs",
+    "az": "abfs",
+    "local": "file",
+}
+OBJECT_STORES = {"s3", "gcs", "abfs", "memory"}
+
+_memory_create_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """What a listing says of one file: its size and a token that changes when it is replaced."""
+
+    size: int
+    version: str
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """Split ``url`` into (scheme as written, fsspec protocol, path for that filesystem)."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidPathError("empty path", "give an absolute path or a URL such as s3://bucket/savepoints")
+    url = url.strip()
+    if "://" not in url:
+        if url.startswith("file:"):  # Hadoop/Spark style file:/abs/path
+            return "file", "file", _absolute_local(url[len("file:") :], url)
+        return "file", "file", _absolute_local(url, url)
+    scheme, rest = url.split("://", 1)
+    scheme_lc = scheme.lower()
+    protocol = SCHEME_ALIASES.get(scheme_lc, scheme_lc)
+    if protocol == "file":
+        return scheme_lc, "file", _absolute_local(rest, url)
+    if protocol not in known_implementations and protocol not in fsspec.registry.registry:
+        raise UnknownSchemeError(
+            f"unknown URL scheme '{scheme}' in '{url}'",
+            "use a local path or one of file://, s3://, s3a://, gs://, abfs://, hdfs://",
+        )
+    path = rest.rstrip("/")
+    if not path:
+        raise InvalidPathError(f"'{url}' names no bucket or path", "add the bucket and a folder, e.g. s3://bucket/sp")
+    return scheme_lc, protocol, path
+
+
+def _absolute_local(path: str, original: str) -> str:
+    if not path.startswith("/"):
+        raise InvalidPathError(
+            f"'{original}' is a relative path",
+            "give an absolute path (for example $PWD/" + original.lstrip("./") + ") or a file:// URL",
+        )
+    normal = posixpath.normpath(path)
+    return "/" if normal == "/" else normal.rstrip("/")
+
+
+def _make_filesystem(protocol: str, storage_options: dict[str, Any] | None):
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except ImportError as exc:
+        hint = known_implementations.get(protocol, {}).get("err") or str(exc)
+        raise MissingBackendError(
+            f"no fsspec backend is installed for '{protocol}://'", f"{hint}; then try again"
+        ) from exc
+    except ValueError as exc:
+        raise UnknownSchemeError(f"unknown URL scheme '{protocol}'", str(exc)) from exc
+    options = dict(storage_options or {})
+    fsspec.config.apply_config(cls, options)  # fsspec's own configuration (files and FSSPEC_* variables)
+    if protocol == "file":
+        options.setdefault("auto_mkdir", True)
+    return cls(**options)
+
+
+def _is_credentials_problem(exc: BaseException) -> bool:
+    names = {type(e).__name__ for e in _exception_chain(exc)}
+    texts = " ".join(str(e) for e in _exception_chain(exc))
+    return bool(
+        names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+                 "DefaultCredentialsError", "ClientAuthenticationError"}
+        or "InvalidAccessKeyId" in texts
+        or "SignatureDoesNotMatch" in texts
+        or "Unable to locate credentials" in texts
+    )
+
+
+def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+class Store:
+    """One directory tree (``url``) on one fsspec filesystem.
+
+    Paths given to the methods are relative to the root, use ``/``, and may not leave the root.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, _fs=None):
+        self.scheme, self.protocol, self.root = split_url(url)
+        self.storage_options = dict(storage_options or {})
+        self.fs = _fs if _fs is not None else self._guarded(lambda: _make_filesystem(self.protocol, storage_options))
+
+    # --- addressing --------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self.url_of("")
+
+    def url_of(self, rel: str = "") -> str:
+        """The URL of ``rel`` with the scheme the user wrote (s3a stays s3a, local stays a path)."""
+        path = self.path_of(rel)
+        return path if self.protocol == "file" else f"{self.scheme}://{path}"
+
+    def spark_url_of(self, rel: str = "") -> str:
+        """The URL Spark would write for ``rel`` (``file:/abs`` for local files)."""
+        path = self.path_of(rel)
+        return f"file:{path}" if self.protocol == "file" else f"{self.scheme}://{path}"
+
+    def path_of(self, rel: str = "") -> str:
+        rel = self._clean(rel)
+        if not rel:
+            return self.root
+        return posixpath.join(self.root, rel) if self.root != "/" else "/" + rel
+
+    def child(self, rel: str) -> Store:
+        """A store rooted at ``rel`` below this one, sharing the filesystem object."""
+        return self._with_root(self.path_of(rel))
+
+    def parent(self) -> Store:
+        """The store rooted one folder up, sharing the filesystem object."""
+        return self._with_root(posixpath.dirname(self.root) or self.root)
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.root)
+
+    def _with_root(self, root: str) -> Store:
+        other = Store.__new__(Store)
+        other.scheme, other.protocol, other.root = self.scheme, self.protocol, root
+        other.storage_options, other.fs = self.storage_options, self.fs
+        return other
+
+    def contains(self, other: Store) -> bool:
+        """Whether ``other`` lies at or below this store's root on the same filesystem."""
+        if other.protocol != self.protocol:
+            return False
+        return other.root == self.root or other.root.startswith(self.root.rstrip("/") + "/")
+
+    def relative_to_root(self, full_path: str) -> str:
+        full_path = full_path.rstrip("/")
+        if self.protocol != "file":
+            full_path = self.fs._strip_protocol(full_path).rstrip("/")
+        if full_path == self.root:
+            return ""
+        prefix = self.root.rstrip("/") + "/"
+        if not full_path.startswith(prefix):
+            raise OutsideRootError(f"'{full_path}' is outside '{self.url}'", "this is a bug; please report it")
+        return full_path[len(prefix) :]
+
+    @staticmethod
+    def _clean(rel: str) -> str:
+        rel = (rel or "").strip("/")
+        if not rel:
+            return ""
+        parts = rel.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise OutsideRootError(
+                f"path '{rel}' is not a plain relative path", "paths may not contain '.', '..' or empty parts"
+            )
+        return rel
+
+    # --- error translation -------------------------------------------------------------------------
+    def _guarded(self, fn):
+        with self.translate_errors():
+            return fn()
+
+    @contextlib.contextmanager
+    def translate_errors(self, what: str | None = None):
+        """Turn backend exceptions into :class:`StorageError` subclasses that name the location."""
+        where = what or getattr(self, "root", "") and self.url
+        try:
+            yield
+        except (FileNotFoundError, StorageError):
+            raise
+        except PermissionError as exc:
+            if _is_credentials_problem(exc):
+                raise self._credentials_error(where) from exc
+            raise StoragePermissionError(
+                f"permission denied at '{where}': {exc}",
+                "check that the location is writable (not read-only) and that your credentials allow it",
+            ) from exc
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFullError(f"no space left at '{where}'", "free space or choose another location") from exc
+            if exc.errno == errno.EROFS:
+                raise StoragePermissionError(
+                    f"'{where}' is on a read-only filesystem", "choose a writable location"
+                ) from exc
+            if _is_credentials_problem(exc):
+                raise self._credentials_error(where) from exc
+            raise StorageError(f"storage error at '{where}': {exc}", "check the location and try again") from exc
+        except Exception as exc:
+            if _is_credentials_problem(exc):
+                raise self._credentials_error(where) from exc
+            raise
+
+    def _credentials_error(self, where: str) -> CredentialsError:
+        hints = {
+            "s3": "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or a profile), or fsspec's s3 configuration",
+            "gcs": "set GOOGLE_APPLICATION_CREDENTIALS or fsspec's gcs configuration",
+            "abfs": "set AZURE_STORAGE_ACCOUNT_NAME/AZURE_STORAGE_ACCOUNT_KEY or fsspec's abfs configuration",
+        }
+        return CredentialsError(
+            f"no valid credentials for '{where}'", hints.get(self.protocol, "configure credentials for this store")
+        )
+
+    # --- reading -----------------------------------------------------------------------------------
+    def _invalidate(self, rel: str = "") -> None:
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(self.path_of(rel))
+
+    def list_files(self, rel: str = "") -> dict[str, FileStat]:
+        """Every file below ``rel`` in ONE recursive listing, keyed by path relative to ``rel``."""
+        base = self.path_of(rel)
+        self._invalidate(rel)
+        with self.translate_errors(self.url_of(rel)):
+            try:
+                found = self.fs.find(base, detail=True, withdirs=False)
+            except FileNotFoundError:
+                return {}
+        prefix = base.rstrip("/") + "/"
+        out: dict[str, FileStat] = {}
+        for path, info in found.items():
+            path = path if self.protocol == "file" else self.fs._strip_protocol(path)
+            if not path.startswith(prefix) or info.get("type") == "directory":
+                continue
+            out[path[len(prefix) :]] = FileStat(size=int(info.get("size") or 0), version=_version_token(info))
+        return out
+
+    def exists(self, rel: str = "") -> bool:
+        self._invalidate(rel)
+        with self.translate_errors(self.url_of(rel)):
+            return self.fs.exists(self.path_of(rel))
+
+    def isdir(self, rel: str = "") -> bool:
+        self._invalidate(rel)
+        with self.translate_errors(self.url_of(rel)):
+            return self.fs.isdir(self.path_of(rel))
+
+    def isfile(self, rel: str = "") -> bool:
+        self._invalidate(rel)
+        with self.translate_errors(self.url_of(rel)):
+            return self.fs.isfile(self.path_of(rel))
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Names of the direct children of ``rel`` (files and folders); empty if it does not exist."""
+        self._invalidate(rel)
+        base = self.path_of(rel)
+        with self.translate_errors(self.url_of(rel)):
+            try:
+                entries = self.fs.ls(base, detail=False)
+            except FileNotFoundError:
+                return []
+        names = []
+        for entry in entries:
+            entry = entry if self.protocol == "file" else self.fs._strip_protocol(entry)
+            name = posixpath.basename(entry.rstrip("/"))
+            if name and entry.rstrip("/") != base.rstrip("/"):
+                names.append(name)
+        return sorted(set(names))
+
+    def stat(self, rel: str) -> FileStat:
+        self._invalidate(rel)
+        with self.translate_errors(self.url_of(rel)):
+            info = self.fs.info(self.path_of(rel))
+        return FileStat(size=int(info.get("size") or 0), version=_version_token(info))
+
+    def read_bytes(self, rel: str) -> bytes:
+        with self.translate_errors(self.url_of(rel)):
+            return self.fs.cat_file(self.path_of(rel))
+
+    def open_read(self, rel: str, block_size: int | None = None) -> IO[bytes]:
+        with self.translate_errors(self.url_of(rel)):
+            kwargs = {"block_size": block_size} if block_size and self.protocol != "file" else {}
+            return self.fs.open(self.path_of(rel), "rb", **kwargs)
+
+    # --- writing -----------------------------------------------------------------------------------
+    def open_write(self, rel: str) -> IO[bytes]:
+        with self.translate_errors(self.url_of(rel)):
+            if self.protocol == "file":
+                os.makedirs(posixpath.dirname(self.path_of(rel)), exist_ok=True)
+            return self.fs.open(self.path_of(rel), "wb")
+
+    def makedirs(self, rel: str = "") -> None:
+        if self.protocol in OBJECT_STORES:
+            return  # object stores have no folders
+        with self.translate_errors(self.url_of(rel)):
+            self.fs.makedirs(self.path_of(rel), exist_ok=True)
+
+    def write_bytes_atomic(self, rel: str, data: bytes) -> None:
+        """Write ``data`` so that readers see either nothing or the whole file."""
+        target = self.path_of(rel)
+        with self.translate_errors(self.url_of(rel)):
+            if self.protocol in OBJECT_STORES:
+                self.fs.pipe_file(target, data)  # a PUT is atomic
+                return
+            parent = posixpath.dirname(target)
+            tmp = posixpath.join(parent, f".{posixpath.basename(target)}.{uuid.uuid4().hex}.tmp")
+            if self.protocol == "file":
+                os.makedirs(parent, exist_ok=True)
+                with open(tmp, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, target)
+            else:
+                self.fs.pipe_file(tmp, data)
+                self.fs.mv(tmp, target)
+        self._invalidate(rel)
+
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        """Create ``rel`` holding ``data`` only if it does not exist yet. True if this call created it.
+
+        Local files use O_EXCL and S3 a conditional PUT (If-None-Match), both atomic. Other stores fall
+        back to check-then-write, which two processes can race; docs/concepts.md says so.
+        """
+        target = self.path_of(rel)
+        with self.translate_errors(self.url_of(rel)):
+            if self.protocol == "file":
+                os.makedirs(posixpath.dirname(target), exist_ok=True)
+                try:
+                    fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                return True
+            if self.protocol == "s3":
+                return self._s3_put_if_absent(target, data)
+            with _memory_create_lock:
+                if self.fs.exists(target):
+                    return False
+                self.fs.pipe_file(target, data)
+                return True
+
+    def _s3_put_if_absent(self, target: str, data: bytes) -> bool:
+        bucket, key, _ = self.fs.split_path(target)
+        try:
+            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except Exception as exc:  # s3fs wraps botocore errors; look for the 412
+            text = " ".join(str(e) for e in _exception_chain(exc))
+            if "PreconditionFailed" in text or "412" in text or "ConditionalRequestConflict" in text:
+                return False
+            raise
+        finally:
+            self._invalidate(posixpath.dirname(target))
+        return True
+
+    # --- deleting ----------------------------------------------------------------------------------
+    def remove_file(self, rel: str) -> None:
+        target = self.path_of(rel)
+        if not self._clean(rel):
+            raise OutsideRootError("refusing to delete the store's root as a file", "this is a bug; please report it")
+        with self.translate_errors(self.url_of(rel)):
+            try:
+                self.fs.rm_file(target)
+            except FileNotFoundError:
+                pass
+        self._invalidate(posixpath.dirname(rel))
+
+    def remove_tree(self, rel: str) -> None:
+        """Delete the folder ``rel`` below the root and everything in it; a missing folder is fine."""
+        if not self._clean(rel):
+            raise OutsideRootError("refusing to delete a store's whole root", "name a folder below the root")
+        target = self.path_of(rel)
+        with self.translate_errors(self.url_of(rel)):
+            try:
+                self.fs.rm(target, recursive=True)
+            except FileNotFoundError:
+                pass
+        self._invalidate(rel)
+
+
+def _version_token(info: dict[str, Any]) -> str:
+    """A token that changes when a file is replaced: inode + mtime locally, ETag + mtime elsewhere."""
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
+    mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
+    ino = info.get("ino")
+    parts = [str(p) for p in (ino, etag, mtime) if p not in (None, "")]
+    return ":".join(parts)
