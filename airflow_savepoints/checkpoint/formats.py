@@ -14,7 +14,7 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_savepoints.core.errors import CheckpointError
+from airflow_savepoints.errors import CheckpointError
 
 BATCH_FILE = re.compile(r"^(\d+)$")
 COMPACT_FILE = re.compile(r"^(\d+)\.compact$")

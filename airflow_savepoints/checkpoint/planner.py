@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_savepoints.checkpoint import formats
-from airflow_savepoints.core.errors import (
+from airflow_savepoints.errors import (
     CheckpointError,
     CheckpointRaceError,
     NoCommittedBatchError,

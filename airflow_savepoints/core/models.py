@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from airflow_savepoints.core.errors import InvalidJobNameError
+from airflow_savepoints.errors import InvalidJobNameError
 
 MANIFEST_FORMAT = "airflow-savepoints/savepoint"
 MANIFEST_VERSION = 1

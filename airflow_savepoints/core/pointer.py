@@ -9,7 +9,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from airflow_savepoints.core.errors import (
+from airflow_savepoints.errors import (
+    CredentialsError,
+    MissingBackendError,
+    UnknownSchemeError,
     IncompleteSavepointError,
     ManifestCorruptError,
     ManifestUnreadableError,
@@ -77,10 +80,11 @@ def read_manifest(location: Store) -> SavepointManifest:
             "still running) or not a savepoint at all",
             "list the job's savepoints and pick a completed one",
         ) from exc
-    except StorageError:
+    except (CredentialsError, MissingBackendError, UnknownSchemeError):
         raise
     except Exception as exc:  # noqa: BLE001 - any other read failure is reported as unreadable
-        raise ManifestUnreadableError(f"cannot read {where}: {exc}", "check access to the store and retry") from exc
+        detail = exc.message if isinstance(exc, StorageError) else str(exc)
+        raise ManifestUnreadableError(f"cannot read {where}: {detail}", "check access to the store and retry") from exc
     return parse_manifest(data, where)
 
 

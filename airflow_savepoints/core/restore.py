@@ -19,7 +19,7 @@ import crc32c
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.copier import checksum_of, copy_file
-from airflow_savepoints.core.errors import (
+from airflow_savepoints.errors import (
     InvalidInputError,
     SinkAheadError,
     TargetNotEmptyError,

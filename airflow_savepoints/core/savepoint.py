@@ -21,7 +21,7 @@ from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, plan_checkpoint
 from airflow_savepoints.core.copier import CopiedFile, copy_many
-from airflow_savepoints.core.errors import (
+from airflow_savepoints.errors import (
     CheckpointNotFoundError,
     CheckpointRaceError,
     InvalidInputError,
@@ -103,6 +103,7 @@ def take_savepoint(
         if done is not None:
             notify("reused", {"pointer": done.pointer})
             return done
+    _plan(source)  # fail on bad input before anything is written
 
     lock = JobLock(job_store, request_id=request_id, stale_after=lock_stale_after)
     deadline = time.monotonic() + wait_for_same_request
@@ -170,12 +171,7 @@ def _dispose_quietly(location: Store | None) -> None:
 
 def _attempt(source, job_store, job, lock, state, savepoint_type, reason, request_id, spark_version,
              parallelism, notify) -> SavepointInfo:
-    listing = source.list_files()
-    if not listing and not source.exists():
-        raise CheckpointNotFoundError(
-            f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
-        )
-    plan = plan_checkpoint(listing, source.read_bytes, where=source.url)
+    plan = _plan(source)
     location: Store | None = state["location"]
     if location is None:
         savepoint_id = new_savepoint_id(plan.query_id)
@@ -234,6 +230,15 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
     info = savepoint_info(location, manifest)
     notify("completed", info.summary())
     return info
+
+
+def _plan(source: Store) -> CheckpointPlan:
+    listing = source.list_files()
+    if not listing and not source.exists():
+        raise CheckpointNotFoundError(
+            f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
+        )
+    return plan_checkpoint(listing, source.read_bytes, where=source.url)
 
 
 def _check_copied(plan: CheckpointPlan, copied: dict[str, CopiedFile], location: Store) -> None:

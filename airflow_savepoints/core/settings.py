@@ -11,7 +11,7 @@ import configparser
 import os
 from pathlib import Path
 
-from airflow_savepoints.core.errors import NoSavepointDirError
+from airflow_savepoints.errors import NoSavepointDirError
 
 SECTION = "savepoints"
 DIR_OPTION = "savepoint_dir"

@@ -19,7 +19,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.registry import known_implementations
 
-from airflow_savepoints.core.errors import (
+from airflow_savepoints.errors import (
     CredentialsError,
     InvalidPathError,
     MissingBackendError,
@@ -66,7 +66,7 @@ def split_url(url: str) -> tuple[str, str, str]:
     protocol = SCHEME_ALIASES.get(scheme_lc, scheme_lc)
     if protocol == "file":
         return scheme_lc, "file", _absolute_local(rest, url)
-    if protocol not in known_implementations and protocol not in fsspec.registry.registry:
+    if protocol not in known_implementations and protocol not in fsspec.available_protocols():
         raise UnknownSchemeError(
             f"unknown URL scheme '{scheme}' in '{url}'",
             "use a local path or one of file://, s3://, s3a://, gs://, abfs://, hdfs://",
@@ -233,7 +233,10 @@ class Store:
                 ) from exc
             if _is_credentials_problem(exc):
                 raise self._credentials_error(where) from exc
-            raise StorageError(f"storage error at '{where}': {exc}", "check the location and try again") from exc
+            hint = "check the location and try again"
+            if getattr(self, "protocol", None) == "hdfs":
+                hint = "pyarrow's HDFS client needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)"
+            raise StorageError(f"storage error at '{where}': {exc}", hint) from exc
         except Exception as exc:
             if _is_credentials_problem(exc):
                 raise self._credentials_error(where) from exc

@@ -1,0 +1,99 @@
+"""Shared fixtures: one real local Spark session, a real moto S3 server, real checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+# Never let botocore probe an instance-metadata address, and keep Airflow state out of $HOME.
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
+os.environ.pop("AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR", None)
+os.environ.setdefault("PYSPARK_PYTHON", os.path.realpath(os.sys.executable))
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("airflow-savepoints-tests")
+               .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false").getOrCreate())
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's standalone S3 server on 127.0.0.1, reached over HTTP through s3fs."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_endpoint, monkeypatch):
+    """Environment for s3fs against the moto server, through fsspec's own configuration; a fresh bucket."""
+    import fsspec
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", s3_endpoint)
+    saved = {k: dict(v) for k, v in fsspec.config.conf.items()}
+    fsspec.config.set_conf_env(fsspec.config.conf)
+    fs = fsspec.filesystem("s3", endpoint_url=s3_endpoint, skip_instance_cache=True)
+    bucket = f"sp-{time.monotonic_ns()}"
+    fs.mkdir(bucket)
+    yield bucket
+    fsspec.config.conf.clear()
+    fsspec.config.conf.update(saved)
+
+
+def tree_snapshot(path: Path) -> dict[str, bytes]:
+    """Every file below ``path`` with its bytes: to prove a command changed nothing."""
+    if not path.exists():
+        return {}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def write_json_inputs(folder: Path, start: int, stop: int, keys: int = 5, rows: int = 20) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(start, stop):
+        path = folder / f"part-{i:05d}.json"
+        path.write_text("\n".join(json.dumps({"key": f"k{j % keys}", "value": i * 100 + j}) for j in range(rows)))
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))
+
+
+@pytest.fixture(scope="session")
+def stopped_checkpoint(spark, tmp_path_factory) -> Path:
+    """A real checkpoint of a stopped stateful query (HDFS state store) that committed 6 batches."""
+    from pyspark.sql import functions as F
+
+    base = tmp_path_factory.mktemp("stopped")
+    write_json_inputs(base / "input", 0, 6)
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                   "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider")
+    frame = spark.readStream.schema("key string, value long").option("maxFilesPerTrigger", 1).json(str(base / "input"))
+    query = (frame.groupBy("key").agg(F.sum("value").alias("total")).writeStream.outputMode("update")
+             .format("noop").option("checkpointLocation", str(base / "checkpoint")).start())
+    query.processAllAvailable()
+    query.stop()
+    return base / "checkpoint"
