@@ -1,0 +1,1 @@
+"""A small stateful streaming job and a local end-to-end demo of savepoints."""

@@ -1,0 +1,47 @@
+"""The demo streaming job: de-duplicate click events by id (stateful) into a JSON file sink.
+
+Runs in-process (``build_query``) or under spark-submit::
+
+    spark-submit airflow_savepoints/demo/app.py INPUT CHECKPOINT OUTPUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+EVENT_SCHEMA = "id long, user string, ts timestamp"
+
+
+def write_events(folder: Path, index: int, per_file: int = 50) -> list[int]:
+    """Input file ``index``: events ``index*per_file ..``, re-sending the previous file's last 10 ids."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = list(range(index * per_file - 10 if index else 0, (index + 1) * per_file))
+    path = folder / f"events-{index:05d}.json"
+    tmp = folder / f".events-{index:05d}.json.tmp"
+    tmp.write_text("\n".join(json.dumps({"id": i, "user": f"u{i % 7}", "ts": f"2026-01-01T00:{(i // 60) % 60:02d}:{i % 60:02d}"})
+                             for i in ids))
+    os.utime(tmp, (1_700_000_000 + index, 1_700_000_000 + index))
+    tmp.rename(path)  # the file source must never see a half-written file
+    return ids
+
+
+def build_query(spark, input_dir: str, checkpoint: str, output: str, trigger_ms: int = 500):
+    events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", 1).json(input_dir)
+    unique = events.withWatermark("ts", "1 hour").dropDuplicatesWithinWatermark(["id"])
+    return (unique.writeStream.format("json").option("path", output).option("checkpointLocation", checkpoint)
+            .queryName("demo-dedup").trigger(processingTime=f"{trigger_ms} milliseconds").start())
+
+
+def main(argv: list[str]) -> None:
+    from pyspark.sql import SparkSession
+
+    input_dir, checkpoint, output = argv[1:4]
+    spark = SparkSession.builder.appName("airflow-savepoints-demo").getOrCreate()
+    build_query(spark, input_dir, checkpoint, output).awaitTermination()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
