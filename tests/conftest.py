@@ -28,10 +28,9 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def spark():
-    from pyspark.sql import SparkSession
+    from tests.support.spark_shapes import make_spark_session
 
-    session = (SparkSession.builder.master("local[2]").appName("airflow-savepoints-tests")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false").getOrCreate())
+    session = make_spark_session()
     yield session
     session.stop()
 
