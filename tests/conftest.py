@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
 os.environ.pop("AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR", None)
-os.environ.setdefault("PYSPARK_PYTHON", os.path.realpath(os.sys.executable))
+os.environ["PYSPARK_PYTHON"] = sys.executable  # the venv interpreter, not its resolved base
 
 import pytest  # noqa: E402
 

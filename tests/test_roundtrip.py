@@ -8,6 +8,7 @@ restored one) must equal, batch by batch, the sink of an uninterrupted run over 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,13 @@ def round_trip(spark, name: str, base: Path, savepoint_dir: str) -> tuple[dict, 
     for key in SPARK_ONLY_SETTINGS:  # the manifest recorded what Spark does not persist
         if key in shape.sql_conf and key in result.spark_conf_to_set:
             assert result.spark_conf_to_set[key] == shape.sql_conf[key], key
+
+    if name == "transform_with_state":  # its operator metadata holds absolute schema paths: rewritten
+        assert result.rewritten and all("/_metadata/v2/" in p for p in result.rewritten)
+        for rel in result.rewritten:
+            text = (Path(restored_checkpoint) / rel).read_text()
+            assert f"file:{restored_checkpoint}/state/" in text and checkpoint not in text
+    shutil.rmtree(checkpoint)  # the savepoint must be self-contained: the original is gone
 
     restored_sink = base / "restored-sink"
     query = shape.start(spark, inputs, restored_checkpoint, restored_sink)

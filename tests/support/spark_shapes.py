@@ -34,7 +34,7 @@ DEFAULT_CONF = {
 def make_spark_session(app_name: str = "airflow-savepoints-tests"):
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (
         SparkSession.builder.master("local[2]").appName(app_name)
         .config("spark.sql.shuffle.partitions", "2")
