@@ -59,10 +59,13 @@ def s3(s3_endpoint, monkeypatch):
     monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", s3_endpoint)
     saved = {k: dict(v) for k, v in fsspec.config.conf.items()}
     fsspec.config.set_conf_env(fsspec.config.conf)
+    s3fs_class = fsspec.get_filesystem_class("s3")
+    s3fs_class.clear_instance_cache()  # instances remember the credentials they were made with
     fs = fsspec.filesystem("s3", endpoint_url=s3_endpoint, skip_instance_cache=True)
     bucket = f"sp-{time.monotonic_ns()}"
     fs.mkdir(bucket)
     yield bucket
+    s3fs_class.clear_instance_cache()
     fsspec.config.conf.clear()
     fsspec.config.conf.update(saved)
 

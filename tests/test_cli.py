@@ -196,7 +196,7 @@ def test_missing_credentials_for_s3(s3, monkeypatch, checkpoint, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     import fsspec
 
-    fsspec.filesystem("s3").clear_instance_cache()
+    fsspec.get_filesystem_class("s3").clear_instance_cache()
     code, out = cli("show", f"s3://{s3}/sp/j/savepoint-abc123-000000000000")
     assert code == 1 and out["error"]["code"] == "missing_credentials"
     assert "AWS_ACCESS_KEY_ID" in out["error"]["hint"]
