@@ -21,7 +21,6 @@ Rules (docs/savepoint-format.md explains each one):
 
 from __future__ import annotations
 
-import posixpath
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -384,11 +383,3 @@ def _plan_rocksdb_v2(listing, read, store, files, version, ids: set[str], add, w
                                       f"of version {version}")
         v -= 1
     # lineage reaches back to version 1 with changelogs only: nothing more to take
-
-
-def planned_paths(plan: CheckpointPlan) -> list[str]:
-    return [f.path for f in plan.files]
-
-
-def folder_of(path: str) -> str:
-    return posixpath.dirname(path)

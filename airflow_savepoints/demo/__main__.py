@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from airflow_savepoints.core import SavepointType, list_savepoints, restore_savepoint, take_savepoint
-from airflow_savepoints.demo.app import build_query, write_events
+from airflow_savepoints.demo.app import build_query, wait_for_batch, write_events
 from airflow_savepoints.storage import Store
 
 console = Console(highlight=False)
@@ -32,18 +32,6 @@ def _feed(input_dir: Path, start: int, stop: int, every: float, done: threading.
         ids.update(write_events(input_dir, index))
         time.sleep(every)
     return ids
-
-
-def _wait_for_batch(query, batch: int, timeout: float = 120) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if query.exception():
-            raise RuntimeError(f"the streaming query failed: {query.exception()}")
-        progress = query.lastProgress
-        if progress and progress["batchId"] >= batch:
-            return progress["batchId"]
-        time.sleep(0.2)
-    raise TimeoutError(f"no batch {batch} within {timeout}s")
 
 
 def run(workdir: Path, savepoints: int, interval: float) -> int:
@@ -63,7 +51,7 @@ def run(workdir: Path, savepoints: int, interval: float) -> int:
     sent.update(write_events(input_dir, 0))
     query = build_query(spark, str(input_dir), str(checkpoint), str(output))
     console.print(f"started streaming job [cyan]{job}[/] (query id {query.id})")
-    _wait_for_batch(query, 0)
+    wait_for_batch(query, 0)
     for index in range(1, savepoints + 1):
         sent.update(write_events(input_dir, index))
         time.sleep(interval)
@@ -93,7 +81,7 @@ def run(workdir: Path, savepoints: int, interval: float) -> int:
     query = build_query(spark, str(input_dir), str(restored_checkpoint), str(output))
     for index in range(savepoints + 1, savepoints + 4):
         sent.update(write_events(input_dir, index))
-    first_new = _wait_for_batch(query, result.batch_id + 1)
+    first_new = wait_for_batch(query, result.batch_id + 1)
     query.processAllAvailable()
     console.print(f"restarted job resumed at batch {result.batch_id + 1} (now at {query.lastProgress['batchId']},"
                   f" first new batch {first_new})")

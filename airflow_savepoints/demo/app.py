@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 EVENT_SCHEMA = "id long, user string, ts timestamp"
@@ -26,6 +27,19 @@ def write_events(folder: Path, index: int, per_file: int = 50) -> list[int]:
     os.utime(tmp, (1_700_000_000 + index, 1_700_000_000 + index))
     tmp.rename(path)  # the file source must never see a half-written file
     return ids
+
+
+def wait_for_batch(query, batch_id: int, timeout: float = 120) -> int:
+    """Wait until ``query`` has committed ``batch_id``; return its newest committed batch id."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if query.exception() is not None:
+            raise RuntimeError(f"streaming query {query.name} failed: {query.exception()}")
+        progress = query.lastProgress
+        if progress and progress["batchId"] >= batch_id:
+            return progress["batchId"]
+        time.sleep(0.1)
+    raise TimeoutError(f"streaming query {query.name} did not commit batch {batch_id} within {timeout}s")
 
 
 def build_query(spark, input_dir: str, checkpoint: str, output: str, trigger_ms: int = 500):

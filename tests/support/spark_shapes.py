@@ -219,19 +219,6 @@ SHAPES: dict[str, Shape] = {
 SHAPE_NAMES = list(SHAPES)
 
 
-def wait_for_batch(query, batch_id: int, timeout: float = 120) -> int:
-    """Wait until the query has committed ``batch_id``; return the newest committed batch id."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if query.exception() is not None:
-            raise AssertionError(f"query {query.name} died: {query.exception()}")
-        progress = query.lastProgress
-        if progress and progress["batchId"] >= batch_id:
-            return progress["batchId"]
-        time.sleep(0.1)
-    raise AssertionError(f"query {query.name} did not reach batch {batch_id} within {timeout}s")
-
-
 def run_to_end(query) -> None:
     """Process everything available now (raises if the query failed; pytest-timeout bounds it)."""
     query.processAllAvailable()
