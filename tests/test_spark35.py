@@ -14,6 +14,7 @@ import pytest
 
 from airflow_savepoints.core import restore_savepoint, take_savepoint
 from tests.data.make_spark35_checkpoints import INPUT, PROVIDERS, write_input
+from tests.support.spark_shapes import DEFAULT_CONF
 
 pytestmark = pytest.mark.slow
 DATA = Path(__file__).parent / "data" / "spark35"
@@ -36,6 +37,8 @@ def test_spark35_checkpoint_saves_restores_and_runs_on_spark4(spark, name, tmp_p
     write_input(0, 8)  # the 5 files the 3.5 query read, at the same paths, and 3 new ones
     restored = tmp_path / "restored"
     result = restore_savepoint(info.pointer, str(restored))
+    for key in DEFAULT_CONF:  # the session is shared: back to Spark's defaults, which wrote these logs
+        spark.conf.unset(key)
     for key, value in result.spark_conf_to_set.items():
         spark.conf.set(key, value)
     latest: dict[str, tuple[int, int]] = {}
