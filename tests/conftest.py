@@ -12,19 +12,33 @@ from pathlib import Path
 
 # Never let botocore probe an instance-metadata address, and keep Airflow state out of $HOME.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
+ROOT = Path(__file__).resolve().parents[1]
+AIRFLOW_HOME = tempfile.mkdtemp(prefix="airflow-home-")
+os.environ.update({
+    "AIRFLOW_HOME": AIRFLOW_HOME,
+    "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
+})
 os.environ.pop("AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR", None)
 os.environ["PYSPARK_PYTHON"] = sys.executable  # the venv interpreter, not its resolved base
 
 import pytest  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """A fresh Airflow 3.3 metadata database (SQLite) in a throw-away AIRFLOW_HOME."""
+    from airflow.utils import db
+
+    db.resetdb()
+    yield AIRFLOW_HOME
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,56 @@
+"""Provider metadata read by Airflow through the ``apache_airflow_provider`` entry point."""
+
+from __future__ import annotations
+
+from airflow_savepoints import __version__
+
+
+def get_provider_info() -> dict:
+    integration = "Savepoints"
+    return {
+        "package-name": "airflow-savepoints",  # must equal the distribution's canonical name
+        "name": "Savepoints",
+        "description": "Flink-style savepoints for Spark Structured Streaming jobs.",
+        "versions": [__version__],
+        "integrations": [{"integration-name": integration, "external-doc-url": "https://spark.apache.org/",
+                          "tags": ["apache"]}],
+        "hooks": [{"integration-name": integration, "python-modules": ["airflow_savepoints.hooks.savepoint"]}],
+        "operators": [{"integration-name": integration,
+                       "python-modules": ["airflow_savepoints.operators.savepoint"]}],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_savepoints.hooks.savepoint.SavepointStorageHook",
+                "connection-type": "savepoints",
+                "hook-name": "Savepoint Storage",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "port"],
+                    "relabeling": {"host": "Savepoint directory (URL)", "login": "Access key id",
+                                   "password": "Secret access key", "extra": "fsspec storage options (JSON)"},
+                    "placeholders": {"host": "s3://bucket/savepoints", "extra": '{"endpoint_url": "https://…"}'},
+                },
+                "conn-fields": {},
+            }
+        ],
+        "config": {
+            "savepoints": {
+                "description": "Defaults of airflow-savepoints.",
+                "options": {
+                    "savepoint_dir": {
+                        "description": "Default savepoint directory (a path or URL); a directory given to an "
+                                       "operator or on the command line wins.",
+                        "version_added": "0.1.0", "type": "string", "example": "s3://bucket/savepoints",
+                        "default": "",
+                    },
+                    "max_periodic_savepoints": {
+                        "description": "How many periodic savepoints of a job retention keeps.",
+                        "version_added": "0.1.0", "type": "integer", "example": "10", "default": "10",
+                    },
+                    "max_savepoint_age": {
+                        "description": "Periodic savepoints older than this are removed by retention "
+                                       "(e.g. 7d, 12h); empty for no age limit.",
+                        "version_added": "0.1.0", "type": "string", "example": "7d", "default": "7d",
+                    },
+                },
+            }
+        },
+    }

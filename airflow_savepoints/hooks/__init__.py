@@ -1,0 +1,1 @@
+"""Airflow hooks: connections turned into storage objects."""

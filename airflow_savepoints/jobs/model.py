@@ -1,0 +1,88 @@
+"""The streaming-job model: what to run, where its checkpoint and savepoints live, how to keep them."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from airflow_savepoints.core.models import validate_job_name
+from airflow_savepoints.errors import InvalidInputError
+
+
+class RetentionSettings(BaseModel):
+    """Bounds for periodic savepoints (None: the ``[savepoints]`` configuration applies)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_periodic: int | None = Field(default=None, ge=0, le=100_000)
+    max_age: str | None = None  # "7d", "12h", "30m"
+
+
+class SinkSettings(BaseModel):
+    """The job's sink, for restore safety checks (a file sink's log must not be past a savepoint)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["file", "delta", "kafka", "foreach", "other"] = "other"
+    path: str | None = None
+
+
+class StreamingJob(BaseModel):
+    """One long-running Spark Structured Streaming job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    application: str
+    application_args: list[str] = Field(default_factory=list)
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    master: str = "local[2]"
+    deploy_mode: Literal["client", "cluster"] = "client"
+    spark_conn_id: str | None = None
+    checkpoint: str
+    savepoint_dir: str | None = None
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    sink: SinkSettings | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return validate_job_name(value)
+
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_variables(text: str) -> str:
+    """Replace ``${VAR}`` and ``${VAR:-default}`` with the environment's values."""
+    return _VARIABLE.sub(lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), text)
+
+
+def load_jobs(path: str | Path) -> dict[str, StreamingJob]:
+    """Jobs from a YAML file (``jobs: [{name: …}, …]``); ``${VAR}``/``${VAR:-default}`` are expanded."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(expand_variables(path.read_text())) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidInputError(f"cannot read jobs file {path}: {exc}", "fix the YAML or the path") from exc
+    entries = raw.get("jobs") if isinstance(raw, dict) else None
+    if not isinstance(entries, list):
+        raise InvalidInputError(f"{path} has no 'jobs:' list", "write 'jobs:' followed by a list of jobs")
+    jobs: dict[str, StreamingJob] = {}
+    for index, entry in enumerate(entries):
+        try:
+            job = StreamingJob.model_validate(entry)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first.get("loc", ()))
+            raise InvalidInputError(f"{path}: job #{index + 1}: {where}: {first['msg']}",
+                                    "see docs/airflow.md for the job fields") from exc
+        if job.name in jobs:
+            raise InvalidInputError(f"{path}: job name '{job.name}' appears twice", "give every job its own name")
+        jobs[job.name] = job
+    return jobs

@@ -1,0 +1,1 @@
+"""Airflow operators: thin wrappers over airflow_savepoints.core."""

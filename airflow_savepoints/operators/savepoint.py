@@ -1,0 +1,138 @@
+"""Operators that take and dispose savepoints (thin: the work is in airflow_savepoints.core)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset, BaseOperator
+
+from airflow_savepoints.core import SavepointType, dispose_savepoint, take_savepoint
+from airflow_savepoints.hooks.savepoint import SavepointStorageHook
+from airflow_savepoints.storage import Store, split_url
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def savepoint_asset(job: str) -> Asset:
+    """The asset whose events announce a job's new savepoints (``extra`` = the savepoint summary)."""
+    return Asset(name=f"savepoints/{job}", uri=f"x-savepoints://{job}", group="savepoints")
+
+
+def task_request_id(context: Context) -> str:
+    """The task instance's identity without its try number: a retried task reuses its savepoint."""
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{getattr(ti, 'map_index', -1)}"
+
+
+def checkpoint_options(checkpoint: str, store: Store, given: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Storage options for the live checkpoint: as given, else the savepoint store's on the same kind of store."""
+    if given is not None:
+        return given
+    return store.storage_options if split_url(checkpoint)[1] == store.protocol else None
+
+
+class TriggerSavepointOperator(BaseOperator):
+    """Take a savepoint of a streaming job's live checkpoint; return its summary (pointer, batch, ...).
+
+    :param job: job name, the folder of its savepoints (templated)
+    :param checkpoint: the job's live checkpoint location (templated)
+    :param savepoint_type: ``periodic`` (default) or ``manual`` (templated)
+    :param reason: kept in the manifest (templated)
+    :param savepoint_dir: overrides the connection's and the configured directory (templated)
+    :param savepoints_conn_id: a ``savepoints`` connection (storage URL and options)
+    :param request_id: idempotency key; default: the task instance's identity, so a retry returns
+        the savepoint its earlier try took
+    :param checkpoint_storage_options: fsspec options for the checkpoint's store (default: the
+        savepoint connection's options when both are on the same kind of store)
+    """
+
+    template_fields: Sequence[str] = ("job", "checkpoint", "savepoint_type", "reason", "savepoint_dir", "request_id")
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        checkpoint: str,
+        savepoint_type: str = SavepointType.PERIODIC.value,
+        reason: str | None = None,
+        savepoint_dir: str | None = None,
+        savepoints_conn_id: str = SavepointStorageHook.default_conn_name,
+        request_id: str | None = None,
+        checkpoint_storage_options: dict[str, Any] | None = None,
+        max_attempts: int = 5,
+        parallelism: int = 8,
+        **kwargs: Any,
+    ) -> None:
+        if "outlets" not in kwargs and "{{" not in job:
+            kwargs["outlets"] = [savepoint_asset(job)]
+        super().__init__(**kwargs)
+        self.job = job
+        self.checkpoint = checkpoint
+        self.savepoint_type = savepoint_type
+        self.reason = reason
+        self.savepoint_dir = savepoint_dir
+        self.savepoints_conn_id = savepoints_conn_id
+        self.request_id = request_id
+        self.checkpoint_storage_options = checkpoint_storage_options
+        self.max_attempts = max_attempts
+        self.parallelism = parallelism
+        self._in_flight: Store | None = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        store = SavepointStorageHook(self.savepoints_conn_id).get_store(self.savepoint_dir)
+        ti = context["ti"]
+
+        def track(event: str, data: dict[str, Any]) -> None:
+            if event == "planned":
+                self._in_flight = store.child(self.job).child(data["location"].rsplit("/", 1)[-1])
+                self.log.info("savepoint of batch %s: %s files, %s bytes -> %s (attempt %s)",
+                              data["batch_id"], data["files"], data["bytes"], data["location"], data["attempt"])
+            elif event == "completed":
+                self._in_flight = None
+
+        info = take_savepoint(
+            self.checkpoint, self.job, savepoint_dir=store, savepoint_type=self.savepoint_type,
+            reason=self.reason or f"{ti.dag_id}/{ti.run_id}", request_id=self.request_id or task_request_id(context),
+            checkpoint_storage_options=checkpoint_options(self.checkpoint, store, self.checkpoint_storage_options),
+            max_attempts=self.max_attempts, parallelism=self.parallelism, on_event=track,
+        )
+        summary = info.summary()
+        self.log.info("savepoint completed: %s (batch %s)", summary["pointer"], summary["batch_id"])
+        for outlet in self.outlets or []:
+            if isinstance(outlet, Asset):
+                context["outlet_events"][outlet].extra = summary
+        return summary
+
+    def on_kill(self) -> None:
+        """Remove a savepoint location still being written (it has no _metadata yet)."""
+        location, self._in_flight = self._in_flight, None
+        if location is not None and not location.exists("_metadata"):
+            location.parent().remove_tree(location.name)
+
+
+class DisposeSavepointOperator(BaseOperator):
+    """Delete one savepoint (only a complete savepoint inside the savepoint directory).
+
+    :param pointer: the savepoint directory or its ``_metadata`` (templated)
+    :param savepoint_dir: the savepoint directory it must lie in (templated; default: connection/config)
+    :param savepoints_conn_id: a ``savepoints`` connection
+    """
+
+    template_fields: Sequence[str] = ("pointer", "savepoint_dir")
+
+    def __init__(self, *, pointer: str, savepoint_dir: str | None = None,
+                 savepoints_conn_id: str = SavepointStorageHook.default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pointer = pointer
+        self.savepoint_dir = savepoint_dir
+        self.savepoints_conn_id = savepoints_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        hook = SavepointStorageHook(self.savepoints_conn_id)
+        info = dispose_savepoint(self.pointer, savepoint_dir=hook.savepoint_dir(self.savepoint_dir),
+                                 storage_options=hook.storage_options())
+        self.log.info("disposed %s", info.pointer)
+        return {"disposed": info.pointer, "savepoint_id": info.manifest.savepoint_id, "job": info.manifest.job}

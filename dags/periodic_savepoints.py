@@ -1,0 +1,37 @@
+"""Periodic savepoints of every job in jobs.yaml.
+
+One task per job takes a ``periodic`` savepoint of the job's live checkpoint; each completed
+savepoint is announced as an event of the asset ``savepoints/<job>``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG
+
+from airflow_savepoints.jobs import load_jobs
+from airflow_savepoints.operators.savepoint import TriggerSavepointOperator
+
+JOBS = load_jobs(Path(__file__).with_name("jobs.yaml"))
+
+with DAG(
+    dag_id="periodic_savepoints",
+    schedule=timedelta(minutes=15),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,  # never two savepoint rounds at once
+    tags=["savepoints"],
+    doc_md=__doc__,
+) as dag:
+    for job in JOBS.values():
+        TriggerSavepointOperator(
+            task_id=f"savepoint_{job.name.replace('-', '_')}",
+            job=job.name,
+            checkpoint=job.checkpoint,
+            savepoint_dir=job.savepoint_dir,
+            savepoint_type="periodic",
+            retries=2,
+            retry_delay=timedelta(seconds=30),
+        )
