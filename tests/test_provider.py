@@ -1,0 +1,89 @@
+"""Provider registration and the savepoints connection, against the installed Airflow 3.3."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_savepoints.errors import InvalidInputError, NoSavepointDirError
+
+
+def airflow_cli(*args: str) -> str:
+    airflow = Path(sys.executable).parent / "airflow"
+    proc = subprocess.run([str(airflow), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_airflow_lists_the_provider_its_hook_and_config():
+    assert "airflow-savepoints" in airflow_cli("providers", "list")
+    hooks = airflow_cli("providers", "hooks")
+    assert "savepoints" in hooks and "SavepointStorageHook" in hooks
+    assert airflow_cli("config", "get-value", "savepoints", "max_periodic_savepoints").strip() == "10"
+
+
+def test_connection_form_fields_are_declared():
+    from airflow.providers_manager import ProvidersManager
+
+    behaviour = ProvidersManager().field_behaviours["savepoints"]
+    assert "port" in behaviour["hidden_fields"]
+    assert behaviour["relabeling"]["host"].startswith("Savepoint directory")
+
+
+def test_hook_builds_the_store_from_the_connection_and_masks_secrets(monkeypatch, tmp_path):
+    from airflow.sdk.log import mask_secret  # noqa: F401 - the masker the hook feeds
+
+    from airflow_savepoints.hooks.savepoint import SavepointStorageHook
+
+    conn = {"conn_type": "savepoints", "host": str(tmp_path / "sp"), "login": "AKIAEXAMPLE",
+            "password": "s3cr3t-value", "extra": json.dumps({"endpoint_url": "http://127.0.0.1:1", "token": "t0k3n"})}
+    monkeypatch.setenv("AIRFLOW_CONN_SP_TEST", json.dumps(conn))
+    hook = SavepointStorageHook("sp_test")
+    options = hook.storage_options()
+    assert options == {"endpoint_url": "http://127.0.0.1:1", "token": "t0k3n", "key": "AKIAEXAMPLE",
+                       "secret": "s3cr3t-value"}
+    assert hook.savepoint_dir() == str(tmp_path / "sp")
+    assert hook.savepoint_dir("/explicit") == "/explicit"
+    from airflow.sdk._shared.secrets_masker.secrets_masker import redact
+
+    assert "s3cr3t-value" not in str(redact("key is s3cr3t-value and t0k3n"))
+    assert "t0k3n" not in str(redact("key is s3cr3t-value and t0k3n"))
+
+
+def test_hook_without_connection_uses_configuration(monkeypatch, tmp_path):
+    from airflow_savepoints.hooks.savepoint import SavepointStorageHook
+
+    monkeypatch.delenv("AIRFLOW_CONN_SAVEPOINTS_DEFAULT", raising=False)
+    monkeypatch.setenv("AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR", str(tmp_path / "configured"))
+    assert SavepointStorageHook().get_store().url == str(tmp_path / "configured")
+    monkeypatch.setenv("AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR", "")
+    with pytest.raises(NoSavepointDirError):
+        SavepointStorageHook().get_store()
+    monkeypatch.setenv("AIRFLOW_CONN_BROKEN", json.dumps({"conn_type": "savepoints", "host": "/x", "extra": "not json"}))
+    with pytest.raises(InvalidInputError, match="not JSON"):
+        SavepointStorageHook("broken").storage_options()
+
+
+def test_jobs_yaml_loads_and_rejects_bad_jobs(tmp_path, monkeypatch):
+    from airflow_savepoints.jobs import load_jobs
+    from tests.conftest import ROOT
+
+    monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", "/data/demo")
+    jobs = load_jobs(ROOT / "dags" / "jobs.yaml")
+    assert jobs["demo-dedup"].checkpoint == "/data/demo/checkpoint"
+    assert jobs["demo-dedup"].retention.max_periodic == 3 and jobs["demo-dedup"].sink.kind == "file"
+    bad = tmp_path / "jobs.yaml"
+    for text, words in [("jobs: {}", "no 'jobs:' list"),
+                        ("jobs:\n  - {name: 'a/b', application: x, checkpoint: /c}", "name"),
+                        ("jobs:\n  - {name: a, application: x, checkpoint: /c, retention: {max_periodic: -1}}",
+                         "max_periodic"),
+                        ("jobs:\n  - {name: a, application: x, checkpoint: /c}\n  - {name: a, application: y, checkpoint: /d}",
+                         "appears twice"),
+                        ("jobs: [", "cannot read")]:
+        bad.write_text(text)
+        with pytest.raises(InvalidInputError, match=words):
+            load_jobs(bad)
