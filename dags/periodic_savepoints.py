@@ -29,7 +29,7 @@ with DAG(
         TriggerSavepointOperator(
             task_id=f"savepoint_{job.name.replace('-', '_')}",
             job=job.name,
-            checkpoint=job.checkpoint,
+            fallback_checkpoint=job.checkpoint,  # used until RestoreJobOperator records a run
             savepoint_dir=job.savepoint_dir,
             savepoint_type="periodic",
             retries=2,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -50,3 +51,55 @@ def test_periodic_savepoints_dag_takes_a_savepoint_and_emits_an_asset_event(airf
     value = XComModel.deserialize_value(pushed)
     assert value["pointer"] == saved[0].pointer and value["request_id"].startswith("periodic_savepoints/")
     assert [e.extra.get("pointer") for e in events] == [saved[0].pointer]
+
+
+def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db, tmp_path, monkeypatch):
+    """restore_from_savepoint (fresh start) -> periodic_savepoints -> stop_job_with_savepoint ->
+    restore_from_savepoint (latest): the job resumes right after the stop savepoint, and every event
+    reaches the file sink exactly once."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk import DagRunState
+
+    import airflow_savepoints.demo.app as demo
+    from airflow_savepoints.core import list_savepoints
+    from airflow_savepoints.jobs.launcher import read_run, stop_process
+    from airflow_savepoints.storage import Store
+
+    monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
+    monkeypatch.setenv("SAVEPOINTS_DEMO_APP", demo.__file__)
+    sent: set[int] = set()
+    for index in range(3):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    job_folder = Store(str(tmp_path / "savepoints" / "demo-dedup"))
+
+    def run(dag_id: str, **conf):
+        dag = DagBag(dag_folder=str(ROOT / "dags" / f"{dag_id}.py")).get_dag(dag_id)  # freshly parsed
+        result = dag.test(run_conf=conf or None)
+        assert result.state == DagRunState.SUCCESS, (dag_id, {t.task_id: t.state for t in result.get_task_instances()})
+
+    try:
+        run("restore_from_savepoint", job="demo-dedup", fresh_start=True)
+        first_run = read_run(job_folder)
+        assert first_run.checkpoint == str(tmp_path / "checkpoint")
+        for index in range(3, 6):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        run("periodic_savepoints")
+        run("stop_job_with_savepoint", job="demo-dedup")
+        saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo-dedup")
+        assert [s.manifest.type.value for s in saved] == ["periodic", "stop"]
+        stop_batch = saved[-1].manifest.batch_id
+        for index in range(6, 9):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        run("restore_from_savepoint", job="demo-dedup")
+        second_run = read_run(job_folder)
+        assert second_run.checkpoint.startswith(str(tmp_path / "checkpoint-"))
+        commits = sorted(int(p.name) for p in Path(second_run.checkpoint, "commits").iterdir() if p.name.isdigit())
+        assert commits[:2] == [stop_batch, stop_batch + 1]  # the savepoint's batch, then the next one
+    finally:
+        last = read_run(job_folder)
+        if last is not None:
+            stop_process(last, grace=30)
+    ids = []
+    for part in (tmp_path / "output").glob("part-*.json"):
+        ids += [json.loads(line)["id"] for line in part.read_text().splitlines() if line]
+    assert len(ids) == len(set(ids)) and set(ids) <= sent

@@ -248,3 +248,19 @@ def test_offset_log_v2_named_sources():
     plan = c.plan()
     assert plan.offset_log_version == 2 and plan.source_offsets == {"events": {"logOffset": 0}}
     assert {p for p in paths(plan) if p.startswith("sources/")} == {"sources/events/0"}
+
+
+def test_complete_state_of_the_planned_batch_travels_with_its_offsets():
+    """offsets/N+1 planned and state N+2 complete in every store: both go, as Spark's recovery needs."""
+    c = base(4)  # N = 3, state version 4
+    c["offsets/4"] = offsets({"logOffset": 4})
+    for part in (0, 1):
+        for v in range(1, 6):
+            c[f"state/0/{part}/{v}.delta"] = b"d"
+    plan = c.plan()
+    assert plan.includes_next_offsets and plan.includes_next_state
+    assert {"state/0/0/5.delta", "state/0/1/5.delta", "state/0/1/4.delta"} <= paths(plan)
+    del c["state/0/1/5.delta"]  # batch 4 still running: partition 1 has not written version 5
+    plan = c.plan()
+    assert plan.includes_next_offsets and not plan.includes_next_state
+    assert not {p for p in paths(plan) if p.endswith("/5.delta")}

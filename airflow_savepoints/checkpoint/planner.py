@@ -59,6 +59,7 @@ class CheckpointPlan:
     batch_id: int
     query_id: str
     includes_next_offsets: bool
+    includes_next_state: bool
     files: list[PlannedFile]
     offset_log_version: int
     commit_log_version: int
@@ -144,6 +145,9 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
     _plan_sources(listing, offsets_for_sources, add, where)
     ckpt_format = 2 if commit_n.state_unique_ids else 1
     operators = _plan_state(listing, read, n + 1, commit_n, add, where)
+    next_state = False
+    if next_batch is not None and operators and ckpt_format == 1:
+        next_state = _plan_next_state(listing, read, n + 2, commit_n, planned, where)
 
     # Spark's own checksum sidecars travel only together with their main file.
     for path in list(planned):
@@ -161,6 +165,7 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
         batch_id=n,
         query_id=query_id,
         includes_next_offsets=next_batch is not None,
+        includes_next_state=next_state,
         files=sorted(planned.values(), key=lambda f: (f.group, f.path)),
         offset_log_version=offset_n.version,
         commit_log_version=commit_n.version,
@@ -171,6 +176,30 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
         spark_conf=conf,
         operators=operators,
     )
+
+
+def _plan_next_state(listing, read, version: int, commit, planned: dict[str, PlannedFile], where) -> bool:
+    """Add state version N+2 if EVERY store has it complete (batch N+1's tasks all finished).
+
+    Then a restore behaves exactly like Spark's crash recovery even when the sink had already
+    committed N+1: Spark re-runs N+1, a file sink skips it, and batch N+2 finds its state. If any
+    store lacks version N+2, nothing of it is taken (the sink cannot have committed N+1 then).
+    """
+    extra: dict[str, PlannedFile] = {}
+
+    def add(path: str, group: int, expected_size: int | None = None) -> None:
+        stat = listing.get(path)
+        if stat is None:
+            raise CheckpointRaceError(f"{path} missing")
+        extra[path] = PlannedFile(path, stat.size, stat.version, group, expected_size=expected_size)
+
+    try:
+        _plan_state(listing, read, version, commit, add, where)
+    except (CheckpointRaceError, CheckpointError):
+        return False
+    for path, file in extra.items():
+        planned.setdefault(path, file)
+    return True
 
 
 # --- sources ---------------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ class SavepointManifest(BaseModel):
     query_id: str
     batch_id: int = Field(ge=0)
     includes_next_offsets: bool = False
+    includes_next_state: bool = False  # state version N+2 (complete) came with offsets/N+1
     type: SavepointType
     reason: str | None = None
     request_id: str | None = None

@@ -205,6 +205,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         query_id=plan.query_id,
         batch_id=plan.batch_id,
         includes_next_offsets=plan.includes_next_offsets,
+        includes_next_state=plan.includes_next_state,
         type=savepoint_type,
         reason=reason,
         request_id=request_id,

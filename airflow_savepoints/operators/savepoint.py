@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseOperator
 
 from airflow_savepoints.core import SavepointType, dispose_savepoint, take_savepoint
+from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
+from airflow_savepoints.jobs.launcher import read_run
 from airflow_savepoints.storage import Store, split_url
 
 if TYPE_CHECKING:
@@ -33,11 +35,27 @@ def checkpoint_options(checkpoint: str, store: Store, given: dict[str, Any] | No
     return store.storage_options if split_url(checkpoint)[1] == store.protocol else None
 
 
+def recorded_checkpoint(store: Store, job: str, fallback: str | None = None) -> str:
+    """The checkpoint of the job's run recorded in its savepoint folder, else ``fallback``."""
+    run = read_run(store.child(job))
+    if run is None and fallback:
+        return fallback
+    if run is None:
+        raise InvalidInputError(
+            f"job '{job}' has no recorded run in {store.url}, so its checkpoint is unknown",
+            "pass checkpoint= or fallback_checkpoint=, or start the job with RestoreJobOperator",
+        )
+    return run.checkpoint
+
+
 class TriggerSavepointOperator(BaseOperator):
     """Take a savepoint of a streaming job's live checkpoint; return its summary (pointer, batch, ...).
 
     :param job: job name, the folder of its savepoints (templated)
-    :param checkpoint: the job's live checkpoint location (templated)
+    :param checkpoint: the job's live checkpoint location (templated); default: the checkpoint of
+        the job's run recorded by RestoreJobOperator, else ``fallback_checkpoint``
+    :param fallback_checkpoint: the checkpoint when none is given or recorded (a job started by
+        other means at its configured location; templated)
     :param savepoint_type: ``periodic`` (default) or ``manual`` (templated)
     :param reason: kept in the manifest (templated)
     :param savepoint_dir: overrides the connection's and the configured directory (templated)
@@ -48,14 +66,17 @@ class TriggerSavepointOperator(BaseOperator):
         savepoint connection's options when both are on the same kind of store)
     """
 
-    template_fields: Sequence[str] = ("job", "checkpoint", "savepoint_type", "reason", "savepoint_dir", "request_id")
+    template_fields: Sequence[str] = (
+        "job", "checkpoint", "fallback_checkpoint", "savepoint_type", "reason", "savepoint_dir", "request_id",
+    )
     ui_color = "#e8f4ea"
 
     def __init__(
         self,
         *,
         job: str,
-        checkpoint: str,
+        checkpoint: str | None = None,
+        fallback_checkpoint: str | None = None,
         savepoint_type: str = SavepointType.PERIODIC.value,
         reason: str | None = None,
         savepoint_dir: str | None = None,
@@ -71,6 +92,7 @@ class TriggerSavepointOperator(BaseOperator):
         super().__init__(**kwargs)
         self.job = job
         self.checkpoint = checkpoint
+        self.fallback_checkpoint = fallback_checkpoint
         self.savepoint_type = savepoint_type
         self.reason = reason
         self.savepoint_dir = savepoint_dir
@@ -84,6 +106,7 @@ class TriggerSavepointOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         store = SavepointStorageHook(self.savepoints_conn_id).get_store(self.savepoint_dir)
         ti = context["ti"]
+        checkpoint = self.checkpoint or recorded_checkpoint(store, self.job, self.fallback_checkpoint)
 
         def track(event: str, data: dict[str, Any]) -> None:
             if event == "planned":
@@ -94,9 +117,9 @@ class TriggerSavepointOperator(BaseOperator):
                 self._in_flight = None
 
         info = take_savepoint(
-            self.checkpoint, self.job, savepoint_dir=store, savepoint_type=self.savepoint_type,
+            checkpoint, self.job, savepoint_dir=store, savepoint_type=self.savepoint_type,
             reason=self.reason or f"{ti.dag_id}/{ti.run_id}", request_id=self.request_id or task_request_id(context),
-            checkpoint_storage_options=checkpoint_options(self.checkpoint, store, self.checkpoint_storage_options),
+            checkpoint_storage_options=checkpoint_options(checkpoint, store, self.checkpoint_storage_options),
             max_attempts=self.max_attempts, parallelism=self.parallelism, on_event=track,
         )
         summary = info.summary()

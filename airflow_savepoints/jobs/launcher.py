@@ -1,0 +1,172 @@
+"""Start streaming jobs detached, watch them, stop them (local and client-mode processes).
+
+A started job is recorded in ``<savepoint dir>/<job>/_run.json`` (pid, host, log file, command),
+so any later task or an engineer at a terminal finds it. Its progress comes from its checkpoint:
+the newest ``commits/N`` and when it was written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from airflow_savepoints.checkpoint.planner import newest_committed_batch
+from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.storage import Store
+
+RUN_FILE = "_run.json"
+
+
+class JobFailedError(SavepointError):
+    code = "job_failed"
+
+
+class JobRun(BaseModel):
+    """One launched run of a streaming job."""
+
+    job: str
+    pid: int
+    host: str
+    command: list[str]
+    log_file: str
+    checkpoint: str
+    started_at: datetime
+    start_batch: int | None = None  # newest committed batch before the start (None: fresh checkpoint)
+
+
+class JobStatus(BaseModel):
+    job: str
+    running: bool
+    pid: int | None
+    last_committed_batch: int | None
+    last_progress_at: datetime | None
+
+
+def checkpoint_progress(checkpoint: Store) -> tuple[int | None, datetime | None]:
+    """The newest committed batch of a checkpoint and when its commit file was written."""
+    listing = checkpoint.list_files("commits")
+    batches = {int(p): p for p in listing if p.isdigit()}
+    if not batches:
+        return None, None
+    newest = max(batches)
+    try:
+        info = checkpoint.fs.info(checkpoint.path_of(f"commits/{newest}"))
+    except FileNotFoundError:
+        return newest, None
+    mtime = info.get("mtime") or info.get("LastModified")
+    if isinstance(mtime, (int, float)):
+        mtime = datetime.fromtimestamp(mtime, UTC)
+    return newest, mtime
+
+
+def _resolve_binary(command: list[str]) -> list[str]:
+    """Find ``spark-submit`` on PATH or beside this interpreter (a virtualenv's bin/)."""
+    if os.sep in command[0] or shutil.which(command[0]):
+        return command
+    beside = Path(sys.executable).parent / command[0]
+    return [str(beside), *command[1:]] if beside.exists() else command
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not reaped) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def log_tail(path: str, lines: int = 25) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: Store, log_dir: Path,
+                   env: dict[str, str] | None = None) -> JobRun:
+    """Start ``command`` in its own session (it outlives the caller) and record the run."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
+    start_batch, _ = checkpoint_progress(checkpoint)
+    command = _resolve_binary(command)
+    child_env = {**os.environ, **(env or {})}
+    child_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{child_env.get('PATH', '')}"
+    child_env.setdefault("PYSPARK_PYTHON", sys.executable)
+    with open(log_file, "ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, env=child_env)
+    run = JobRun(job=job, pid=process.pid, host=socket.gethostname(), command=command, log_file=str(log_file),
+                 checkpoint=checkpoint.url, started_at=datetime.now(UTC), start_batch=start_batch)
+    job_folder.write_bytes_atomic(RUN_FILE, run.model_dump_json(indent=1).encode())
+    return run
+
+
+def wait_for_commit(run: JobRun, checkpoint: Store, timeout: float = 300, poll: float = 1.0) -> int:
+    """Wait until the run commits a batch newer than when it started; fail fast if it dies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch, _ = checkpoint_progress(checkpoint)
+        if batch is not None and (run.start_batch is None or batch > run.start_batch):
+            return batch
+        if not process_alive(run.pid):
+            raise JobFailedError(
+                f"job '{run.job}' (pid {run.pid}) exited before committing a batch; last log lines:\n"
+                + log_tail(run.log_file),
+                f"see the full log in {run.log_file}",
+            )
+        time.sleep(poll)
+    raise JobFailedError(f"job '{run.job}' committed no batch within {timeout:.0f}s",
+                         f"see its log in {run.log_file}; it is still running as pid {run.pid}")
+
+
+def read_run(job_folder: Store) -> JobRun | None:
+    try:
+        return JobRun.model_validate_json(job_folder.read_bytes(RUN_FILE))
+    except FileNotFoundError:
+        return None
+
+
+def job_status(job: str, checkpoint: Store, job_folder: Store) -> JobStatus:
+    run = read_run(job_folder)
+    running = bool(run and run.host == socket.gethostname() and process_alive(run.pid))
+    batch, at = checkpoint_progress(checkpoint)
+    return JobStatus(job=job, running=running, pid=run.pid if run else None,
+                     last_committed_batch=batch, last_progress_at=at)
+
+
+def stop_process(run: JobRun, grace: float = 60) -> bool:
+    """SIGTERM the run's process group, SIGKILL after ``grace`` seconds. True if it was running."""
+    if run.host != socket.gethostname():
+        raise JobFailedError(f"job '{run.job}' runs on {run.host}, not here",
+                             "stop it from that host or through its cluster manager (see docs/airflow.md)")
+    if not process_alive(run.pid):
+        return False
+    with_signal(run.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not process_alive(run.pid):
+            return True
+        time.sleep(0.5)
+    with_signal(run.pid, signal.SIGKILL)
+    return True
+
+
+def with_signal(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # the whole session: spark-submit and its JVM and Python workers
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,177 @@
+"""Operators that start (from a savepoint), stop and cancel streaming jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator, conf
+
+from airflow_savepoints.core import (
+    SavepointType,
+    list_savepoints,
+    resolve_pointer,
+    restore_savepoint,
+    take_savepoint,
+)
+from airflow_savepoints.errors import InvalidInputError, SavepointError
+from airflow_savepoints.hooks.savepoint import SavepointStorageHook
+from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
+from airflow_savepoints.jobs import StreamingJob, load_jobs
+from airflow_savepoints.jobs.launcher import read_run, start_detached, stop_process, wait_for_commit
+from airflow_savepoints.operators.savepoint import task_request_id
+from airflow_savepoints.storage import Store
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class NoSavepointError(SavepointError):
+    code = "no_savepoint"
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``15m``, ``12h``, ``7d`` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    text = str(text).strip().lower()
+    try:
+        if text[-1] in units:
+            value = float(text[:-1]) * units[text[-1]]
+        else:
+            value = float(text)
+    except (ValueError, IndexError) as exc:
+        raise InvalidInputError(f"invalid duration {text!r}", "write e.g. 90s, 15m, 12h or 7d") from exc
+    if value < 0:
+        raise InvalidInputError(f"negative duration {text!r}", "use a positive duration")
+    return value
+
+
+class _JobOperator(BaseOperator):
+    """Shared parts: the job, looked up by name in a jobs file at run time, and its savepoint folder.
+
+    :param job: the job's name in ``jobs_file`` (templated)
+    :param jobs_file: the YAML file of jobs (``dags/jobs.yaml`` in the examples)
+    :param savepoints_conn_id: a ``savepoints`` connection
+    """
+
+    def __init__(self, *, job: str, jobs_file: str, savepoints_conn_id: str = "savepoints_default",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.jobs_file = jobs_file
+        self.savepoints_conn_id = savepoints_conn_id
+
+    @property
+    def streaming_job(self) -> StreamingJob:
+        jobs = load_jobs(self.jobs_file)
+        if self.job not in jobs:
+            raise InvalidInputError(f"no job named {self.job!r} in {self.jobs_file}",
+                                    f"use one of: {', '.join(sorted(jobs))}")
+        return jobs[self.job]
+
+    def savepoint_root(self, job: StreamingJob) -> Store:
+        return SavepointStorageHook(self.savepoints_conn_id).get_store(job.savepoint_dir)
+
+    def log_dir(self) -> Path:
+        return Path(conf.get("logging", "base_log_folder", fallback="/tmp")) / "streaming-jobs"
+
+
+class RestoreJobOperator(_JobOperator):
+    """Start a job from its latest (or a given) savepoint in a fresh checkpoint location.
+
+    The task ends once the job has committed its first batch; the job keeps running detached.
+    Starting with empty state happens only with ``fresh_start=True``.
+
+    :param pointer: a savepoint to restore (templated); default: the job's newest completed savepoint
+    :param fresh_start: start with empty state in the job's checkpoint location (must be empty)
+    :param max_age: refuse a savepoint older than this (``12h``, ``7d``; templated)
+    :param target_checkpoint: where to restore (templated); default ``<checkpoint>-<UTC time>``
+    :param wait_timeout: seconds to wait for the first committed batch
+    """
+
+    template_fields: Sequence[str] = ("job", "pointer", "fresh_start", "max_age", "target_checkpoint")
+
+    def __init__(self, *, pointer: str | None = None, fresh_start: bool | str = False, max_age: str | None = None,
+                 target_checkpoint: str | None = None, wait_timeout: float = 300, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pointer = pointer
+        self.fresh_start = fresh_start
+        self.max_age = max_age
+        self.target_checkpoint = target_checkpoint
+        self.wait_timeout = wait_timeout
+
+    def _latest_savepoint(self, root: Store) -> str:
+        job = self.streaming_job
+        saved = list_savepoints(root, job.name)
+        if not saved:
+            raise NoSavepointError(
+                f"job '{job.name}' has no completed savepoint in {root.url}",
+                "pass a pointer, or fresh_start=True to start it with empty state",
+            )
+        return saved[-1].pointer
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        job = self.streaming_job
+        root = self.savepoint_root(job)
+        pointer, max_age = self.pointer or None, self.max_age or None  # "" from a Param: not given
+        fresh_start = str(self.fresh_start).strip().lower() in ("true", "1", "yes")
+        restored: dict[str, Any] | None = None
+        extra_conf: dict[str, str] = {}
+        if fresh_start:
+            checkpoint = self.target_checkpoint or job.checkpoint
+            if Store(checkpoint).list_files():
+                raise InvalidInputError(
+                    f"fresh_start needs an empty checkpoint location, but {checkpoint} holds files",
+                    "restore from a savepoint instead, or give an empty target_checkpoint",
+                )
+            self.log.info("starting job %s with EMPTY state (fresh_start=True) at %s", job.name, checkpoint)
+        else:
+            pointer = pointer or self._latest_savepoint(root)
+            if max_age is not None:
+                _, manifest = resolve_pointer(pointer, root.storage_options)
+                if manifest.age_seconds() > parse_duration(max_age):
+                    raise InvalidInputError(
+                        f"savepoint {pointer} is {manifest.age_seconds() / 3600:.1f} h old, older than "
+                        f"max_age {max_age}",
+                        "take a fresh savepoint, raise max_age, or pass the pointer you mean",
+                    )
+            checkpoint = self.target_checkpoint or f"{job.checkpoint.rstrip('/')}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+            sink = job.sink.path if job.sink and job.sink.kind == "file" else None
+            result = restore_savepoint(pointer, checkpoint, sink_path=sink, storage_options=root.storage_options)
+            restored = result.model_dump(mode="json")
+            extra_conf = result.spark_conf_to_set
+            self.log.info("restored %s (batch %s) into %s", pointer, result.batch_id, checkpoint)
+        command = SparkStreamingJobHook(job).submit_command(checkpoint, extra_conf)
+        run = start_detached(job.name, command, Store(checkpoint), root.child(job.name), self.log_dir())
+        batch = wait_for_commit(run, Store(checkpoint), timeout=self.wait_timeout)
+        self.log.info("job %s runs as pid %s and committed batch %s", job.name, run.pid, batch)
+        return {"job": job.name, "pid": run.pid, "checkpoint": checkpoint, "first_batch": batch,
+                "log_file": run.log_file, "restored": restored}
+
+
+class StopJobWithSavepointOperator(_JobOperator):
+    """Stop a running job, then take a ``stop`` savepoint of its last committed batch.
+
+    The job's process is sent SIGTERM (SIGKILL after ``grace`` seconds); Spark commits nothing
+    after that, so the savepoint is of its final committed batch (crash-consistent: a batch in
+    flight re-runs on restore with the same offsets).
+    """
+
+    template_fields: Sequence[str] = ("job",)
+
+    def __init__(self, *, grace: float = 60, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.grace = grace
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        job = self.streaming_job
+        root = self.savepoint_root(job)
+        run = read_run(root.child(job.name))
+        checkpoint = run.checkpoint if run else job.checkpoint
+        if run is not None:
+            self.log.info("stopped pid %s: %s", run.pid, stop_process(run, self.grace))
+        info = take_savepoint(checkpoint, job.name, savepoint_dir=root, savepoint_type=SavepointType.STOP,
+                              reason="stop", request_id=task_request_id(context))
+        return info.summary()

@@ -1,0 +1,40 @@
+"""Start a streaming job from its latest savepoint (or a given one) in a fresh checkpoint location.
+
+Trigger manually with Params: ``job`` (a name in jobs.yaml), ``pointer`` (optional: a savepoint
+directory or its _metadata) and ``fresh_start`` (start with EMPTY state; only when asked for).
+The task ends once the job has committed its first batch; the job keeps running detached.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import DAG, Param
+
+from airflow_savepoints.operators.job import RestoreJobOperator
+
+JOBS_FILE = str(Path(__file__).with_name("jobs.yaml"))
+
+with DAG(
+    dag_id="restore_from_savepoint",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=["savepoints"],
+    doc_md=__doc__,
+    params={
+        "job": Param("demo-dedup", type="string", description="A job name from jobs.yaml"),
+        "pointer": Param("", type="string", description="A savepoint to restore; empty for the latest"),
+        "fresh_start": Param(False, type="boolean", description="Start with EMPTY state instead"),
+        "max_age": Param("", type="string", description="Refuse an older savepoint (e.g. 7d); empty: no limit"),
+    },
+) as dag:
+    RestoreJobOperator(
+        task_id="restore_and_start",
+        job="{{ params.job }}",
+        jobs_file=JOBS_FILE,
+        pointer="{{ params.pointer }}",
+        max_age="{{ params.max_age }}",
+        fresh_start="{{ params.fresh_start }}",
+    )
