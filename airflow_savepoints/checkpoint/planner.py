@@ -87,9 +87,16 @@ def _int_names(listing: Mapping[str, FileStat], folder: str) -> dict[int, str]:
     return found
 
 
-def newest_committed_batch(listing: Mapping[str, FileStat]) -> int | None:
-    committed = set(_int_names(listing, "offsets")) & set(_int_names(listing, "commits"))
-    return max(committed) if committed else None
+def _collector(listing: Mapping[str, FileStat], into: dict[str, PlannedFile], purpose: str):
+    """An ``add(path, group)`` that records a listed file in ``into``; a missing file is a race."""
+
+    def add(path: str, group: int, expected_size: int | None = None) -> None:
+        stat = listing.get(path)
+        if stat is None:
+            raise CheckpointRaceError(f"{purpose}: '{path}' is not there")
+        into[path] = PlannedFile(path, stat.size, stat.version, group, expected_size=expected_size)
+
+    return add
 
 
 def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str = "the checkpoint") -> CheckpointPlan:
@@ -115,12 +122,7 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
         )
     n = committed[-1]
     planned: dict[str, PlannedFile] = {}
-
-    def add(path: str, group: int, expected_size: int | None = None) -> None:
-        stat = listing.get(path)
-        if stat is None:
-            raise CheckpointRaceError(f"{where}: '{path}' is needed for batch {n} but is not there")
-        planned[path] = PlannedFile(path, stat.size, stat.version, group, expected_size=expected_size)
+    add = _collector(listing, planned, f"{where}: needed for batch {n}")
 
     query_id = formats.parse_stream_metadata(read("metadata"))
     add("metadata", GROUP_METADATA)
@@ -186,13 +188,7 @@ def _plan_next_state(listing, read, version: int, commit, planned: dict[str, Pla
     store lacks version N+2, nothing of it is taken (the sink cannot have committed N+1 then).
     """
     extra: dict[str, PlannedFile] = {}
-
-    def add(path: str, group: int, expected_size: int | None = None) -> None:
-        stat = listing.get(path)
-        if stat is None:
-            raise CheckpointRaceError(f"{path} missing")
-        extra[path] = PlannedFile(path, stat.size, stat.version, group, expected_size=expected_size)
-
+    add = _collector(listing, extra, f"{where}: state version {version}")
     try:
         _plan_state(listing, read, version, commit, add, where)
     except (CheckpointRaceError, CheckpointError):

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from airflow_savepoints.checkpoint.planner import newest_committed_batch
 from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.storage import Store
 
