@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -21,6 +22,7 @@ os.environ.update({
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
 })
 os.environ.pop("AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR", None)
+logging.getLogger("py4j").setLevel(logging.WARNING)  # its shutdown messages hit closed streams
 os.environ["PYSPARK_PYTHON"] = sys.executable  # the venv interpreter, not its resolved base
 
 import pytest  # noqa: E402
