@@ -14,9 +14,12 @@ def get_provider_info() -> dict:
         "versions": [__version__],
         "integrations": [{"integration-name": integration, "external-doc-url": "https://spark.apache.org/",
                           "tags": ["apache"]}],
-        "hooks": [{"integration-name": integration, "python-modules": ["airflow_savepoints.hooks.savepoint"]}],
+        "hooks": [{"integration-name": integration,
+                   "python-modules": ["airflow_savepoints.hooks.savepoint", "airflow_savepoints.hooks.streaming_job"]}],
         "operators": [{"integration-name": integration,
-                       "python-modules": ["airflow_savepoints.operators.savepoint"]}],
+                       "python-modules": ["airflow_savepoints.operators.savepoint", "airflow_savepoints.operators.job"]}],
+        "sensors": [{"integration-name": integration, "python-modules": ["airflow_savepoints.sensors.savepoint"]}],
+        "triggers": [{"integration-name": integration, "python-modules": ["airflow_savepoints.triggers.savepoint"]}],
         "connection-types": [
             {
                 "hook-class-name": "airflow_savepoints.hooks.savepoint.SavepointStorageHook",

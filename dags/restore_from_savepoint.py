@@ -13,6 +13,7 @@ from pathlib import Path
 from airflow.sdk import DAG, Param
 
 from airflow_savepoints.operators.job import RestoreJobOperator
+from airflow_savepoints.sensors.savepoint import BatchCommittedSensor
 
 JOBS_FILE = str(Path(__file__).with_name("jobs.yaml"))
 
@@ -30,11 +31,20 @@ with DAG(
         "max_age": Param("", type="string", description="Refuse an older savepoint (e.g. 7d); empty: no limit"),
     },
 ) as dag:
-    RestoreJobOperator(
+    started = RestoreJobOperator(
         task_id="restore_and_start",
         job="{{ params.job }}",
         jobs_file=JOBS_FILE,
         pointer="{{ params.pointer }}",
         max_age="{{ params.max_age }}",
         fresh_start="{{ params.fresh_start }}",
+    )
+    # deferrable: the wait runs in the triggerer and fails fast if the job dies
+    started >> BatchCommittedSensor(
+        task_id="wait_for_progress",
+        job="{{ params.job }}",
+        after_batch="{{ ti.xcom_pull(task_ids='restore_and_start')['first_batch'] }}",
+        savepoint_dir="{{ ti.xcom_pull(task_ids='restore_and_start')['savepoint_dir'] }}",
+        poke_interval=2,
+        timeout=600,
     )

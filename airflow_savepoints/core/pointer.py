@@ -135,3 +135,12 @@ def incomplete_locations(root: Store, job: str) -> list[str]:
         if len(parts) >= 2 and SAVEPOINT_NAME.match(parts[0]):
             folders[parts[0]] = folders.get(parts[0], False) or (len(parts) == 2 and parts[1] == MANIFEST_FILE)
     return sorted(name for name, complete in folders.items() if not complete)
+
+
+def completed_savepoint(pointer: str, storage_options: dict[str, Any] | None = None) -> SavepointInfo | None:
+    """The savepoint at ``pointer`` if it is complete; None while it is missing or has no _metadata."""
+    try:
+        location, manifest = resolve_pointer(pointer, storage_options)
+    except (SavepointNotFoundError, IncompleteSavepointError):
+        return None
+    return savepoint_info(location, manifest)

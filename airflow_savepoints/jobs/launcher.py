@@ -169,3 +169,21 @@ def with_signal(pid: int, sig: int) -> None:
         os.killpg(pid, sig)  # the whole session: spark-submit and its JVM and Python workers
     except ProcessLookupError:
         pass
+
+
+def committed_past(checkpoint: Store, after_batch: int, run: JobRun | None) -> int | None:
+    """The newest committed batch if it is past ``after_batch``, else None (keep waiting).
+
+    Raises :class:`JobFailedError` when the job's recorded run (on this host) has exited, so a
+    waiting sensor fails with a reason instead of hanging.
+    """
+    batch, _ = checkpoint_progress(checkpoint)
+    if batch is not None and batch > after_batch:
+        return batch
+    if run is not None and run.host == socket.gethostname() and not process_alive(run.pid):
+        raise JobFailedError(
+            f"job '{run.job}' (pid {run.pid}) is not running; its last committed batch is {batch}, "
+            f"waiting for one past {after_batch}. Last log lines:\n{log_tail(run.log_file)}",
+            f"see {run.log_file}; restart it with restore_from_savepoint",
+        )
+    return None

@@ -148,7 +148,7 @@ class RestoreJobOperator(_JobOperator):
         batch = wait_for_commit(run, Store(checkpoint), timeout=self.wait_timeout)
         self.log.info("job %s runs as pid %s and committed batch %s", job.name, run.pid, batch)
         return {"job": job.name, "pid": run.pid, "checkpoint": checkpoint, "first_batch": batch,
-                "log_file": run.log_file, "restored": restored}
+                "log_file": run.log_file, "savepoint_dir": root.url, "restored": restored}
 
 
 class StopJobWithSavepointOperator(_JobOperator):

@@ -1,0 +1,1 @@
+"""Airflow sensors: wait for savepoints and for streaming-job progress."""

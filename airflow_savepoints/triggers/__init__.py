@@ -1,0 +1,1 @@
+"""Airflow triggers: the deferrable halves of the sensors, run in the triggerer."""

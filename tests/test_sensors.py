@@ -1,0 +1,78 @@
+"""Sensors and triggers against real storage and real processes (no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+from datetime import UTC, datetime
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.jobs.launcher import JobRun
+from airflow_savepoints.sensors.savepoint import BatchCommittedSensor, SavepointCompletedSensor
+from airflow_savepoints.storage import Store
+from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger, SavepointCompletedTrigger
+
+
+def first_event(trigger, timeout: float):
+    async def go():
+        return await asyncio.wait_for(anext(trigger.run()), timeout)
+
+    return asyncio.run(go())
+
+
+def test_savepoint_trigger_waits_then_fires_and_round_trips(stopped_checkpoint, tmp_path):
+    info = take_savepoint(str(stopped_checkpoint), "job", savepoint_dir=str(tmp_path / "sp"))
+    pending = str(tmp_path / "sp" / "job" / "savepoint-abc123-000000000000")
+    trigger = SavepointCompletedTrigger(pending, poll_interval=0.2)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_savepoints.triggers.savepoint.SavepointCompletedTrigger"
+    assert SavepointCompletedTrigger(**kwargs).serialize() == (classpath, kwargs)
+    with pytest.raises(TimeoutError):  # nothing there yet: it keeps waiting
+        first_event(trigger, 1.0)
+    shutil.copytree(info.pointer, pending)
+    (tmp_path / "sp" / "job" / "savepoint-abc123-000000000000" / "_metadata").unlink()
+    with pytest.raises(TimeoutError):  # an incomplete location: still waiting
+        first_event(trigger, 1.0)
+    event = first_event(SavepointCompletedTrigger(info.pointer, poll_interval=0.2), 10)
+    assert event.payload["status"] == "success" and event.payload["result"]["batch_id"] == 5
+
+
+def dead_run(tmp_path, checkpoint) -> JobRun:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    log = tmp_path / "job.log"
+    log.write_text("Exception in thread main: org.example.BadRecordException: record 42\n")
+    return JobRun(job="job", pid=process.pid, host=socket.gethostname(), command=["spark-submit"],
+                  log_file=str(log), checkpoint=str(checkpoint), started_at=datetime.now(UTC))
+
+
+def test_batch_trigger_fires_when_past_and_fails_fast_when_the_job_died(stopped_checkpoint, tmp_path):
+    event = first_event(BatchCommittedTrigger(str(stopped_checkpoint), 3, poll_interval=0.2), 10)
+    assert event.payload == {"status": "success", "result": {"batch_id": 5}}
+    run = dead_run(tmp_path, stopped_checkpoint)
+    trigger = BatchCommittedTrigger(str(stopped_checkpoint), 5, run.model_dump(mode="json"), poll_interval=0.2)
+    event = first_event(trigger, 10)
+    assert event.payload["status"] == "error"
+    assert "is not running" in event.payload["message"] and "BadRecordException" in event.payload["message"]
+
+
+def test_sensors_in_poke_mode(stopped_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR", str(tmp_path / "sp"))
+    info = take_savepoint(str(stopped_checkpoint), "job", savepoint_dir=str(tmp_path / "sp"))
+    sensor = SavepointCompletedSensor(task_id="s", pointer=info.pointer, deferrable=False)
+    done = sensor.poke({})
+    assert done.is_done and done.xcom_value["pointer"] == info.pointer
+    assert not SavepointCompletedSensor(task_id="t", pointer=str(tmp_path / "nothing"), deferrable=False).poke({}).is_done
+
+    sensor = BatchCommittedSensor(task_id="b", job="job", checkpoint=str(stopped_checkpoint), after_batch=5,
+                                  deferrable=False)
+    assert not sensor.poke({}).is_done  # alive or unknown job, no new batch: keep waiting
+    Store(str(tmp_path / "sp" / "job")).write_bytes_atomic(
+        "_run.json", dead_run(tmp_path, stopped_checkpoint).model_dump_json().encode())
+    with pytest.raises(AirflowFailException, match="is not running"):
+        BatchCommittedSensor(task_id="c", job="job", after_batch=5, deferrable=False).poke({})
