@@ -212,7 +212,7 @@ class Store:
     @contextlib.contextmanager
     def translate_errors(self, what: str | None = None):
         """Turn backend exceptions into :class:`StorageError` subclasses that name the location."""
-        where = what or getattr(self, "root", "") and self.url
+        where = what or self.url
         try:
             yield
         except (FileNotFoundError, StorageError):
