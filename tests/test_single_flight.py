@@ -78,3 +78,13 @@ def test_a_live_lease_blocks(checkpoint, tmp_path):
     with pytest.raises(SavepointInFlightError, match="worker-7:42"):
         take_savepoint(checkpoint, "job", savepoint_dir=str(tmp_path / "sp"))
     assert lease.exists() and json.loads(lease.read_text())["token"] == "alive"
+
+
+def test_bad_python_api_arguments_are_clear_errors(checkpoint, tmp_path):
+    from airflow_savepoints.errors import InvalidInputError
+
+    for kwargs, words in (({"savepoint_type": "hourly"}, "unknown savepoint type"),
+                          ({"max_attempts": 0}, "at least 1"), ({"parallelism": -2}, "at least 1")):
+        with pytest.raises(InvalidInputError, match=words):
+            take_savepoint(checkpoint, "job", savepoint_dir=str(tmp_path / "sp"), **kwargs)
+    assert not (tmp_path / "sp").exists()

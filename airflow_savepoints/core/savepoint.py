@@ -87,7 +87,13 @@ def take_savepoint(
     With ``request_id``, a retried call returns the savepoint already taken for that id.
     """
     validate_job_name(job)
-    savepoint_type = SavepointType(savepoint_type)
+    try:
+        savepoint_type = SavepointType(savepoint_type)
+    except ValueError:
+        raise InvalidInputError(
+            f"unknown savepoint type {savepoint_type!r}",
+            "use one of: " + ", ".join(t.value for t in SavepointType),
+        ) from None
     if max_attempts < 1 or parallelism < 1:
         raise InvalidInputError("max_attempts and parallelism must be at least 1", "use positive numbers")
     source = _as_store(checkpoint, checkpoint_storage_options)
