@@ -76,3 +76,25 @@ def test_sensors_in_poke_mode(stopped_checkpoint, tmp_path, monkeypatch):
         "_run.json", dead_run(tmp_path, stopped_checkpoint).model_dump_json().encode())
     with pytest.raises(AirflowFailException, match="is not running"):
         BatchCommittedSensor(task_id="c", job="job", after_batch=5, deferrable=False).poke({})
+
+
+def test_restore_refuses_while_the_job_is_still_running(tmp_path):
+    """Two runs of one job would write its sink twice: restore refuses and changes nothing."""
+    from airflow_savepoints.errors import InvalidInputError
+    from airflow_savepoints.operators.job import RestoreJobOperator
+
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - {{name: j, application: /app.py, checkpoint: {tmp_path}/ck, "
+                    f"savepoint_dir: {tmp_path}/sp}}\n")
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        run = JobRun(job="j", pid=alive.pid, host=socket.gethostname(), command=["sleep"], log_file="/dev/null",
+                     checkpoint=str(tmp_path / "ck"), started_at=datetime.now(UTC))
+        Store(str(tmp_path / "sp" / "j")).write_bytes_atomic("_run.json", run.model_dump_json().encode())
+        operator = RestoreJobOperator(task_id="r", job="j", jobs_file=str(jobs), fresh_start=True)
+        with pytest.raises(InvalidInputError, match=f"already running as pid {alive.pid}"):
+            operator.execute({})
+        assert not (tmp_path / "ck").exists()
+    finally:
+        alive.kill()
+        alive.wait()

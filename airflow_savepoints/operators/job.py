@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +21,13 @@ from airflow_savepoints.errors import InvalidInputError, SavepointError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs import StreamingJob, load_jobs
-from airflow_savepoints.jobs.launcher import read_run, start_detached, stop_process, wait_for_commit
+from airflow_savepoints.jobs.launcher import (
+    process_alive,
+    read_run,
+    start_detached,
+    stop_process,
+    wait_for_commit,
+)
 from airflow_savepoints.operators.savepoint import task_request_id
 from airflow_savepoints.storage import Store
 
@@ -115,6 +122,13 @@ class RestoreJobOperator(_JobOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.streaming_job
         root = self.savepoint_root(job)
+        previous = read_run(root.child(job.name))
+        if previous is not None and previous.host == socket.gethostname() and process_alive(previous.pid):
+            raise InvalidInputError(
+                f"job '{job.name}' is already running as pid {previous.pid} on checkpoint {previous.checkpoint}; "
+                "a second run would write the same sink twice",
+                "stop it first (stop_job_with_savepoint), then restore",
+            )
         pointer, max_age = self.pointer or None, self.max_age or None  # "" from a Param: not given
         fresh_start = str(self.fresh_start).strip().lower() in ("true", "1", "yes")
         restored: dict[str, Any] | None = None
