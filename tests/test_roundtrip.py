@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
-from airflow_savepoints.errors import SinkAheadError
 from airflow_savepoints.demo.app import wait_for_batch
+from airflow_savepoints.errors import SinkAheadError
 from tests.support.spark_shapes import SHAPE_NAMES, SHAPES, run_to_end
 
 pytestmark = pytest.mark.slow

@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from airflow_savepoints import __version__, core
-from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.core.settings import resolve_savepoint_dir
+from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.storage import Store
 
 app = typer.Typer(

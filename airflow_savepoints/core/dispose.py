@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_savepoints.errors import OutsideRootError
 from airflow_savepoints.core.models import MANIFEST_FILE, SavepointInfo
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, resolve_pointer, savepoint_info
 from airflow_savepoints.core.settings import configured_savepoint_dir
+from airflow_savepoints.errors import OutsideRootError
 from airflow_savepoints.storage import Store
 
 

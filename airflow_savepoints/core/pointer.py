@@ -9,17 +9,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from airflow_savepoints.errors import (
-    CredentialsError,
-    MissingBackendError,
-    UnknownSchemeError,
-    IncompleteSavepointError,
-    ManifestCorruptError,
-    ManifestUnreadableError,
-    ManifestVersionError,
-    SavepointNotFoundError,
-    StorageError,
-)
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
@@ -27,6 +16,17 @@ from airflow_savepoints.core.models import (
     SavepointInfo,
     SavepointManifest,
     validate_job_name,
+)
+from airflow_savepoints.errors import (
+    CredentialsError,
+    IncompleteSavepointError,
+    ManifestCorruptError,
+    ManifestUnreadableError,
+    ManifestVersionError,
+    MissingBackendError,
+    SavepointNotFoundError,
+    StorageError,
+    UnknownSchemeError,
 )
 from airflow_savepoints.storage import Store
 

@@ -19,12 +19,6 @@ import crc32c
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.copier import checksum_of, copy_file
-from airflow_savepoints.errors import (
-    InvalidInputError,
-    SinkAheadError,
-    TargetNotEmptyError,
-    VerificationError,
-)
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
     FileEntry,
@@ -32,6 +26,12 @@ from airflow_savepoints.core.models import (
     SavepointManifest,
 )
 from airflow_savepoints.core.pointer import resolve_pointer
+from airflow_savepoints.errors import (
+    InvalidInputError,
+    SinkAheadError,
+    TargetNotEmptyError,
+    VerificationError,
+)
 from airflow_savepoints.storage import Store
 
 OPERATOR_METADATA_V2 = "/_metadata/v2/"

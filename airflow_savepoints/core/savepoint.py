@@ -21,13 +21,6 @@ from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, plan_checkpoint
 from airflow_savepoints.core.copier import CopiedFile, copy_many
-from airflow_savepoints.errors import (
-    CheckpointNotFoundError,
-    CheckpointRaceError,
-    InvalidInputError,
-    SavepointInFlightError,
-    SavepointRetriesExhaustedError,
-)
 from airflow_savepoints.core.lock import JobLock
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
@@ -40,6 +33,13 @@ from airflow_savepoints.core.models import (
 )
 from airflow_savepoints.core.pointer import list_savepoints, new_savepoint_id, savepoint_info
 from airflow_savepoints.core.settings import resolve_savepoint_dir
+from airflow_savepoints.errors import (
+    CheckpointNotFoundError,
+    CheckpointRaceError,
+    InvalidInputError,
+    SavepointInFlightError,
+    SavepointRetriesExhaustedError,
+)
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)

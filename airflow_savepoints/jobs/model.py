@@ -47,6 +47,9 @@ class StreamingJob(BaseModel):
     checkpoint: str
     savepoint_dir: str | None = None
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    checkpoint_retention: Literal["RETAIN_ON_CANCELLATION", "RETAIN_ON_FAILURE", "NEVER_RETAIN_AFTER_TERMINATION"] = (
+        "RETAIN_ON_CANCELLATION"  # never delete a live checkpoint unless configured to
+    )
     sink: SinkSettings | None = None
 
     @field_validator("name")

@@ -17,6 +17,7 @@ from airflow_savepoints.core import (
     restore_savepoint,
     take_savepoint,
 )
+from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
 from airflow_savepoints.errors import InvalidInputError, SavepointError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
@@ -189,3 +190,32 @@ class StopJobWithSavepointOperator(_JobOperator):
         info = take_savepoint(checkpoint, job.name, savepoint_dir=root, savepoint_type=SavepointType.STOP,
                               reason="stop", request_id=task_request_id(context))
         return info.summary()
+
+
+class CancelJobOperator(_JobOperator):
+    """Cancel a running job without a savepoint, then apply its checkpoint retention policy.
+
+    :param policy: RETAIN_ON_CANCELLATION (keep the live checkpoint and register it as a
+        ``retained_checkpoint`` savepoint), RETAIN_ON_FAILURE or NEVER_RETAIN_AFTER_TERMINATION
+        (delete it); default: the job's ``checkpoint_retention`` (templated)
+    :param grace: seconds between SIGTERM and SIGKILL
+    """
+
+    template_fields: Sequence[str] = ("job", "policy")
+
+    def __init__(self, *, policy: str | None = None, grace: float = 60, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.policy = policy
+        self.grace = grace
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        job = self.streaming_job
+        root = self.savepoint_root(job)
+        policy = parse_policy(self.policy or job.checkpoint_retention)  # bad input fails before the cancel
+        run = read_run(root.child(job.name))
+        if run is not None:
+            self.log.info("cancelled pid %s: %s", run.pid, stop_process(run, self.grace))
+        outcome = apply_checkpoint_retention(run.checkpoint if run else job.checkpoint, job.name, policy,
+                                             "cancelled", savepoint_dir=root)
+        self.log.info("checkpoint %s %s (%s)", outcome["checkpoint"], outcome["action"], policy.value)
+        return outcome

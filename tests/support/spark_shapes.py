@@ -39,6 +39,8 @@ def make_spark_session(app_name: str = "airflow-savepoints-tests"):
         SparkSession.builder.master("local[2]").appName(app_name)
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "1g")  # local mode: driver and executors share this JVM
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")  # snapshots appear during tests
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
@@ -219,6 +221,48 @@ SHAPES: dict[str, Shape] = {
 SHAPE_NAMES = list(SHAPES)
 
 
-def run_to_end(query) -> None:
-    """Process everything available now (raises if the query failed; pytest-timeout bounds it)."""
-    query.processAllAvailable()
+def wait_for_batch(query, batch_id: int, timeout: float = 120) -> int:
+    """Wait until ``query`` has committed ``batch_id``; return its newest committed batch id.
+
+    Raises ``RuntimeError`` (with ``query.exception()``) if the query died, ``TimeoutError`` on timeout.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        error = query.exception()
+        if error is not None:
+            raise RuntimeError(f"streaming query {query.name} failed: {error}")
+        progress = query.lastProgress
+        if progress and progress["batchId"] >= batch_id:
+            return progress["batchId"]
+        if not query.isActive:
+            raise RuntimeError(f"streaming query {query.name} stopped before committing batch {batch_id}")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"streaming query {query.name} did not commit batch {batch_id} within {timeout}s")
+        time.sleep(0.1)
+
+
+def run_to_end(query, timeout: float = 180) -> None:
+    """Process everything available now; raise if the query failed or took longer than ``timeout``.
+
+    ``processAllAvailable`` has no timeout of its own, so it runs in a helper thread; on timeout the
+    query is stopped (which also ends that thread) and ``TimeoutError`` is raised.
+    """
+    import threading
+
+    outcome: list[BaseException] = []
+
+    def process() -> None:
+        try:
+            query.processAllAvailable()
+        except BaseException as error:  # re-raised in the caller's thread
+            outcome.append(error)
+
+    worker = threading.Thread(target=process, name=f"run-to-end-{query.name}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        query.stop()
+        worker.join(30)
+        raise TimeoutError(f"streaming query {query.name} did not finish its input within {timeout}s")
+    if outcome:
+        raise outcome[0]
