@@ -1,24 +1,28 @@
 """Periodic savepoints of every job in jobs.yaml.
 
 One task per job takes a ``periodic`` savepoint of the job's live checkpoint; each completed
-savepoint is announced as an event of the asset ``savepoints/<job>``.
+savepoint is announced as an event of the asset ``savepoints/<job>``. The interval is 15 minutes,
+or ``SAVEPOINTS_PERIODIC_INTERVAL`` (``30s``, ``5m``, ``1h``) from the environment at parse time.
 """
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG
 
+from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.jobs import load_jobs
 from airflow_savepoints.operators.savepoint import TriggerSavepointOperator
 
 JOBS = load_jobs(Path(__file__).with_name("jobs.yaml"))
+INTERVAL = timedelta(seconds=parse_duration(os.environ.get("SAVEPOINTS_PERIODIC_INTERVAL") or "15m"))
 
 with DAG(
     dag_id="periodic_savepoints",
-    schedule=timedelta(minutes=15),
+    schedule=INTERVAL,
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,  # never two savepoint rounds at once

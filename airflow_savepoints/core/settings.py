@@ -11,7 +11,7 @@ import configparser
 import os
 from pathlib import Path
 
-from airflow_savepoints.errors import NoSavepointDirError
+from airflow_savepoints.errors import InvalidInputError, NoSavepointDirError
 
 SECTION = "savepoints"
 DIR_OPTION = "savepoint_dir"
@@ -49,3 +49,19 @@ def resolve_savepoint_dir(explicit: str | None) -> str:
         "no savepoint directory given and none configured",
         f"pass --dir (savepoint_dir=...) or set {DIR_ENV}, or [{SECTION}] {DIR_OPTION} in airflow.cfg",
     )
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``15m``, ``12h``, ``7d`` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    text = str(text).strip().lower()
+    try:
+        if text[-1] in units:
+            value = float(text[:-1]) * units[text[-1]]
+        else:
+            value = float(text)
+    except (ValueError, IndexError) as exc:
+        raise InvalidInputError(f"invalid duration {text!r}", "write e.g. 90s, 15m, 12h or 7d") from exc
+    if value < 0:
+        raise InvalidInputError(f"negative duration {text!r}", "use a positive duration")
+    return value

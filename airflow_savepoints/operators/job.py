@@ -17,6 +17,7 @@ from airflow_savepoints.core import (
     restore_savepoint,
     take_savepoint,
 )
+from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
 from airflow_savepoints.errors import InvalidInputError, SavepointError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
@@ -38,22 +39,6 @@ if TYPE_CHECKING:
 
 class NoSavepointError(SavepointError):
     code = "no_savepoint"
-
-
-def parse_duration(text: str) -> float:
-    """``90s``, ``15m``, ``12h``, ``7d`` -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    text = str(text).strip().lower()
-    try:
-        if text[-1] in units:
-            value = float(text[:-1]) * units[text[-1]]
-        else:
-            value = float(text)
-    except (ValueError, IndexError) as exc:
-        raise InvalidInputError(f"invalid duration {text!r}", "write e.g. 90s, 15m, 12h or 7d") from exc
-    if value < 0:
-        raise InvalidInputError(f"negative duration {text!r}", "use a positive duration")
-    return value
 
 
 class _JobOperator(BaseOperator):
