@@ -53,8 +53,11 @@ def main(argv: list[str]) -> None:
     from pyspark.sql import SparkSession
 
     input_dir, checkpoint, output = argv[1:4]
+    from airflow_savepoints.jobs.control import run_until_stopped
+
     spark = SparkSession.builder.appName("airflow-savepoints-demo").getOrCreate()
-    build_query(spark, input_dir, checkpoint, output).awaitTermination()
+    run_until_stopped(build_query(spark, input_dir, checkpoint, output), spark)  # stops cleanly when Airflow asks
+    spark.stop()
 
 
 if __name__ == "__main__":

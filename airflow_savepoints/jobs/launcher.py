@@ -1,13 +1,15 @@
-"""Start streaming jobs detached, watch them, stop them (local and client-mode processes).
+"""Start streaming jobs detached, watch them, stop them (local and client-mode drivers).
 
-A started job is recorded in ``<savepoint dir>/<job>/_run.json`` (pid, host, log file, command),
-so any later task or an engineer at a terminal finds it. Its progress comes from its checkpoint:
-the newest ``commits/N`` and when it was written.
+A started job is recorded in ``<savepoint dir>/<job>/_run.json`` (pid, host, log file, command,
+control folder), so any later task or an engineer at a terminal finds it. Its progress comes from
+its checkpoint: the newest ``commits/N`` and when it was written. A job that cooperates (see
+:mod:`airflow_savepoints.jobs.control`) is stopped between two batches; any other with signals.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,9 +22,11 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.jobs.control import JobControl
 from airflow_savepoints.storage import Store
 
 RUN_FILE = "_run.json"
+CONTROL_FOLDER = "_control"
 
 
 class JobFailedError(SavepointError):
@@ -40,12 +44,14 @@ class JobRun(BaseModel):
     checkpoint: str
     started_at: datetime
     start_batch: int | None = None  # newest committed batch before the start (None: fresh checkpoint)
+    control: str | None = None  # the run's control folder (see airflow_savepoints.jobs.control)
 
 
 class JobStatus(BaseModel):
     job: str
     running: bool
     pid: int | None
+    application_id: str | None = None  # what a cooperating job announced (local-…, app-…)
     last_committed_batch: int | None
     last_progress_at: datetime | None
 
@@ -95,9 +101,24 @@ def log_tail(path: str, lines: int = 25) -> str:
         return ""
 
 
+def new_control_folder(job_folder: Store) -> Store:
+    """A fresh control folder for the next run of the job in ``job_folder``."""
+    return job_folder.child(CONTROL_FOLDER).child(f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}")
+
+
 def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: Store, log_dir: Path,
-                   env: dict[str, str] | None = None) -> JobRun:
-    """Start ``command`` in its own session (it outlives the caller) and record the run."""
+                   env: dict[str, str] | None = None, control: Store | None = None) -> JobRun:
+    """Start ``command`` in its own session (it outlives the caller) and record the run.
+
+    ``control``: the control folder passed to the job in its command (``spark.savepoints.control``).
+    The previous run's control folder is removed once that run has ended.
+    """
+    previous = read_run(job_folder)
+    if previous and previous.control and previous.control != (control.url if control else None) \
+            and not (previous.host == socket.gethostname() and process_alive(previous.pid)):
+        name = previous.control.rstrip("/").rsplit("/", 1)[-1]
+        if job_folder.child(CONTROL_FOLDER).child(name).url == previous.control:
+            job_folder.child(CONTROL_FOLDER).remove_tree(name)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     start_batch, _ = checkpoint_progress(checkpoint)
@@ -109,7 +130,8 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env=child_env)
     run = JobRun(job=job, pid=process.pid, host=socket.gethostname(), command=command, log_file=str(log_file),
-                 checkpoint=checkpoint.url, started_at=datetime.now(UTC), start_batch=start_batch)
+                 checkpoint=checkpoint.url, started_at=datetime.now(UTC), start_batch=start_batch,
+                 control=control.url if control else None)
     job_folder.write_bytes_atomic(RUN_FILE, run.model_dump_json(indent=1).encode())
     return run
 
@@ -139,19 +161,45 @@ def read_run(job_folder: Store) -> JobRun | None:
         return None
 
 
-def job_status(job: str, checkpoint: Store, job_folder: Store) -> JobStatus:
+def run_control(run: JobRun) -> JobControl | None:
+    return JobControl(Store(run.control)) if run.control else None
+
+
+def job_status(job: str, job_folder: Store) -> JobStatus:
+    """Whether the job's recorded run is alive, its application id, and its checkpoint's progress."""
     run = read_run(job_folder)
-    running = bool(run and run.host == socket.gethostname() and process_alive(run.pid))
-    batch, at = checkpoint_progress(checkpoint)
-    return JobStatus(job=job, running=running, pid=run.pid if run else None,
+    if run is None:
+        return JobStatus(job=job, running=False, pid=None, last_committed_batch=None, last_progress_at=None)
+    running = run.host == socket.gethostname() and process_alive(run.pid)
+    control = run_control(run)
+    announced = control.announcement() if control else None
+    batch, at = checkpoint_progress(Store(run.checkpoint))
+    return JobStatus(job=job, running=running, pid=run.pid, application_id=(announced or {}).get("application_id"),
                      last_committed_batch=batch, last_progress_at=at)
+
+
+def stop_run(run: JobRun, grace: float = 60, request_id: str = "stop") -> dict:
+    """Stop a run: between two batches if it cooperates, else (or if that takes longer than
+    ``grace``) with signals. Returns how: ``{"method": "cooperative"|"signal"|"not_running", ...}``."""
+    _require_this_host(run)
+    if not process_alive(run.pid):
+        return {"method": "not_running", "pid": run.pid}
+    control = run_control(run)
+    if control is not None and control.announcement() is not None:
+        control.request_stop(request_id)
+        acknowledged = control.wait_until_stopped(request_id, timeout=grace)
+        deadline = time.monotonic() + grace
+        while acknowledged and process_alive(run.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if acknowledged and not process_alive(run.pid):
+            return {"method": "cooperative", "pid": run.pid, "acknowledgement": acknowledged}
+    stop_process(run, grace)
+    return {"method": "signal", "pid": run.pid}
 
 
 def stop_process(run: JobRun, grace: float = 60) -> bool:
     """SIGTERM the run's process group, SIGKILL after ``grace`` seconds. True if it was running."""
-    if run.host != socket.gethostname():
-        raise JobFailedError(f"job '{run.job}' runs on {run.host}, not here",
-                             "stop it from that host or through its cluster manager (see docs/airflow.md)")
+    _require_this_host(run)
     if not process_alive(run.pid):
         return False
     with_signal(run.pid, signal.SIGTERM)
@@ -162,6 +210,12 @@ def stop_process(run: JobRun, grace: float = 60) -> bool:
         time.sleep(0.5)
     with_signal(run.pid, signal.SIGKILL)
     return True
+
+
+def _require_this_host(run: JobRun) -> None:
+    if run.host != socket.gethostname():
+        raise JobFailedError(f"job '{run.job}' runs on {run.host}, not here",
+                             "stop it from that host or through its cluster manager (see docs/airflow.md)")
 
 
 def with_signal(pid: int, sig: int) -> None:

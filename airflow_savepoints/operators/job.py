@@ -23,11 +23,14 @@ from airflow_savepoints.errors import InvalidInputError, SavepointError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs import StreamingJob, load_jobs
+from airflow_savepoints.jobs.control import CONTROL_CONF
 from airflow_savepoints.jobs.launcher import (
+    new_control_folder,
     process_alive,
     read_run,
     start_detached,
     stop_process,
+    stop_run,
     wait_for_commit,
 )
 from airflow_savepoints.operators.savepoint import task_request_id
@@ -143,8 +146,9 @@ class RestoreJobOperator(_JobOperator):
             restored = result.model_dump(mode="json")
             extra_conf = result.spark_conf_to_set
             self.log.info("restored %s (batch %s) into %s", pointer, result.batch_id, checkpoint)
-        command = SparkStreamingJobHook(job).submit_command(checkpoint, extra_conf)
-        run = start_detached(job.name, command, Store(checkpoint), root.child(job.name), self.log_dir())
+        control = new_control_folder(root.child(job.name))
+        command = SparkStreamingJobHook(job).submit_command(checkpoint, {**extra_conf, CONTROL_CONF: control.url})
+        run = start_detached(job.name, command, Store(checkpoint), root.child(job.name), self.log_dir(), control=control)
         batch = wait_for_commit(run, Store(checkpoint), timeout=self.wait_timeout)
         self.log.info("job %s runs as pid %s and committed batch %s", job.name, run.pid, batch)
         return {"job": job.name, "pid": run.pid, "checkpoint": checkpoint, "first_batch": batch,
@@ -154,9 +158,10 @@ class RestoreJobOperator(_JobOperator):
 class StopJobWithSavepointOperator(_JobOperator):
     """Stop a running job, then take a ``stop`` savepoint of its last committed batch.
 
-    The job's process is sent SIGTERM (SIGKILL after ``grace`` seconds); Spark commits nothing
-    after that, so the savepoint is of its final committed batch (crash-consistent: a batch in
-    flight re-runs on restore with the same offsets).
+    A job that cooperates (calls :func:`airflow_savepoints.jobs.control.run_until_stopped`) stops
+    between two batches: the savepoint has no batch in flight. Any other job (or one that does not
+    answer within ``grace`` seconds) gets SIGTERM, then SIGKILL after ``grace`` seconds; the savepoint
+    is then crash-consistent: a batch in flight re-runs on restore with the same offsets.
     """
 
     template_fields: Sequence[str] = ("job",)
@@ -170,11 +175,15 @@ class StopJobWithSavepointOperator(_JobOperator):
         root = self.savepoint_root(job)
         run = read_run(root.child(job.name))
         checkpoint = run.checkpoint if run else job.checkpoint
-        if run is not None:
-            self.log.info("stopped pid %s: %s", run.pid, stop_process(run, self.grace))
+        request_id = task_request_id(context)
+        stop_request = request_id or f"stop-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
+        stopped = stop_run(run, self.grace, stop_request) if run is not None else {"method": "not_running"}
+        self.log.info("job %s stopped: %s", job.name, stopped)
         info = take_savepoint(checkpoint, job.name, savepoint_dir=root, savepoint_type=SavepointType.STOP,
-                              reason="stop", request_id=task_request_id(context))
-        return info.summary()
+                              reason="stop", request_id=request_id)
+        consistency = "crash-consistent" if info.manifest.includes_next_offsets else "clean"
+        self.log.info("stop savepoint %s of batch %s (%s)", info.pointer, info.manifest.batch_id, consistency)
+        return {**info.summary(), "stop_method": stopped["method"], "consistency": consistency}
 
 
 class CancelJobOperator(_JobOperator):

@@ -22,9 +22,13 @@ def savepoint_asset(job: str) -> Asset:
     return Asset(name=f"savepoints/{job}", uri=f"x-savepoints://{job}", group="savepoints")
 
 
-def task_request_id(context: Context) -> str:
-    """The task instance's identity without its try number: a retried task reuses its savepoint."""
-    ti = context["ti"]
+def task_request_id(context: Context) -> str | None:
+    """The task instance's identity without its try number: a retried task reuses its savepoint.
+
+    None outside a task instance (an operator executed directly)."""
+    ti = context.get("ti")
+    if ti is None:
+        return None
     return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{getattr(ti, 'map_index', -1)}"
 
 

@@ -1,0 +1,182 @@
+"""Starting, watching and stopping real streaming jobs: locally and on a real Spark standalone cluster.
+
+Cooperative stops (between two batches), signal stops, status with the application id, and a job
+killed mid-run making the progress trigger fail with a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import airflow_savepoints.demo.app as demo
+from airflow_savepoints.core import list_savepoints
+from airflow_savepoints.jobs.launcher import (
+    checkpoint_progress,
+    job_status,
+    process_alive,
+    read_run,
+    start_detached,
+    stop_process,
+    wait_for_commit,
+)
+from airflow_savepoints.operators.job import RestoreJobOperator, StopJobWithSavepointOperator
+from airflow_savepoints.storage import Store
+from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger
+from tests.support.spark_cluster import standalone_cluster
+
+pytestmark = pytest.mark.slow
+
+
+def write_jobs(tmp_path: Path, master: str = "local[2]") -> str:
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(
+        "jobs:\n  - name: demo\n"
+        f"    application: {demo.__file__}\n"
+        f"    application_args: ['{tmp_path}/input', '{{checkpoint}}', '{tmp_path}/output']\n"
+        f"    master: {master}\n"
+        "    spark_conf: {spark.ui.enabled: 'false', spark.sql.shuffle.partitions: '2', spark.executor.memory: 512m}\n"
+        f"    checkpoint: {tmp_path}/checkpoint\n"
+        f"    savepoint_dir: {tmp_path}/savepoints\n")
+    return str(jobs)
+
+
+def committed_batches(checkpoint: str) -> tuple[list[int], list[int]]:
+    def ids(folder: str) -> list[int]:
+        path = Path(checkpoint, folder)
+        return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit()) if path.exists() else []
+    return ids("offsets"), ids("commits")
+
+
+def wait_past(checkpoint: str, batch: int, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        newest, _ = checkpoint_progress(Store(checkpoint))
+        if newest is not None and newest > batch:
+            return newest
+        time.sleep(0.5)
+    raise TimeoutError(f"no batch past {batch} in {checkpoint} within {timeout}s")
+
+
+def test_cooperative_stop_lands_between_batches_and_status_names_the_application(tmp_path):
+    for index in range(2):
+        demo.write_events(tmp_path / "input", index)
+    jobs = write_jobs(tmp_path)
+    started = RestoreJobOperator(task_id="start", job="demo", jobs_file=jobs, fresh_start=True).execute({})
+    job_folder = Store(str(tmp_path / "savepoints" / "demo"))
+    try:
+        deadline = time.monotonic() + 60
+        while job_status("demo", job_folder).application_id is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        status = job_status("demo", job_folder)
+        assert status.running and status.pid == started["pid"]
+        assert status.application_id and status.application_id.startswith("local-")
+        for index in range(2, 6):
+            demo.write_events(tmp_path / "input", index)
+        wait_past(started["checkpoint"], started["first_batch"])
+        result = StopJobWithSavepointOperator(task_id="stop", job="demo", jobs_file=jobs, grace=60).execute({})
+    finally:
+        stop_process(read_run(job_folder), grace=10)
+    assert result["stop_method"] == "cooperative" and result["consistency"] == "clean"
+    assert not process_alive(started["pid"])
+    offsets, commits = committed_batches(started["checkpoint"])
+    assert offsets[-1] == commits[-1] == result["batch_id"]  # nothing in flight when it stopped
+    saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo")
+    assert [(s.manifest.type.value, s.manifest.batch_id) for s in saved] == [("stop", result["batch_id"])]
+    assert not job_status("demo", job_folder).running
+
+
+def test_a_job_that_does_not_cooperate_is_stopped_with_signals(tmp_path):
+    """Started without a control folder (as another tool would): SIGTERM, crash-consistent savepoint."""
+    demo.write_events(tmp_path / "input", 0)
+    jobs = write_jobs(tmp_path)
+    command = ["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false", demo.__file__,
+               str(tmp_path / "input"), str(tmp_path / "checkpoint"), str(tmp_path / "output")]
+    checkpoint = Store(str(tmp_path / "checkpoint"))
+    run = start_detached("demo", command, checkpoint, Store(str(tmp_path / "savepoints" / "demo")), tmp_path / "logs")
+    try:
+        wait_for_commit(run, checkpoint, timeout=240)
+        result = StopJobWithSavepointOperator(task_id="stop", job="demo", jobs_file=jobs, grace=30).execute({})
+    finally:
+        stop_process(run, grace=10)
+    assert result["stop_method"] == "signal" and not process_alive(run.pid)
+    _, commits = committed_batches(str(tmp_path / "checkpoint"))
+    assert result["batch_id"] == commits[-1]
+
+
+def test_killing_the_job_makes_the_progress_trigger_fail_with_the_reason(tmp_path):
+    demo.write_events(tmp_path / "input", 0)
+    command = ["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false", demo.__file__,
+               str(tmp_path / "input"), str(tmp_path / "checkpoint"), str(tmp_path / "output")]
+    checkpoint = Store(str(tmp_path / "checkpoint"))
+    run = start_detached("demo", command, checkpoint, Store(str(tmp_path / "savepoints" / "demo")), tmp_path / "logs")
+    try:
+        batch = wait_for_commit(run, checkpoint, timeout=240)
+        trigger = BatchCommittedTrigger(checkpoint.url, batch + 1000, run.model_dump(mode="json"), poll_interval=0.5)
+
+        async def wait_and_kill():
+            waiting = asyncio.ensure_future(anext(trigger.run()))
+            await asyncio.sleep(3)
+            assert not waiting.done()  # the job is alive and has not got that far: still waiting
+            os.killpg(run.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            event = await asyncio.wait_for(waiting, 30)
+            return event, time.monotonic() - killed_at
+
+        event, seconds = asyncio.run(wait_and_kill())
+    finally:
+        stop_process(run, grace=5)
+    assert event.payload["status"] == "error" and seconds < 10
+    assert f"(pid {run.pid}) is not running" in event.payload["message"]
+    assert f"waiting for one past {batch + 1000}" in event.payload["message"]
+
+
+def test_a_job_on_a_standalone_cluster_restarts_from_its_stop_savepoint(tmp_path):
+    """Master and worker from pyspark's jars; the driver runs here (client mode), executors on the worker."""
+    sent: set[int] = set()
+    for index in range(2):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    with standalone_cluster(tmp_path / "cluster") as cluster:
+        jobs = write_jobs(tmp_path, master=cluster.master_url)
+        job_folder = Store(str(tmp_path / "savepoints" / "demo"))
+        try:
+            started = RestoreJobOperator(task_id="start", job="demo", jobs_file=jobs, fresh_start=True,
+                                         wait_timeout=240).execute({})
+            deadline = time.monotonic() + 60
+            while job_status("demo", job_folder).application_id is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            app_id = job_status("demo", job_folder).application_id
+            assert app_id and app_id.startswith("app-"), cluster.log_tails()
+            assert app_id in cluster.app_ids("activeapps")
+            for index in range(2, 4):
+                sent.update(demo.write_events(tmp_path / "input", index))
+            wait_past(started["checkpoint"], started["first_batch"])
+            stopped = StopJobWithSavepointOperator(task_id="stop", job="demo", jobs_file=jobs).execute({})
+            assert stopped["stop_method"] == "cooperative"
+            deadline = time.monotonic() + 30
+            while app_id not in cluster.app_ids("completedapps") and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert app_id in cluster.app_ids("completedapps")
+
+            for index in range(4, 6):
+                sent.update(demo.write_events(tmp_path / "input", index))
+            restarted = RestoreJobOperator(task_id="restore", job="demo", jobs_file=jobs, wait_timeout=240).execute({})
+            assert restarted["restored"]["batch_id"] == stopped["batch_id"]
+            assert restarted["first_batch"] >= stopped["batch_id"] + 1
+            _, commits = committed_batches(restarted["checkpoint"])
+            assert commits[:2] == [stopped["batch_id"], stopped["batch_id"] + 1]  # resumed right after the savepoint
+            new_app = job_status("demo", job_folder).application_id
+            deadline = time.monotonic() + 60
+            while (new_app is None or new_app == app_id) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                new_app = job_status("demo", job_folder).application_id
+            assert new_app != app_id and new_app in cluster.app_ids("activeapps")
+        finally:
+            last = read_run(job_folder)
+            if last is not None:
+                stop_process(last, grace=15)
