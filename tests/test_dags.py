@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -97,25 +96,12 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
         commits = sorted(int(p.name) for p in Path(second_run.checkpoint, "commits").iterdir() if p.name.isdigit())
         assert commits[:2] == [stop_batch, stop_batch + 1]  # the savepoint's batch, then the next one
         deadline = time.monotonic() + 180
-        while committed_ids(tmp_path / "output") != sorted(sent) and time.monotonic() < deadline:
+        while demo.committed_event_ids(tmp_path / "output") != sorted(sent) and time.monotonic() < deadline:
             time.sleep(1)
     finally:
         last = read_run(job_folder)
         if last is not None:
             stop_process(last, grace=30)
     # every event exactly once in what the sink committed (files of a killed batch are not committed)
-    assert committed_ids(tmp_path / "output") == sorted(sent)
+    assert demo.committed_event_ids(tmp_path / "output") == sorted(sent)
 
-
-def committed_ids(output: Path) -> list[int]:
-    """Event ids in the files a file sink committed, as Spark readers see them (_spark_metadata)."""
-    ids: list[int] = []
-    log = output / "_spark_metadata"
-    names = [p.name for p in log.iterdir()] if log.exists() else []
-    compact = max((int(n.split(".")[0]) for n in names if n.endswith(".compact")), default=-1)
-    entries = ([f"{compact}.compact"] if compact >= 0 else []) + [n for n in names if n.isdigit() and int(n) > compact]
-    for name in entries:  # the newest compact file holds every earlier entry
-        for line in (log / name).read_text().splitlines()[1:]:
-            path = Path(json.loads(line)["path"].removeprefix("file://").removeprefix("file:"))
-            ids += [json.loads(x)["id"] for x in path.read_text().splitlines() if x]
-    return sorted(ids)

@@ -1,99 +1,172 @@
-"""``python -m airflow_savepoints.demo``: a local streaming job, savepoints taken, listed and restored.
+"""``python -m airflow_savepoints.demo``: the example DAGs, on a real Airflow, against a local streaming job.
 
-1. starts the demo job (stateful de-duplication, JSON file sink) on local Spark, fed a file a second;
-2. takes periodic savepoints while it runs, then a final stop savepoint, and lists them;
-3. restores the newest savepoint into a fresh checkpoint location and restarts the job there;
-4. checks the output: every event id exactly once across the stop and the restore.
+1. a fresh Airflow (SQLite metadata database) in the work folder; the DAGs are the repository's
+   ``dags/``, the job is ``demo-dedup`` from ``dags/jobs.yaml`` (stateful de-duplication of click
+   events into a JSON file sink) on local Spark;
+2. ``restore_from_savepoint`` (fresh start) starts the job detached and waits for its progress;
+3. ``periodic_savepoints`` runs a few times while events arrive; the savepoints are listed;
+4. ``stop_job_with_savepoint`` stops it between two batches with a final savepoint;
+5. ``restore_from_savepoint`` restarts it from the latest savepoint in a fresh checkpoint location;
+6. the output is checked: every event id exactly once across the stop and the restore.
+
+Each DAG runs with ``dag.test()``; task logs go to ``<work folder>/airflow-tasks.log``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import shutil
-import threading
+import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from airflow_savepoints.core import SavepointType, list_savepoints, restore_savepoint, take_savepoint
-from airflow_savepoints.demo.app import build_query, wait_for_batch, write_events
-from airflow_savepoints.storage import Store
+import airflow_savepoints.demo.app as app
 
+JOB = "demo-dedup"
 console = Console(highlight=False)
 
 
-def _feed(input_dir: Path, start: int, stop: int, every: float, done: threading.Event) -> set[int]:
-    ids: set[int] = set()
-    for index in range(start, stop):
-        if done.is_set():
-            break
-        ids.update(write_events(input_dir, index))
-        time.sleep(every)
-    return ids
+def dags_folder() -> Path:
+    folder = Path(__file__).resolve().parents[2] / "dags"
+    if not (folder / "jobs.yaml").is_file():
+        console.print(f"[red]error:[/] the example DAGs are not at {folder}\n"
+                      "how to fix: run the demo from a checkout of the repository (make demo)")
+        raise SystemExit(1)
+    return folder
 
 
-def run(workdir: Path, savepoints: int, interval: float) -> int:
-    from pyspark.sql import SparkSession
+def airflow_environment(workdir: Path, dags: Path) -> dict[str, str]:
+    """Everything Airflow and the demo job read from the environment, all inside ``workdir``."""
+    return {
+        "AIRFLOW_HOME": str(workdir / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{workdir}/airflow/airflow.db",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(workdir / "airflow" / "logs"),
+        "SAVEPOINTS_DEMO_HOME": str(workdir),
+        "SAVEPOINTS_DEMO_APP": app.__file__,
+        "PYSPARK_PYTHON": sys.executable,
+    }
 
-    shutil.rmtree(workdir, ignore_errors=True)
-    input_dir, output = workdir / "input", workdir / "output"
-    checkpoint, restored_checkpoint = workdir / "checkpoint", workdir / "checkpoint-restored"
-    savepoint_dir = Store(str(workdir / "savepoints"))
-    job = "demo-dedup"
-    console.rule("[bold]airflow-savepoints demo")
-    console.print(f"work folder: {workdir}")
-    spark = (SparkSession.builder.master("local[2]").appName("airflow-savepoints-demo")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    sent: set[int] = set()
-    sent.update(write_events(input_dir, 0))
-    query = build_query(spark, str(input_dir), str(checkpoint), str(output))
-    console.print(f"started streaming job [cyan]{job}[/] (query id {query.id})")
-    wait_for_batch(query, 0)
-    for index in range(1, savepoints + 1):
-        sent.update(write_events(input_dir, index))
-        time.sleep(interval)
-        info = take_savepoint(str(checkpoint), job, savepoint_dir=savepoint_dir, savepoint_type=SavepointType.PERIODIC,
-                              reason=f"periodic #{index}")
-        console.print(f"periodic savepoint at batch {info.manifest.batch_id}: {info.pointer}")
-    query.processAllAvailable()
-    query.stop()
-    final = take_savepoint(str(checkpoint), job, savepoint_dir=savepoint_dir, savepoint_type=SavepointType.STOP,
-                           reason="stop for upgrade")
-    console.print(f"job stopped; final savepoint at batch {final.manifest.batch_id}")
 
-    table = Table(title=f"savepoints of {job}")
-    for column in ("type", "reason", "batch", "files", "bytes", "pointer"):
-        table.add_column(column, overflow="fold")
-    infos = list_savepoints(savepoint_dir, job)
+_sinks: dict[Path, object] = {}
+
+
+@contextlib.contextmanager
+def quiet(log_file: Path):
+    """Send Airflow's task output to ``log_file``; the console keeps the demo's own lines.
+
+    The file stays open: Airflow's structlog keeps the stream it first saw.
+    """
+    sink = _sinks.setdefault(log_file, open(log_file, "a"))  # noqa: SIM115 - open for the process's life
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        root = logging.getLogger()
+        saved = root.handlers[:]
+        root.handlers = [logging.StreamHandler(sink)]
+        try:
+            yield
+        finally:
+            root.handlers = saved
+
+
+def run_dag(dags: Path, dag_id: str, log_file: Path, **conf) -> dict:
+    """Run one example DAG with dag.test(); return the XCom of each task; exit if the run failed."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk import DagRunState
+
+    with quiet(log_file):
+        dag = DagBag(dag_folder=str(dags / f"{dag_id}.py")).get_dag(dag_id)
+        result = dag.test(run_conf=conf or None)
+        instances = result.get_task_instances()
+        values = {ti.task_id: ti.xcom_pull(task_ids=ti.task_id) for ti in instances}
+    if result.state != DagRunState.SUCCESS:
+        states = ", ".join(f"{ti.task_id}={ti.state}" for ti in instances)
+        console.print(f"[red]error:[/] DAG {dag_id} ended {result.state} ({states})\n"
+                      f"how to fix: read the task logs in {log_file}")
+        raise SystemExit(1)
+    return values
+
+
+def print_savepoints(workdir: Path) -> list:
+    from airflow_savepoints.core import list_savepoints
+    from airflow_savepoints.storage import Store
+
+    root = Store(str(workdir / "savepoints"))
+    infos = list_savepoints(root, JOB)
+    table = Table(title=f"savepoints of {JOB} in {root.child(JOB).url}")
+    table.add_column("savepoint", no_wrap=True)
+    for column in ("type", "batch", "bytes", "created (UTC)"):
+        table.add_column(column)
     for info in infos:
         m = info.manifest
-        table.add_row(m.type.value, m.reason or "", str(m.batch_id), str(len(m.files)), str(m.total_bytes), info.pointer)
+        table.add_row(info.pointer.rstrip("/").rsplit("/", 1)[-1], m.type.value, str(m.batch_id), str(m.total_bytes), f"{m.created_at:%H:%M:%S}")
     console.print(table)
+    return infos
 
-    latest = infos[-1]
-    result = restore_savepoint(latest.pointer, str(restored_checkpoint), sink_path=str(output))
-    console.print(f"restored batch {result.batch_id} into {result.checkpoint}")
-    for key, value in result.spark_conf_to_set.items():
-        spark.conf.set(key, value)
-    query = build_query(spark, str(input_dir), str(restored_checkpoint), str(output))
-    for index in range(savepoints + 1, savepoints + 4):
-        sent.update(write_events(input_dir, index))
-    first_new = wait_for_batch(query, result.batch_id + 1)
-    query.processAllAvailable()
-    console.print(f"restarted job resumed at batch {result.batch_id + 1} (now at {query.lastProgress['batchId']},"
-                  f" first new batch {first_new})")
-    query.stop()
 
-    rows = spark.read.schema("id long, user string, ts timestamp").json(str(output)).select("id").collect()
-    ids = [r.id for r in rows]
-    ok = sorted(ids) == sorted(sent)
+def run(workdir: Path, rounds: int, interval: float) -> int:
+    dags = dags_folder()
+    shutil.rmtree(workdir, ignore_errors=True)
+    (workdir / "airflow").mkdir(parents=True)
+    os.environ.update(airflow_environment(workdir, dags))
+    log_file = workdir / "airflow-tasks.log"
+    console.rule("[bold]airflow-savepoints demo")
+    console.print(f"work folder: {workdir}; DAGs: {dags}")
+
+    from airflow.utils import db
+
+    from airflow_savepoints.jobs.launcher import read_run, stop_process
+    from airflow_savepoints.storage import Store
+
+    with quiet(log_file):
+        db.resetdb()
+    console.print("Airflow metadata database ready (SQLite)")
+    input_dir, job_folder = workdir / "input", Store(str(workdir / "savepoints" / JOB))
+    sent: set[int] = set()
+    next_file = 0
+
+    def send(files: int) -> None:
+        nonlocal next_file
+        for _ in range(files):
+            sent.update(app.write_events(input_dir, next_file))
+            next_file += 1
+
+    try:
+        send(2)
+        started = run_dag(dags, "restore_from_savepoint", log_file, job=JOB, fresh_start=True)
+        first = started["restore_and_start"]
+        console.print(f"restore_from_savepoint (fresh start): job {JOB} runs as pid {first['pid']}, "
+                      f"committed batch {first['first_batch']}")
+        for number in range(1, rounds + 1):
+            send(2)
+            time.sleep(interval)
+            taken = run_dag(dags, "periodic_savepoints", log_file)[f"savepoint_{JOB.replace('-', '_')}"]
+            console.print(f"periodic_savepoints run {number}: savepoint at batch {taken['batch_id']}")
+        stopped = run_dag(dags, "stop_job_with_savepoint", log_file, job=JOB)["stop_with_savepoint"]
+        console.print(f"stop_job_with_savepoint: stopped ({stopped['stop_method']}), "
+                      f"{stopped['consistency']} savepoint at batch {stopped['batch_id']}")
+        infos = print_savepoints(workdir)
+        send(3)
+        restarted = run_dag(dags, "restore_from_savepoint", log_file, job=JOB)["restore_and_start"]
+        console.print(f"restore_from_savepoint: restored batch {restarted['restored']['batch_id']} of "
+                      f"{infos[-1].pointer}\n  into {restarted['checkpoint']}; the job resumed and committed "
+                      f"batch {restarted['first_batch']}")
+        deadline = time.monotonic() + 120
+        while app.committed_event_ids(workdir / "output") != sorted(sent) and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        last = read_run(job_folder)
+        if last is not None and stop_process(last, grace=30):
+            console.print(f"demo job (pid {last.pid}) stopped")
+    ids = app.committed_event_ids(workdir / "output")
     console.print(f"output: {len(ids)} events, {len(set(ids))} distinct ids, {len(sent)} distinct ids sent")
-    spark.stop()
-    if ok:
+    if ids == sorted(sent):
         console.print("[bold green]every event exactly once across the stop and the restore[/]")
         return 0
     console.print("[bold red]output does not match the input: duplicates or losses[/]")
@@ -102,11 +175,11 @@ def run(workdir: Path, savepoints: int, interval: float) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", type=Path, default=Path("demo-run").resolve())
-    parser.add_argument("--savepoints", type=int, default=3)
-    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--workdir", type=Path, default=Path("demo-run"))
+    parser.add_argument("--rounds", type=int, default=3, help="runs of periodic_savepoints")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between them")
     args = parser.parse_args()
-    raise SystemExit(run(args.workdir.resolve(), args.savepoints, args.interval))
+    raise SystemExit(run(args.workdir.resolve(), args.rounds, args.interval))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,23 @@ def wait_for_batch(query, batch_id: int, timeout: float = 120) -> int:
     raise TimeoutError(f"streaming query {query.name} did not commit batch {batch_id} within {timeout}s")
 
 
+def committed_event_ids(output: Path) -> list[int]:
+    """Event ids in the files the file sink committed, as Spark readers see them (``_spark_metadata``).
+
+    Files of a batch that was interrupted are on disk but not committed: they do not count.
+    """
+    ids: list[int] = []
+    log = Path(output) / "_spark_metadata"
+    names = [p.name for p in log.iterdir()] if log.exists() else []
+    compact = max((int(n.split(".")[0]) for n in names if n.endswith(".compact")), default=-1)
+    entries = ([f"{compact}.compact"] if compact >= 0 else []) + [n for n in names if n.isdigit() and int(n) > compact]
+    for name in entries:  # the newest compact file holds every earlier entry
+        for line in (log / name).read_text().splitlines()[1:]:
+            path = Path(json.loads(line)["path"].removeprefix("file://").removeprefix("file:"))
+            ids += [json.loads(x)["id"] for x in path.read_text().splitlines() if x]
+    return sorted(ids)
+
+
 def build_query(spark, input_dir: str, checkpoint: str, output: str, trigger_ms: int = 500):
     events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", 1).json(input_dir)
     unique = events.withWatermark("ts", "1 hour").dropDuplicatesWithinWatermark(["id"])
