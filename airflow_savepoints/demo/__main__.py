@@ -105,7 +105,8 @@ def print_savepoints(workdir: Path) -> list:
         table.add_column(column)
     for info in infos:
         m = info.manifest
-        table.add_row(info.pointer.rstrip("/").rsplit("/", 1)[-1], m.type.value, str(m.batch_id), str(m.total_bytes), f"{m.created_at:%H:%M:%S}")
+        name = info.pointer.rstrip("/").rsplit("/", 1)[-1]
+        table.add_row(name, m.type.value, str(m.batch_id), str(m.total_bytes), f"{m.created_at:%H:%M:%S}")
     console.print(table)
     return infos
 
