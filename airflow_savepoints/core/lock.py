@@ -101,6 +101,15 @@ class JobLock:
         self._thread = threading.Thread(target=beat, name="savepoint-lease", daemon=True)
         self._thread.start()
 
+    @staticmethod
+    def abandon(job_store: Store, savepoint_id: str) -> bool:
+        """Remove the lease if THIS process holds it for ``savepoint_id`` (a killed task's cleanup)."""
+        holder = JobLock(job_store, request_id=None).current()
+        if holder is None or holder.savepoint_id != savepoint_id or holder.owner != f"{socket.gethostname()}:{os.getpid()}":
+            return False
+        job_store.remove_file(LOCK_FILE)
+        return True
+
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -166,6 +166,18 @@ def _take_with_retries(source, job_store, job, lock, savepoint_type, reason, req
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def abandon_savepoint(location: Store) -> bool:
+    """Remove a savepoint location this process is still writing, and its lease (a killed task).
+
+    A location that already has its ``_metadata`` is complete and is left alone. True if removed.
+    """
+    if location.exists(MANIFEST_FILE):
+        return False
+    location.parent().remove_tree(location.name)
+    JobLock.abandon(location.parent(), location.name)
+    return True
+
+
 def _dispose_quietly(location: Store | None) -> None:
     if location is None:
         return

@@ -14,6 +14,7 @@ must be a Spark checkpoint, and must not overlap the savepoint directory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -54,6 +55,7 @@ def apply_checkpoint_retention(
     *,
     savepoint_dir: str | Store,
     storage_options: dict[str, Any] | None = None,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Keep (and register) or delete the terminated job's live checkpoint, as ``policy`` says."""
     policy = parse_policy(policy)
@@ -67,7 +69,7 @@ def apply_checkpoint_retention(
         retained: SavepointInfo | None = None
         try:
             retained = take_savepoint(source, job, savepoint_dir=root, savepoint_type=SavepointType.RETAINED_CHECKPOINT,
-                                      reason=f"checkpoint retained after the job was {termination}")
+                                      reason=f"checkpoint retained after the job was {termination}", on_event=on_event)
         except NoCommittedBatchError:
             pass  # nothing committed yet: kept, but nothing to restore from
         return {"policy": policy.value, "termination": termination, "checkpoint": source.url, "action": "retained",

@@ -33,7 +33,7 @@ from airflow_savepoints.jobs.launcher import (
     stop_run,
     wait_for_commit,
 )
-from airflow_savepoints.operators.savepoint import task_request_id
+from airflow_savepoints.operators.savepoint import RemovesPartialSavepoint, task_request_id
 from airflow_savepoints.storage import Store
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ class RestoreJobOperator(_JobOperator):
                 "log_file": run.log_file, "savepoint_dir": root.url, "restored": restored}
 
 
-class StopJobWithSavepointOperator(_JobOperator):
+class StopJobWithSavepointOperator(_JobOperator, RemovesPartialSavepoint):
     """Stop a running job, then take a ``stop`` savepoint of its last committed batch.
 
     A job that cooperates (calls :func:`airflow_savepoints.jobs.control.run_until_stopped`) stops
@@ -180,13 +180,13 @@ class StopJobWithSavepointOperator(_JobOperator):
         stopped = stop_run(run, self.grace, stop_request) if run is not None else {"method": "not_running"}
         self.log.info("job %s stopped: %s", job.name, stopped)
         info = take_savepoint(checkpoint, job.name, savepoint_dir=root, savepoint_type=SavepointType.STOP,
-                              reason="stop", request_id=request_id)
+                              reason="stop", request_id=request_id, on_event=self.savepoint_events(root, job.name))
         consistency = "crash-consistent" if info.manifest.includes_next_offsets else "clean"
         self.log.info("stop savepoint %s of batch %s (%s)", info.pointer, info.manifest.batch_id, consistency)
         return {**info.summary(), "stop_method": stopped["method"], "consistency": consistency}
 
 
-class CancelJobOperator(_JobOperator):
+class CancelJobOperator(_JobOperator, RemovesPartialSavepoint):
     """Cancel a running job without a savepoint, then apply its checkpoint retention policy.
 
     :param policy: RETAIN_ON_CANCELLATION (keep the live checkpoint and register it as a
@@ -210,6 +210,7 @@ class CancelJobOperator(_JobOperator):
         if run is not None:
             self.log.info("cancelled pid %s: %s", run.pid, stop_process(run, self.grace))
         outcome = apply_checkpoint_retention(run.checkpoint if run else job.checkpoint, job.name, policy,
-                                             "cancelled", savepoint_dir=root)
+                                             "cancelled", savepoint_dir=root,
+                                             on_event=self.savepoint_events(root, job.name))
         self.log.info("checkpoint %s %s (%s)", outcome["checkpoint"], outcome["action"], policy.value)
         return outcome

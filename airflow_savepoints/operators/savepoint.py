@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator
 
 from airflow_savepoints.core import SavepointType, dispose_savepoint, take_savepoint
+from airflow_savepoints.core.savepoint import abandon_savepoint
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.jobs.launcher import read_run
@@ -52,7 +53,30 @@ def recorded_checkpoint(store: Store, job: str, fallback: str | None = None) -> 
     return run.checkpoint
 
 
-class TriggerSavepointOperator(BaseOperator):
+class RemovesPartialSavepoint(BaseOperator):
+    """Base of operators that write a savepoint: ``on_kill`` removes one still being written."""
+
+    _in_flight: Store | None = None
+
+    def savepoint_events(self, root: Store, job: str) -> Callable[[str, dict[str, Any]], None]:
+        """The ``on_event`` hook for ``take_savepoint``: logs progress and tracks the location."""
+        def track(event: str, data: dict[str, Any]) -> None:
+            if event == "planned":
+                self._in_flight = root.child(job).child(data["location"].rsplit("/", 1)[-1])
+                self.log.info("savepoint of batch %s: %s files, %s bytes -> %s (attempt %s)",
+                              data["batch_id"], data["files"], data["bytes"], data["location"], data["attempt"])
+            elif event == "completed":
+                self._in_flight = None
+        return track
+
+    def on_kill(self) -> None:
+        """Remove a savepoint location still being written (it has no _metadata yet) and its lease."""
+        location, self._in_flight = self._in_flight, None
+        if location is not None and abandon_savepoint(location):
+            self.log.info("removed the incomplete savepoint %s", location.url)
+
+
+class TriggerSavepointOperator(RemovesPartialSavepoint):
     """Take a savepoint of a streaming job's live checkpoint; return its summary (pointer, batch, ...).
 
     :param job: job name, the folder of its savepoints (templated)
@@ -105,39 +129,25 @@ class TriggerSavepointOperator(BaseOperator):
         self.checkpoint_storage_options = checkpoint_storage_options
         self.max_attempts = max_attempts
         self.parallelism = parallelism
-        self._in_flight: Store | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
         store = SavepointStorageHook(self.savepoints_conn_id).get_store(self.savepoint_dir)
-        ti = context["ti"]
+        ti = context.get("ti")
         checkpoint = self.checkpoint or recorded_checkpoint(store, self.job, self.fallback_checkpoint)
-
-        def track(event: str, data: dict[str, Any]) -> None:
-            if event == "planned":
-                self._in_flight = store.child(self.job).child(data["location"].rsplit("/", 1)[-1])
-                self.log.info("savepoint of batch %s: %s files, %s bytes -> %s (attempt %s)",
-                              data["batch_id"], data["files"], data["bytes"], data["location"], data["attempt"])
-            elif event == "completed":
-                self._in_flight = None
-
         info = take_savepoint(
             checkpoint, self.job, savepoint_dir=store, savepoint_type=self.savepoint_type,
-            reason=self.reason or f"{ti.dag_id}/{ti.run_id}", request_id=self.request_id or task_request_id(context),
+            reason=self.reason or (f"{ti.dag_id}/{ti.run_id}" if ti else None),
+            request_id=self.request_id or task_request_id(context),
             checkpoint_storage_options=checkpoint_options(checkpoint, store, self.checkpoint_storage_options),
-            max_attempts=self.max_attempts, parallelism=self.parallelism, on_event=track,
+            max_attempts=self.max_attempts, parallelism=self.parallelism,
+            on_event=self.savepoint_events(store, self.job),
         )
         summary = info.summary()
         self.log.info("savepoint completed: %s (batch %s)", summary["pointer"], summary["batch_id"])
         for outlet in self.outlets or []:
-            if isinstance(outlet, Asset):
+            if isinstance(outlet, Asset) and "outlet_events" in context:
                 context["outlet_events"][outlet].extra = summary
         return summary
-
-    def on_kill(self) -> None:
-        """Remove a savepoint location still being written (it has no _metadata yet)."""
-        location, self._in_flight = self._in_flight, None
-        if location is not None and not location.exists("_metadata"):
-            location.parent().remove_tree(location.name)
 
 
 class DisposeSavepointOperator(BaseOperator):
