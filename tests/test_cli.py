@@ -265,3 +265,34 @@ def test_dispose_refuses_what_is_not_a_savepoint_under_the_root(checkpoint, tmp_
     code, out = cli("dispose", taken["pointer"], "--dir", str(tmp_path / "other-root"))
     assert code == 1 and out["error"]["code"] == "outside_root"
     assert tree_snapshot(tmp_path) == before
+
+
+def test_status_reports_the_recorded_run_and_its_progress(checkpoint, tmp_path):
+    import socket
+    from datetime import UTC, datetime
+
+    from airflow_savepoints.jobs.control import JobControl
+    from airflow_savepoints.jobs.launcher import JobRun
+    from airflow_savepoints.storage import Store
+
+    sp_dir = tmp_path / "savepoints"
+    code, state = cli("status", "--job", "orders", "--dir", str(sp_dir))
+    assert code == 0 and state["running"] is False and state["pid"] is None and state["checkpoint"] is None
+    control = Store(str(sp_dir / "orders" / "_control" / "r1"))
+    JobControl(control).announce(application_id="app-20261122-0001", pid=1)
+    gone = 2 ** 22 + 1  # above Linux's largest pid_max: a run whose process has exited
+    run = JobRun(job="orders", pid=gone, host=socket.gethostname(), command=["spark-submit"],
+                 log_file=str(tmp_path / "job.log"), checkpoint=str(checkpoint), started_at=datetime.now(UTC),
+                 control=control.url)
+    Store(str(sp_dir / "orders")).write_bytes_atomic("_run.json", run.model_dump_json().encode())
+    code, state = cli("status", "--job", "orders", "--dir", str(sp_dir))
+    assert code == 0, state
+    assert state["running"] is False and state["application_id"] == "app-20261122-0001"
+    assert state["last_committed_batch"] == 5 and state["checkpoint"] == str(checkpoint)
+    code, error = cli("status", "--job", "a/b", "--dir", str(sp_dir))
+    assert code == 1 and error["error"]["code"] == "invalid_job_name"
+
+
+def test_trigger_a_stop_savepoint(checkpoint, tmp_path):
+    code, taken = cli("trigger", str(checkpoint), "--job", "orders", "--dir", str(tmp_path / "sp"), "--type", "stop")
+    assert code == 0 and taken["type"] == "stop" and taken["batch_id"] == 5

@@ -44,6 +44,7 @@ DirOption = Annotated[
 class TriggerType(StrEnum):
     manual = "manual"
     periodic = "periodic"
+    stop = "stop"  # of a job stopped by other means (YARN, Kubernetes): see docs/airflow.md
 
 
 def _emit(as_json: bool, payload: Any, text: str | None = None) -> None:
@@ -199,6 +200,32 @@ def dispose(
     info = core.dispose_savepoint(pointer, savepoint_dir=savepoint_dir)
     _emit(as_json, {"disposed": info.pointer, "savepoint_id": info.manifest.savepoint_id},
           f"disposed {info.pointer}")
+
+
+@app.command()
+@_command
+def status(
+    job: Annotated[str, typer.Option("--job", help="Job name.")],
+    savepoint_dir: DirOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show whether the job's recorded run is alive, its application id and its last committed batch."""
+    from airflow_savepoints.core.models import validate_job_name
+    from airflow_savepoints.jobs.launcher import job_status, read_run
+
+    job_folder = Store(resolve_savepoint_dir(savepoint_dir)).child(validate_job_name(job))
+    state = job_status(job, job_folder).model_dump(mode="json")
+    run = read_run(job_folder)
+    state.update(checkpoint=run.checkpoint if run else None, log_file=run.log_file if run else None)
+    if run is None:
+        text = f"job {job}: no run recorded in {job_folder.url} (start it with restore_from_savepoint)"
+    else:
+        at = state["last_progress_at"] or "never"
+        text = (f"job {job}: {'[green]running[/]' if state['running'] else '[red]not running[/]'} "
+                f"(pid {state['pid']}, application {state['application_id'] or 'unknown'})\n"
+                f"  checkpoint {state['checkpoint']}\n  last committed batch {state['last_committed_batch']} at {at}\n"
+                f"  log {state['log_file']}")
+    _emit(as_json, state, text)
 
 
 @app.command()
