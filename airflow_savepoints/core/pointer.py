@@ -14,6 +14,7 @@ from airflow_savepoints.core.models import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
     SavepointInfo,
+    JOB_NAME,
     SavepointManifest,
     validate_job_name,
 )
@@ -124,6 +125,11 @@ def list_savepoints(root: Store, job: str) -> list[SavepointInfo]:
                 continue  # not a usable savepoint; `verify`/`show` report why
             found.append(savepoint_info(location, manifest))
     return sorted(found, key=lambda info: (info.manifest.created_at, info.manifest.batch_id))
+
+
+def list_jobs(root: Store) -> list[str]:
+    """Names of the job folders under the savepoint root (one listing; also jobs that have ended)."""
+    return sorted(name for name in root.listdir() if JOB_NAME.match(name) and ".." not in name)
 
 
 def incomplete_locations(root: Store, job: str) -> list[str]:

@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import fsspec
@@ -50,6 +51,7 @@ class FileStat:
 
     size: int
     version: str
+    modified: float | None = None  # seconds since the epoch, when the store reports it
 
 
 def split_url(url: str) -> tuple[str, str, str]:
@@ -272,7 +274,7 @@ class Store:
             path = path if self.protocol == "file" else self.fs._strip_protocol(path)
             if not path.startswith(prefix) or info.get("type") == "directory":
                 continue
-            out[path[len(prefix) :]] = FileStat(size=int(info.get("size") or 0), version=_version_token(info))
+            out[path[len(prefix) :]] = FileStat(size=int(info.get("size") or 0), version=_version_token(info), modified=_modified(info))
         return out
 
     def exists(self, rel: str = "") -> bool:
@@ -311,7 +313,7 @@ class Store:
         self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
             info = self.fs.info(self.path_of(rel))
-        return FileStat(size=int(info.get("size") or 0), version=_version_token(info))
+        return FileStat(size=int(info.get("size") or 0), version=_version_token(info), modified=_modified(info))
 
     def read_bytes(self, rel: str) -> bytes:
         with self.translate_errors(self.url_of(rel)):
@@ -417,6 +419,22 @@ class Store:
             except FileNotFoundError:
                 pass
         self._invalidate(rel)
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """Last modification time in epoch seconds from any backend's listing entry."""
+    value = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def _version_token(info: dict[str, Any]) -> str:
