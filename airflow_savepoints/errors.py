@@ -126,6 +126,12 @@ class SavepointInFlightError(SavepointError):
     code = "savepoint_in_flight"
 
 
+class SavepointPinnedError(SavepointError):
+    """Dispose refused: a restore in progress holds the savepoint."""
+
+    code = "savepoint_pinned"
+
+
 class VerificationError(SavepointError):
     code = "verification_failed"
 

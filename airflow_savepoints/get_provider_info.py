@@ -50,8 +50,13 @@ def get_provider_info() -> dict:
                     },
                     "max_savepoint_age": {
                         "description": "Periodic savepoints older than this are removed by retention "
-                                       "(e.g. 7d, 12h); empty for no age limit.",
+                                       "(e.g. 7d, 12h); none for no age limit.",
                         "version_added": "0.1.0", "type": "string", "example": "7d", "default": "7d",
+                    },
+                    "orphan_timeout": {
+                        "description": "Savepoint locations without _metadata (a trigger that crashed) older "
+                                       "than this are removed by retention.",
+                        "version_added": "0.1.0", "type": "string", "example": "1h", "default": "1h",
                     },
                 },
             }

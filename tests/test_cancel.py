@@ -42,7 +42,7 @@ def test_retain_on_cancellation_keeps_and_registers_the_checkpoint(tmp_path):
     assert not process_alive(run.pid)
     assert outcome["action"] == "retained" and (tmp_path / "checkpoint" / "metadata").exists()
     retained = list_savepoints(Store(str(tmp_path / "savepoints")), "demo")
-    assert [s.manifest.type.value for s in retained] == ["retained_checkpoint"]
+    assert [s.type.value for s in retained] == ["retained_checkpoint"]
     assert outcome["retained_savepoint"]["pointer"] == retained[0].pointer
     result = restore_savepoint(retained[0].pointer, str(tmp_path / "restored"))
     assert result.batch_id == retained[0].manifest.batch_id

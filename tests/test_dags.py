@@ -44,7 +44,7 @@ def test_periodic_savepoints_dag_takes_a_savepoint_and_emits_an_asset_event(airf
     assert run.state == DagRunState.SUCCESS, {ti.task_id: ti.state for ti in run.get_task_instances()}
 
     saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo-dedup")
-    assert len(saved) == 1 and saved[0].manifest.type.value == "periodic" and saved[0].manifest.batch_id == 5
+    assert len(saved) == 1 and saved[0].type.value == "periodic" and saved[0].batch_id == 5
     with create_session() as session:
         pushed = session.query(XComModel).filter_by(dag_id="periodic_savepoints", run_id=run.run_id).one()
         events = session.query(AssetEvent).all()
@@ -86,8 +86,8 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
         run("periodic_savepoints")
         run("stop_job_with_savepoint", job="demo-dedup")
         saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo-dedup")
-        assert [s.manifest.type.value for s in saved] == ["periodic", "stop"]
-        stop_batch = saved[-1].manifest.batch_id
+        assert [s.type.value for s in saved] == ["periodic", "stop"]
+        stop_batch = saved[-1].batch_id
         for index in range(6, 9):
             sent.update(demo.write_events(tmp_path / "input", index))
         run("restore_from_savepoint", job="demo-dedup")

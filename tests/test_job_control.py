@@ -87,7 +87,7 @@ def test_cooperative_stop_lands_between_batches_and_status_names_the_application
     offsets, commits = committed_batches(started["checkpoint"])
     assert offsets[-1] == commits[-1] == result["batch_id"]  # nothing in flight when it stopped
     saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo")
-    assert [(s.manifest.type.value, s.manifest.batch_id) for s in saved] == [("stop", result["batch_id"])]
+    assert [(s.type.value, s.batch_id) for s in saved] == [("stop", result["batch_id"])]
     assert not job_status("demo", job_folder).running
 
 

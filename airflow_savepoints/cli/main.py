@@ -121,10 +121,10 @@ def list_(
     savepoint_dir: DirOption = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """List the completed savepoints of a job, oldest first."""
+    """List a job's savepoints from its catalog, oldest first (completed, in progress, failed, disposing)."""
     root = Store(resolve_savepoint_dir(savepoint_dir))
-    infos = core.list_savepoints(root, job)
-    rows = [i.summary() for i in infos]
+    records = core.list_savepoints(root, job)
+    rows = [r.summary() for r in records]
     if as_json:
         _emit(True, {"job": job, "savepoint_dir": root.url, "savepoints": rows})
         return
@@ -134,9 +134,10 @@ def list_(
     table = Table(title=f"savepoints of {job} in {root.url}")
     for column in ("type", "reason", "batch", "size", "age", "state", "pointer"):
         table.add_column(column, overflow="fold")
-    for info, row in zip(infos, rows, strict=True):
-        table.add_row(row["type"], row["reason"] or "", str(row["batch_id"]), _human_size(row["bytes"]),
-                      _human_age(info.manifest.created_at), row["state"], row["pointer"])
+    for record in records:
+        table.add_row(record.type.value, record.reason or "", "" if record.batch_id is None else str(record.batch_id),
+                      "" if record.bytes is None else _human_size(record.bytes), _human_age(record.created_at),
+                      record.state.value, record.pointer)
     out.print(table)
 
 
@@ -226,6 +227,70 @@ def status(
                 f"  checkpoint {state['checkpoint']}\n  last committed batch {state['last_committed_batch']} at {at}\n"
                 f"  log {state['log_file']}")
     _emit(as_json, state, text)
+
+
+@app.command()
+@_command
+def retain(
+    job: Annotated[str, typer.Option("--job", help="Job name.")],
+    savepoint_dir: DirOption = None,
+    max_periodic: Annotated[int | None, typer.Option(help="Periodic savepoints to keep (default: [savepoints] "
+                                                          "max_periodic_savepoints, else 10).")] = None,
+    max_age: Annotated[str | None, typer.Option(help="Dispose periodic savepoints older than this (7d, 12h; "
+                                                     "'none': no limit; default: [savepoints] max_savepoint_age, else 7d).")] = None,
+    orphan_timeout: Annotated[str | None, typer.Option(help="Remove locations without _metadata older than this "
+                                                            "(default: [savepoints] orphan_timeout, else 1h).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Apply the retention policy to a job's savepoints (manual and stop savepoints are always kept)."""
+    from airflow_savepoints.core.retention import RetentionPolicy
+    from airflow_savepoints.core.retention import retain as run_retention
+
+    policy = RetentionPolicy.resolve(max_periodic, max_age, orphan_timeout)
+    report = run_retention(Store(resolve_savepoint_dir(savepoint_dir)), job, policy, dry_run=dry_run)
+    summary = report.summary()
+    if as_json:
+        _emit(True, summary)
+    else:
+        table = Table(title=f"retention of {job} in {report.plan.savepoint_dir}" + (" (dry run: nothing changed)" if dry_run else ""))
+        for column in ("savepoint", "type", "state", "batch", "action", "why"):
+            table.add_column(column, overflow="fold")
+        for d in report.plan.decisions:
+            colour = "green" if d.action == "keep" else "red"
+            table.add_row(d.savepoint_id, d.type or "", d.state, "" if d.batch_id is None else str(d.batch_id),
+                          f"[{colour}]{d.action.value}[/]", d.reason)
+        out.print(table)
+        verb = "would remove" if dry_run else "removed"
+        out.print(f"{verb} {len(report.plan.of('dispose'))} savepoints and {len(report.plan.of('remove_orphan'))} orphans; "
+                  f"kept {len(report.plan.of('keep'))}")
+        for problem in report.skipped + report.failed:
+            err.print(f"[yellow]{problem['savepoint_id']}[/]: {problem['error']}: {problem['message']}")
+    if report.failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+@_command
+def catalog(
+    job: Annotated[str, typer.Option("--job", help="Job name.")],
+    savepoint_dir: DirOption = None,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Recreate the catalog from the _metadata files.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show (or --rebuild) the job's savepoint catalog; _metadata files are the source of truth."""
+    from airflow_savepoints.core.catalog import Catalog
+    from airflow_savepoints.core.models import validate_job_name
+
+    store = Store(resolve_savepoint_dir(savepoint_dir)).child(validate_job_name(job))
+    document = Catalog(store, job).rebuild() if rebuild else Catalog(store, job).load()
+    states: dict[str, int] = {}
+    for record in document.records.values():
+        states[record.state.value] = states.get(record.state.value, 0) + 1
+    payload = {"job": job, "catalog": store.url_of("_catalog.json"), "rebuilt": rebuild, "records": len(document.records),
+               "states": states, "pins": [p.model_dump(mode="json") for p in document.pins.values()]}
+    _emit(as_json, payload, f"{'rebuilt ' if rebuild else ''}{payload['catalog']}: {len(document.records)} records "
+                            f"{states}, {len(document.pins)} pins")
 
 
 @app.command()

@@ -1,35 +1,68 @@
-"""Dispose a savepoint: only a real savepoint (valid ``_metadata``) inside its savepoint root."""
+"""Dispose a savepoint: only a real savepoint (valid ``_metadata``) inside its savepoint root.
+
+Order: the catalog record is marked "disposing" (refused while a restore pins it), ``_metadata``
+goes (so it is never listed or restored half deleted), then the files, then the record. Each
+storage step is retried; an interrupted disposal leaves an incomplete location that retention
+removes as an orphan, and running it again finishes it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow_savepoints.core.models import MANIFEST_FILE, SavepointInfo
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from airflow_savepoints.core.catalog import Catalog
+from airflow_savepoints.core.models import MANIFEST_FILE, SavepointInfo, SavepointManifest
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, resolve_pointer, savepoint_info
 from airflow_savepoints.core.settings import configured_savepoint_dir
-from airflow_savepoints.errors import OutsideRootError
+from airflow_savepoints.errors import (
+    CredentialsError,
+    OutsideRootError,
+    StorageError,
+    StoragePermissionError,
+)
 from airflow_savepoints.storage import Store
 
+_storage_retry = retry(
+    retry=retry_if_exception(lambda exc: isinstance(exc, StorageError)
+                             and not isinstance(exc, CredentialsError | StoragePermissionError | OutsideRootError)),
+    stop=stop_after_attempt(4),
+    wait=wait_exponential(multiplier=0.5, max=8),
+    reraise=True,
+)
 
-def dispose_savepoint(pointer: str, *, savepoint_dir: str | None = None,
-                      storage_options: dict[str, Any] | None = None) -> SavepointInfo:
-    """Delete the savepoint at ``pointer``: ``_metadata`` first (so it is never half listed), then the rest."""
-    location, manifest = resolve_pointer(pointer, storage_options)
+
+def check_under_root(location: Store, manifest: SavepointManifest, root: Store | None) -> None:
+    """A savepoint this tool wrote: ``<root>/<job>/savepoint-…`` with a matching manifest."""
     job_folder = location.parent()
-    if not SAVEPOINT_NAME.match(location.name) or job_folder.name != manifest.job:
+    if not SAVEPOINT_NAME.match(location.name) or job_folder.name != manifest.job or manifest.savepoint_id != location.name:
         raise OutsideRootError(
             f"{location.url} is not laid out as <dir>/<job>/savepoint-<id>-<random>",
             "dispose only savepoints this tool wrote, by their pointer",
         )
+    if root is not None and (not root.contains(location) or root.root == location.root or job_folder.parent().root != root.root):
+        raise OutsideRootError(
+            f"{location.url} is outside the savepoint directory {root.url}",
+            "pass --dir with the savepoint directory that holds it",
+        )
+
+
+def dispose_savepoint(pointer: str, *, savepoint_dir: str | None = None,
+                      storage_options: dict[str, Any] | None = None) -> SavepointInfo:
+    """Delete the savepoint at ``pointer`` (see the module's docstring for the order)."""
+    location, manifest = resolve_pointer(pointer, storage_options)
     root_url = savepoint_dir or configured_savepoint_dir()
-    if root_url:
-        root = Store(root_url, storage_options)
-        if not root.contains(location) or root.root == location.root:
-            raise OutsideRootError(
-                f"{location.url} is outside the savepoint directory {root.url}",
-                "pass --dir with the savepoint directory that holds it",
-            )
-    info = savepoint_info(location, manifest)
-    location.remove_file(MANIFEST_FILE)
-    job_folder.remove_tree(location.name)
-    return info
+    check_under_root(location, manifest, Store(root_url, storage_options) if root_url else None)
+    return dispose_location(location, manifest)
+
+
+def dispose_location(location: Store, manifest: SavepointManifest) -> SavepointInfo:
+    """Dispose a savepoint already checked to be under its root."""
+    job_folder = location.parent()
+    catalog = Catalog(job_folder, manifest.job)
+    catalog.begin_dispose(location.name)
+    _storage_retry(location.remove_file)(MANIFEST_FILE)
+    _storage_retry(job_folder.remove_tree)(location.name)
+    _storage_retry(catalog.forget)(location.name)
+    return savepoint_info(location, manifest)

@@ -9,12 +9,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from airflow_savepoints.core.catalog import Catalog, SavepointRecord, SavepointState
 from airflow_savepoints.core.models import (
+    JOB_NAME,
     MANIFEST_FILE,
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
     SavepointInfo,
-    JOB_NAME,
     SavepointManifest,
     validate_job_name,
 )
@@ -110,21 +111,14 @@ def savepoint_info(location: Store, manifest: SavepointManifest) -> SavepointInf
     return SavepointInfo(pointer=location.url, manifest=manifest)
 
 
-def list_savepoints(root: Store, job: str) -> list[SavepointInfo]:
-    """Completed savepoints of ``job`` under ``root``, oldest first (ONE listing + one read each)."""
-    validate_job_name(job)
-    job_store = root.child(job)
-    found = []
-    for path in sorted(job_store.list_files()):
-        parts = path.split("/")
-        if len(parts) == 2 and parts[1] == MANIFEST_FILE and SAVEPOINT_NAME.match(parts[0]):
-            location = job_store.child(parts[0])
-            try:
-                manifest = read_manifest(location)
-            except (ManifestCorruptError, ManifestVersionError, IncompleteSavepointError):
-                continue  # not a usable savepoint; `verify`/`show` report why
-            found.append(savepoint_info(location, manifest))
-    return sorted(found, key=lambda info: (info.manifest.created_at, info.manifest.batch_id))
+def list_savepoints(root: Store, job: str, states: set[SavepointState] | None = None) -> list[SavepointRecord]:
+    """The job's savepoints from its catalog, oldest first (one read, however many there are)."""
+    return Catalog(root.child(validate_job_name(job)), job).records(states)
+
+
+def latest_savepoint(root: Store, job: str) -> SavepointInfo | None:
+    """The newest completed savepoint of ``job`` whose ``_metadata`` reads; None if it has none."""
+    return Catalog(root.child(validate_job_name(job)), job).latest()
 
 
 def list_jobs(root: Store) -> list[str]:

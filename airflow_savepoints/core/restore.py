@@ -9,15 +9,19 @@ itself is only read.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import posixpath
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import crc32c
 
 from airflow_savepoints.checkpoint import formats
+from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.copier import checksum_of, copy_file
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
@@ -25,16 +29,19 @@ from airflow_savepoints.core.models import (
     RestoreResult,
     SavepointManifest,
 )
-from airflow_savepoints.core.pointer import resolve_pointer
+from airflow_savepoints.core.pointer import SAVEPOINT_NAME, resolve_pointer
 from airflow_savepoints.errors import (
+    CredentialsError,
     InvalidInputError,
     SinkAheadError,
+    StoragePermissionError,
     TargetNotEmptyError,
     VerificationError,
 )
 from airflow_savepoints.storage import Store
 
 OPERATOR_METADATA_V2 = "/_metadata/v2/"
+log = logging.getLogger(__name__)
 
 
 def _mismatch(entry: FileEntry, size: int, crc: int) -> str | None:
@@ -127,6 +134,37 @@ def restore_savepoint(
         )
     if sink_path:
         check_sink(manifest, sink_path, sink_storage_options)
+    with pinned(location, manifest):
+        return _restore_pinned(location, manifest, destination, new_query_id, parallelism)
+
+
+@contextlib.contextmanager
+def pinned(location: Store, manifest: SavepointManifest) -> Iterator[None]:
+    """Hold the savepoint against retention and dispose while it is restored.
+
+    Only a savepoint laid out as ``<dir>/<job>/savepoint-…`` has a catalog to pin in; a store the
+    restore may not write to (a read-only bucket) is restored unpinned, with a warning."""
+    if not SAVEPOINT_NAME.match(location.name) or location.parent().name != manifest.job:
+        yield
+        return
+    catalog = Catalog(location.parent(), manifest.job)
+    try:
+        pin_id: str | None = catalog.pin(location.name)
+    except (StoragePermissionError, CredentialsError) as exc:
+        log.warning("restoring %s without pinning it (%s): retention could remove it meanwhile", location.url, exc.message)
+        pin_id = None
+    try:
+        yield
+    finally:
+        if pin_id is not None:
+            try:
+                catalog.unpin(pin_id)
+            except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
+                log.warning("could not release the pin on %s (%s); it lapses by itself", location.url, exc)
+
+
+def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool,
+                    parallelism: int) -> RestoreResult:
     listing = location.list_files()
     missing = [e.path for e in manifest.files if e.path not in listing]
     if missing:

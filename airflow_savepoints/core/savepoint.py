@@ -20,6 +20,7 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_a
 from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, plan_checkpoint
+from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.copier import CopiedFile, copy_many
 from airflow_savepoints.core.lock import JobLock
 from airflow_savepoints.core.models import (
@@ -31,7 +32,7 @@ from airflow_savepoints.core.models import (
     StateStoreSettings,
     validate_job_name,
 )
-from airflow_savepoints.core.pointer import list_savepoints, new_savepoint_id, savepoint_info
+from airflow_savepoints.core.pointer import new_savepoint_id, savepoint_info
 from airflow_savepoints.core.settings import resolve_savepoint_dir
 from airflow_savepoints.errors import (
     CheckpointNotFoundError,
@@ -59,10 +60,7 @@ def check_apart(checkpoint: Store, root: Store) -> None:
 
 
 def find_by_request_id(root: Store, job: str, request_id: str) -> SavepointInfo | None:
-    for info in reversed(list_savepoints(root, job)):
-        if info.manifest.request_id == request_id:
-            return info
-    return None
+    return Catalog(root.child(job), job).find_request(request_id)
 
 
 def take_savepoint(
@@ -126,6 +124,7 @@ def take_savepoint(
         if done is not None:
             return done
     try:
+        Catalog(job_store, job).reconcile(in_flight=None)  # we hold the lease: other in-progress records are stale
         if request_id:  # it may have completed between our first look and taking the lease
             done = find_by_request_id(root, job, request_id)
             if done is not None:
@@ -174,6 +173,7 @@ def abandon_savepoint(location: Store) -> bool:
     if location.exists(MANIFEST_FILE):
         return False
     location.parent().remove_tree(location.name)
+    Catalog(location.parent()).forget(location.name)
     JobLock.abandon(location.parent(), location.name)
     return True
 
@@ -181,10 +181,16 @@ def abandon_savepoint(location: Store) -> bool:
 def _dispose_quietly(location: Store | None) -> None:
     if location is None:
         return
+    catalog = Catalog(location.parent())
     try:
         location.parent().remove_tree(location.name)
+        catalog.forget(location.name)
     except Exception:  # noqa: BLE001 - retention removes orphans that could not be removed here
         log.warning("could not remove incomplete savepoint %s; retention will clean it", location.url)
+        try:
+            catalog.mark_failed(location.name)
+        except Exception:  # noqa: BLE001 - reconcile settles the record later
+            pass
 
 
 def _attempt(source, job_store, job, lock, state, savepoint_type, reason, request_id, spark_version,
@@ -196,6 +202,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         location = job_store.child(savepoint_id)
         state["location"] = location
         lock.set_savepoint(savepoint_id)
+        Catalog(job_store, job).begin(savepoint_id, savepoint_type, reason, request_id)
     else:
         job_store.remove_tree(location.name)  # a retry starts from an empty location
     location.makedirs()
@@ -247,6 +254,10 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
     )
     location.write_bytes_atomic(MANIFEST_FILE, manifest.model_dump_json(indent=1).encode())
     info = savepoint_info(location, manifest)
+    try:
+        Catalog(job_store, job).complete(manifest)
+    except Exception as exc:  # noqa: BLE001 - the savepoint is complete; the next trigger or retention records it
+        log.warning("savepoint %s is complete but its catalog record was not updated (%s)", location.url, exc)
     notify("completed", info.summary())
     return info
 

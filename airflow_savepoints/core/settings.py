@@ -32,10 +32,15 @@ def _airflow_cfg_value(option: str) -> str | None:
     return value.strip() if value and value.strip() else None
 
 
+def configured_option(option: str) -> str | None:
+    """``[savepoints] <option>`` from ``AIRFLOW__SAVEPOINTS__<OPTION>`` or airflow.cfg, if set."""
+    value = os.environ.get(f"AIRFLOW__{SECTION.upper()}__{option.upper()}", "").strip()
+    return value or _airflow_cfg_value(option)
+
+
 def configured_savepoint_dir() -> str | None:
     """The default savepoint directory from the environment or airflow.cfg, if any."""
-    value = os.environ.get(DIR_ENV, "").strip()
-    return value or _airflow_cfg_value(DIR_OPTION)
+    return configured_option(DIR_OPTION)
 
 
 def resolve_savepoint_dir(explicit: str | None) -> str:

@@ -274,7 +274,7 @@ class Store:
             path = path if self.protocol == "file" else self.fs._strip_protocol(path)
             if not path.startswith(prefix) or info.get("type") == "directory":
                 continue
-            out[path[len(prefix) :]] = FileStat(size=int(info.get("size") or 0), version=_version_token(info), modified=_modified(info))
+            out[path[len(prefix) :]] = _file_stat(info)
         return out
 
     def exists(self, rel: str = "") -> bool:
@@ -313,7 +313,7 @@ class Store:
         self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
             info = self.fs.info(self.path_of(rel))
-        return FileStat(size=int(info.get("size") or 0), version=_version_token(info), modified=_modified(info))
+        return _file_stat(info)
 
     def read_bytes(self, rel: str) -> bytes:
         with self.translate_errors(self.url_of(rel)):
@@ -419,6 +419,10 @@ class Store:
             except FileNotFoundError:
                 pass
         self._invalidate(rel)
+
+
+def _file_stat(info: dict[str, Any]) -> FileStat:
+    return FileStat(size=int(info.get("size") or 0), version=_version_token(info), modified=_modified(info))
 
 
 def _modified(info: dict[str, Any]) -> float | None:

@@ -1,0 +1,391 @@
+"""The per-job savepoint catalog: ``<dir>/<job>/_catalog.json``, one record per savepoint.
+
+Finding a job's latest savepoint and listing its savepoints read this one file, so the number of
+storage requests does not grow with the number of savepoints. ``_metadata`` files stay the source
+of truth: a record is offered for restore only after its ``_metadata`` is read, ``rebuild``
+recreates the catalog from them, and ``reconcile`` settles records left "in progress" by a
+process that died.
+
+Updates are read-modify-write under a short lease ``_catalog.lock`` (created exclusively, broken
+when stale). The catalog also holds pins: a restore pins its savepoint so that neither retention
+nor dispose removes it meanwhile; dispose marks a record "disposing" under the same lease, so a
+pin and a disposal never both succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_random_exponential
+
+from airflow_savepoints.core.models import (
+    MANIFEST_FILE,
+    SavepointInfo,
+    SavepointManifest,
+    SavepointType,
+)
+from airflow_savepoints.errors import (
+    IncompleteSavepointError,
+    ManifestCorruptError,
+    ManifestVersionError,
+    SavepointInFlightError,
+    SavepointNotFoundError,
+    SavepointPinnedError,
+)
+from airflow_savepoints.storage import Store
+
+log = logging.getLogger(__name__)
+
+CATALOG_FILE = "_catalog.json"
+CATALOG_LOCK = "_catalog.lock"
+CATALOG_FORMAT = "airflow-savepoints/catalog"
+CATALOG_VERSION = 1
+LOCK_STALE_AFTER = 30.0  # seconds; the lease is held for one read and one write
+T = TypeVar("T")
+
+
+class SavepointState(StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DISPOSING = "disposing"
+
+
+class SavepointRecord(BaseModel):
+    """What the catalog knows of one savepoint location."""
+
+    savepoint_id: str
+    job: str
+    type: SavepointType
+    state: SavepointState
+    pointer: str = ""  # filled in from the catalog's own location when read
+    reason: str | None = None
+    request_id: str | None = None
+    query_id: str | None = None
+    batch_id: int | None = None
+    files: int | None = None
+    bytes: int | None = None
+    spark_version: str | None = None
+    checkpoint_format_version: int | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_manifest(cls, manifest: SavepointManifest, pointer: str = "") -> SavepointRecord:
+        return cls(
+            savepoint_id=manifest.savepoint_id, job=manifest.job, type=manifest.type, state=SavepointState.COMPLETED,
+            pointer=pointer, reason=manifest.reason, request_id=manifest.request_id, query_id=manifest.query_id,
+            batch_id=manifest.batch_id, files=len(manifest.files), bytes=manifest.total_bytes,
+            spark_version=manifest.spark_version, checkpoint_format_version=manifest.state_store.checkpoint_format_version,
+            created_at=manifest.created_at, updated_at=datetime.now(UTC),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Plain JSON for the CLI, XCom and the API (the same keys as ``SavepointInfo.summary``)."""
+        return {
+            "pointer": self.pointer,
+            "savepoint_id": self.savepoint_id,
+            "job": self.job,
+            "query_id": self.query_id,
+            "batch_id": self.batch_id,
+            "type": self.type.value,
+            "state": self.state.value,
+            "reason": self.reason,
+            "request_id": self.request_id,
+            "created_at": self.created_at.isoformat(),
+            "files": self.files,
+            "bytes": self.bytes,
+            "spark_version": self.spark_version,
+            "checkpoint_format_version": self.checkpoint_format_version,
+        }
+
+
+class Pin(BaseModel):
+    """A savepoint held by a restore in progress; it lapses at ``expires_at`` if never released."""
+
+    pin_id: str
+    savepoint_id: str
+    owner: str
+    purpose: str = "restore"
+    created_at: datetime
+    expires_at: datetime
+
+    def active(self, now: datetime | None = None) -> bool:
+        return self.expires_at > (now or datetime.now(UTC))
+
+
+class CatalogDocument(BaseModel):
+    format: Literal["airflow-savepoints/catalog"] = CATALOG_FORMAT
+    format_version: int = CATALOG_VERSION
+    job: str
+    records: dict[str, SavepointRecord] = Field(default_factory=dict)
+    pins: dict[str, Pin] = Field(default_factory=dict)
+
+    def active_pins(self, savepoint_id: str, now: datetime | None = None) -> list[Pin]:
+        return [p for p in self.pins.values() if p.savepoint_id == savepoint_id and p.active(now)]
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Catalog:
+    """The catalog of one job folder ``<dir>/<job>``."""
+
+    def __init__(self, job_store: Store, job: str | None = None):
+        self.store = job_store
+        self.job = job or job_store.name
+
+    # --- reading ------------------------------------------------------------------------------------
+    def load(self) -> CatalogDocument:
+        """The catalog (one read); read from the ``_metadata`` files when missing or unreadable
+        (without writing: the next update, or ``rebuild``, stores it)."""
+        return self._with_pointers(self._read() or self._crawl())
+
+    def _read(self) -> CatalogDocument | None:
+        try:
+            raw = self.store.read_bytes(CATALOG_FILE)
+        except FileNotFoundError:
+            return None
+        try:
+            document = CatalogDocument.model_validate_json(raw)
+        except ValidationError:
+            log.warning("catalog %s is unreadable; rebuilding it from the _metadata files", self.store.url_of(CATALOG_FILE))
+            return None
+        if document.format_version > CATALOG_VERSION:
+            return None  # written by a newer release: read the _metadata files instead of guessing
+        return document
+
+    def _with_pointers(self, document: CatalogDocument) -> CatalogDocument:
+        for savepoint_id, record in document.records.items():
+            record.pointer = self.store.child(savepoint_id).url
+        return document
+
+    def records(self, states: set[SavepointState] | None = None) -> list[SavepointRecord]:
+        """Records oldest first, optionally only those in ``states``."""
+        found = [r for r in self.load().records.values() if states is None or r.state in states]
+        return sorted(found, key=lambda r: (r.created_at, r.batch_id or -1))
+
+    def completed(self) -> list[SavepointRecord]:
+        return self.records({SavepointState.COMPLETED})
+
+    def latest(self) -> SavepointInfo | None:
+        """The newest completed savepoint whose ``_metadata`` reads (a record alone is never enough)."""
+        from airflow_savepoints.core.pointer import read_manifest, savepoint_info
+
+        for record in reversed(self.completed()):
+            location = self.store.child(record.savepoint_id)
+            try:
+                manifest = read_manifest(location)
+            except (IncompleteSavepointError, ManifestCorruptError, ManifestVersionError):
+                log.warning("catalog record %s has no usable _metadata; skipped", location.url)
+                continue
+            return savepoint_info(location, manifest)
+        return None
+
+    def find_request(self, request_id: str) -> SavepointInfo | None:
+        """The completed savepoint taken for ``request_id``, confirmed by its ``_metadata``."""
+        from airflow_savepoints.core.pointer import read_manifest, savepoint_info
+
+        for record in reversed(self.completed()):
+            if record.request_id == request_id:
+                location = self.store.child(record.savepoint_id)
+                try:
+                    return savepoint_info(location, read_manifest(location))
+                except (IncompleteSavepointError, ManifestCorruptError, ManifestVersionError):
+                    continue
+        return None
+
+    # --- writing ------------------------------------------------------------------------------------
+    def update(self, change: Callable[[CatalogDocument], T]) -> T:
+        """Apply ``change`` to the catalog under its lease and write it back atomically."""
+        token = self._acquire()
+        try:
+            document = self._read() or self._crawl()
+            result = change(document)
+            document.records = {k: v.model_copy(update={"pointer": ""}) for k, v in document.records.items()}
+            self.store.write_bytes_atomic(CATALOG_FILE, document.model_dump_json().encode())
+            return result
+        finally:
+            self._release(token)
+
+    def rebuild(self) -> CatalogDocument:
+        """Recreate the catalog from the ``_metadata`` files; keeps live pins and in-progress records."""
+        def replace(document: CatalogDocument) -> CatalogDocument:
+            fresh = self._crawl()
+            for savepoint_id, record in document.records.items():
+                if record.state == SavepointState.IN_PROGRESS and savepoint_id not in fresh.records:
+                    fresh.records[savepoint_id] = record
+            fresh.pins = {k: p for k, p in document.pins.items() if p.active()}
+            document.records, document.pins = fresh.records, fresh.pins
+            return document.model_copy(deep=True)
+
+        return self._with_pointers(self.update(replace))
+
+    def _crawl(self) -> CatalogDocument:
+        """One listing of the job folder, one read per ``_metadata``."""
+        from airflow_savepoints.core.pointer import SAVEPOINT_NAME, read_manifest
+
+        document = CatalogDocument(job=self.job)
+        for path in sorted(self.store.list_files()):
+            parts = path.split("/")
+            if len(parts) == 2 and parts[1] == MANIFEST_FILE and SAVEPOINT_NAME.match(parts[0]):
+                try:
+                    manifest = read_manifest(self.store.child(parts[0]))
+                except (ManifestCorruptError, ManifestVersionError, IncompleteSavepointError):
+                    continue  # not usable; `verify`/`show` report why
+                if manifest.savepoint_id == parts[0] and manifest.job == self.job:
+                    document.records[parts[0]] = SavepointRecord.from_manifest(manifest)
+        return document
+
+    def begin(self, savepoint_id: str, savepoint_type: SavepointType, reason: str | None, request_id: str | None) -> None:
+        now = datetime.now(UTC)
+        record = SavepointRecord(savepoint_id=savepoint_id, job=self.job, type=savepoint_type,
+                                 state=SavepointState.IN_PROGRESS, reason=reason, request_id=request_id,
+                                 created_at=now, updated_at=now)
+        self.update(lambda d: d.records.__setitem__(savepoint_id, record))
+
+    def complete(self, manifest: SavepointManifest) -> None:
+        self.update(lambda d: d.records.__setitem__(manifest.savepoint_id, SavepointRecord.from_manifest(manifest)))
+
+    def forget(self, savepoint_id: str) -> None:
+        self.update(lambda d: d.records.pop(savepoint_id, None))
+
+    def mark_failed(self, savepoint_id: str) -> None:
+        def fail(document: CatalogDocument) -> None:
+            record = document.records.get(savepoint_id)
+            if record is not None and record.state == SavepointState.IN_PROGRESS:
+                document.records[savepoint_id] = record.model_copy(
+                    update={"state": SavepointState.FAILED, "updated_at": datetime.now(UTC)})
+
+        self.update(fail)
+
+    def reconcile(self, in_flight: str | None) -> list[str]:
+        """Settle in-progress records other than ``in_flight``: completed if their ``_metadata``
+        exists, failed if the location remains without one, dropped if it is gone."""
+        from airflow_savepoints.core.pointer import read_manifest
+
+        document = self._read()
+        stale = [sid for sid, r in (document.records.items() if document else ())
+                 if r.state == SavepointState.IN_PROGRESS and sid != in_flight]
+        if not stale:
+            return []
+        settled: dict[str, SavepointRecord | None] = {}
+        for savepoint_id in stale:
+            location = self.store.child(savepoint_id)
+            try:
+                settled[savepoint_id] = SavepointRecord.from_manifest(read_manifest(location))
+            except IncompleteSavepointError:
+                record = document.records[savepoint_id]
+                settled[savepoint_id] = (record.model_copy(update={"state": SavepointState.FAILED})
+                                         if location.exists() else None)
+            except (ManifestCorruptError, ManifestVersionError):
+                settled[savepoint_id] = document.records[savepoint_id].model_copy(update={"state": SavepointState.FAILED})
+
+        def apply(doc: CatalogDocument) -> None:
+            for savepoint_id, record in settled.items():
+                current = doc.records.get(savepoint_id)
+                if current is None or current.state != SavepointState.IN_PROGRESS:
+                    continue  # changed meanwhile
+                if record is None:
+                    doc.records.pop(savepoint_id)
+                else:
+                    doc.records[savepoint_id] = record
+
+        self.update(apply)
+        return stale
+
+    # --- pins and disposal --------------------------------------------------------------------------
+    def pin(self, savepoint_id: str, ttl: timedelta = timedelta(hours=6), purpose: str = "restore") -> str:
+        """Hold a completed savepoint against retention and dispose; returns the pin id."""
+        from airflow_savepoints.core.pointer import read_manifest
+
+        manifest = read_manifest(self.store.child(savepoint_id))  # _metadata first: the source of truth
+        now = datetime.now(UTC)
+        pin = Pin(pin_id=uuid.uuid4().hex, savepoint_id=savepoint_id, owner=_owner(), purpose=purpose,
+                  created_at=now, expires_at=now + ttl)
+
+        def add(document: CatalogDocument) -> None:
+            record = document.records.get(savepoint_id)
+            if record is not None and record.state == SavepointState.DISPOSING:
+                raise SavepointNotFoundError(
+                    f"savepoint {self.store.child(savepoint_id).url} is being disposed",
+                    "restore another savepoint (list the job's savepoints)",
+                )
+            if record is None:  # taken before the catalog existed, or its record was lost: recheck
+                read_manifest(self.store.child(savepoint_id))  # under the lease: not disposed meanwhile
+                document.records[savepoint_id] = SavepointRecord.from_manifest(manifest)
+            document.pins = {k: p for k, p in document.pins.items() if p.active(now)}
+            document.pins[pin.pin_id] = pin
+
+        self.update(add)
+        return pin.pin_id
+
+    def unpin(self, pin_id: str) -> None:
+        self.update(lambda d: d.pins.pop(pin_id, None))
+
+    def begin_dispose(self, savepoint_id: str) -> None:
+        """Mark a savepoint "disposing"; refused while a live pin holds it."""
+        def mark(document: CatalogDocument) -> None:
+            pins = document.active_pins(savepoint_id)
+            if pins:
+                raise SavepointPinnedError(
+                    f"savepoint {self.store.child(savepoint_id).url} is pinned by a {pins[0].purpose} in progress "
+                    f"({pins[0].owner}, until {pins[0].expires_at.isoformat()})",
+                    "wait for the restore to finish, then dispose it",
+                )
+            record = document.records.get(savepoint_id)
+            if record is not None:
+                document.records[savepoint_id] = record.model_copy(
+                    update={"state": SavepointState.DISPOSING, "updated_at": datetime.now(UTC)})
+
+        self.update(mark)
+
+    # --- the lease ----------------------------------------------------------------------------------
+    def _acquire(self, timeout: float = 60.0) -> str:
+        token = uuid.uuid4().hex
+        body = json.dumps({"token": token, "owner": _owner(), "at": time.time()}).encode()
+
+        def attempt() -> bool:
+            if self.store.create_exclusive(CATALOG_LOCK, body):
+                return True
+            self._break_if_stale()
+            return False
+
+        retrying = Retrying(stop=stop_after_delay(timeout), wait=wait_random_exponential(multiplier=0.05, max=1),
+                            retry=retry_if_result(lambda ok: not ok), retry_error_callback=lambda state: False)
+        if retrying(attempt):
+            return token
+        raise SavepointInFlightError(
+            f"the catalog of job '{self.job}' stayed locked for {timeout:.0f}s ({self.store.url_of(CATALOG_LOCK)})",
+            f"retry; if no process holds it, delete {CATALOG_LOCK} (it is broken automatically after {LOCK_STALE_AFTER:.0f}s)",
+        )
+
+    def _break_if_stale(self) -> None:
+        try:
+            raw = json.loads(self.store.read_bytes(CATALOG_LOCK))
+            at = float(raw.get("at", 0))
+        except FileNotFoundError:
+            return
+        except (ValueError, TypeError, AttributeError):
+            at = 0.0
+        if time.time() - at > LOCK_STALE_AFTER:
+            self.store.remove_file(CATALOG_LOCK)
+
+    def _release(self, token: str) -> None:
+        try:
+            raw = json.loads(self.store.read_bytes(CATALOG_LOCK))
+        except (FileNotFoundError, ValueError):
+            return
+        if raw.get("token") == token:
+            self.store.remove_file(CATALOG_LOCK)
