@@ -17,7 +17,8 @@ def get_provider_info() -> dict:
         "hooks": [{"integration-name": integration,
                    "python-modules": ["airflow_savepoints.hooks.savepoint", "airflow_savepoints.hooks.streaming_job"]}],
         "operators": [{"integration-name": integration,
-                       "python-modules": ["airflow_savepoints.operators.savepoint", "airflow_savepoints.operators.job"]}],
+                       "python-modules": ["airflow_savepoints.operators.savepoint", "airflow_savepoints.operators.job",
+                                             "airflow_savepoints.operators.retention"]}],
         "sensors": [{"integration-name": integration, "python-modules": ["airflow_savepoints.sensors.savepoint"]}],
         "triggers": [{"integration-name": integration, "python-modules": ["airflow_savepoints.triggers.savepoint"]}],
         "connection-types": [

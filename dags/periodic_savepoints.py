@@ -1,7 +1,9 @@
 """Periodic savepoints of every job in jobs.yaml.
 
 One task per job takes a ``periodic`` savepoint of the job's live checkpoint; each completed
-savepoint is announced as an event of the asset ``savepoints/<job>``. The interval is 15 minutes,
+savepoint is announced as an event of the asset ``savepoints/<job>``. Then the job's retention
+policy (``retention`` in jobs.yaml, else ``[savepoints]``) bounds the periodic savepoints kept:
+the oldest beyond ``max_periodic`` go; manual and stop savepoints always stay. The interval is 15 minutes,
 or ``SAVEPOINTS_PERIODIC_INTERVAL`` (``30s``, ``5m``, ``1h``) from the environment at parse time.
 """
 
@@ -15,6 +17,7 @@ from airflow.sdk import DAG
 
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.jobs import load_jobs
+from airflow_savepoints.operators.retention import ApplyRetentionOperator
 from airflow_savepoints.operators.savepoint import TriggerSavepointOperator
 
 JOBS = load_jobs(Path(__file__).with_name("jobs.yaml"))
@@ -30,12 +33,19 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     for job in JOBS.values():
+        task = job.name.replace("-", "_")
         TriggerSavepointOperator(
-            task_id=f"savepoint_{job.name.replace('-', '_')}",
+            task_id=f"savepoint_{task}",
             job=job.name,
             fallback_checkpoint=job.checkpoint,  # used until RestoreJobOperator records a run
             savepoint_dir=job.savepoint_dir,
             savepoint_type="periodic",
             retries=2,
             retry_delay=timedelta(seconds=30),
+        ) >> ApplyRetentionOperator(
+            task_id=f"retention_{task}",
+            job=job.name,
+            savepoint_dir=job.savepoint_dir,
+            max_periodic=job.retention.max_periodic,
+            max_age=job.retention.max_age,
         )

@@ -46,11 +46,54 @@ def test_periodic_savepoints_dag_takes_a_savepoint_and_emits_an_asset_event(airf
     saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo-dedup")
     assert len(saved) == 1 and saved[0].type.value == "periodic" and saved[0].batch_id == 5
     with create_session() as session:
-        pushed = session.query(XComModel).filter_by(dag_id="periodic_savepoints", run_id=run.run_id).one()
+        pushed = session.query(XComModel).filter_by(dag_id="periodic_savepoints", run_id=run.run_id,
+                                                    task_id="savepoint_demo_dedup").one()
         events = session.query(AssetEvent).all()
     value = XComModel.deserialize_value(pushed)
     assert value["pointer"] == saved[0].pointer and value["request_id"].startswith("periodic_savepoints/")
     assert [e.extra.get("pointer") for e in events] == [saved[0].pointer]
+
+
+def test_savepoint_retention_dag_plans_in_a_dry_run_then_leaves_the_policys_set(airflow_db, stopped_checkpoint,
+                                                                                 tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.xcom import XComModel
+    from airflow.sdk import DagRunState
+    from airflow.utils.session import create_session
+
+    from airflow_savepoints.core import take_savepoint
+    from tests.conftest import tree_snapshot
+
+    shutil.copytree(stopped_checkpoint, tmp_path / "checkpoint")
+    monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
+    root = tmp_path / "savepoints"
+    kinds = ["periodic", "periodic", "manual", "periodic", "periodic", "periodic"]
+    taken = [(k, take_savepoint(str(tmp_path / "checkpoint"), "demo-dedup", savepoint_dir=str(root),
+                                savepoint_type=k).manifest.savepoint_id) for k in kinds]
+    orphan = root / "demo-dedup" / "savepoint-crashd-0123456789ab"
+    orphan.mkdir()
+    (orphan / "offsets").write_text("partial")
+
+    def run(**conf):
+        dag = DagBag(dag_folder=str(ROOT / "dags" / "savepoint_retention.py")).get_dag("savepoint_retention")
+        result = dag.test(run_conf=conf)
+        assert result.state == DagRunState.SUCCESS, {t.task_id: t.state for t in result.get_task_instances()}
+        with create_session() as session:
+            pushed = session.query(XComModel).filter_by(dag_id="savepoint_retention", run_id=result.run_id).one()
+        return XComModel.deserialize_value(pushed)
+
+    before = tree_snapshot(root)
+    plan = run(dry_run=True, orphan_timeout="0s")
+    assert tree_snapshot(root) == before
+    periodic = [sid for kind, sid in taken if kind == "periodic"]
+    assert [d["savepoint_id"] for d in plan["decisions"] if d["action"] == "dispose"] == periodic[:2]
+    assert [d["savepoint_id"] for d in plan["decisions"] if d["action"] == "remove_orphan"] == [orphan.name]
+
+    report = run(dry_run=False, orphan_timeout="0s")  # jobs.yaml: max_periodic 3
+    assert sorted(report["disposed"]) == sorted(periodic[:2]) and report["removed_orphans"] == [orphan.name]
+    left = sorted(p.parent.name for p in (root / "demo-dedup").glob("savepoint-*/_metadata"))
+    assert left == sorted(periodic[2:] + [taken[2][1]])
+    assert sorted(p.name for p in (root / "demo-dedup").glob("savepoint-*")) == left
 
 
 def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db, tmp_path, monkeypatch):
@@ -83,10 +126,14 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
         assert first_run.checkpoint == str(tmp_path / "checkpoint")
         for index in range(3, 6):
             sent.update(demo.write_events(tmp_path / "input", index))
-        run("periodic_savepoints")
+        for _ in range(4):  # retention in the DAG keeps jobs.yaml's max_periodic: 3
+            run("periodic_savepoints")
+        assert [s.type.value for s in list_savepoints(Store(str(tmp_path / "savepoints")), "demo-dedup")] == ["periodic"] * 3
         run("stop_job_with_savepoint", job="demo-dedup")
+        run("savepoint_retention")  # the job is stopped now: the same policy, nothing more to remove
         saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo-dedup")
-        assert [s.type.value for s in saved] == ["periodic", "stop"]
+        assert [s.type.value for s in saved] == ["periodic"] * 3 + ["stop"]
+        assert sorted(p.name for p in Path(job_folder.url).glob("savepoint-*")) == sorted(s.savepoint_id for s in saved)
         stop_batch = saved[-1].batch_id
         for index in range(6, 9):
             sent.update(demo.write_events(tmp_path / "input", index))

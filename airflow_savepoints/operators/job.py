@@ -12,11 +12,11 @@ from airflow.sdk import BaseOperator, conf
 
 from airflow_savepoints.core import (
     SavepointType,
-    list_savepoints,
     resolve_pointer,
     restore_savepoint,
     take_savepoint,
 )
+from airflow_savepoints.core.pointer import latest_savepoint
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
 from airflow_savepoints.errors import InvalidInputError, SavepointError
@@ -100,13 +100,13 @@ class RestoreJobOperator(_JobOperator):
 
     def _latest_savepoint(self, root: Store) -> str:
         job = self.streaming_job
-        saved = list_savepoints(root, job.name)
-        if not saved:
+        latest = latest_savepoint(root, job.name)
+        if latest is None:
             raise NoSavepointError(
                 f"job '{job.name}' has no completed savepoint in {root.url}",
                 "pass a pointer, or fresh_start=True to start it with empty state",
             )
-        return saved[-1].pointer
+        return latest.pointer
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.streaming_job

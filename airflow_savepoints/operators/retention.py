@@ -1,0 +1,69 @@
+"""The retention operator (thin: the policy and its safety checks are in airflow_savepoints.core.retention)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_savepoints.core.retention import RetentionPolicy, retain
+from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.hooks.savepoint import SavepointStorageHook
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class RetentionFailedError(SavepointError):
+    code = "retention_failed"
+
+
+class ApplyRetentionOperator(BaseOperator):
+    """Apply the retention policy to one job's savepoints; returns the report (what was kept and why).
+
+    Manual, stop and retained-checkpoint savepoints, the newest completed savepoint, pinned and
+    in-progress ones are never removed. Unset bounds come from the ``[savepoints]`` configuration.
+
+    :param job: the job's name (templated)
+    :param max_periodic: periodic savepoints to keep (templated)
+    :param max_age: dispose periodic savepoints older than this, e.g. ``7d``; ``none``: no limit (templated)
+    :param orphan_timeout: remove locations without ``_metadata`` older than this (templated)
+    :param dry_run: only plan; change nothing (templated: ``{{ params.dry_run }}``)
+    :param savepoint_dir: the savepoint directory (templated; default: connection, then configuration)
+    :param savepoints_conn_id: a ``savepoints`` connection
+    """
+
+    template_fields: Sequence[str] = ("job", "max_periodic", "max_age", "orphan_timeout", "dry_run", "savepoint_dir")
+    ui_color = "#f3e5d8"
+
+    def __init__(self, *, job: str, max_periodic: int | str | None = None, max_age: str | None = None,
+                 orphan_timeout: str | None = None, dry_run: bool | str = False, savepoint_dir: str | None = None,
+                 savepoints_conn_id: str = SavepointStorageHook.default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.max_periodic = max_periodic
+        self.max_age = max_age
+        self.orphan_timeout = orphan_timeout
+        self.dry_run = dry_run
+        self.savepoint_dir = savepoint_dir
+        self.savepoints_conn_id = savepoints_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        policy = RetentionPolicy.resolve(self.max_periodic, self.max_age, self.orphan_timeout)
+        root = SavepointStorageHook(self.savepoints_conn_id).get_store(self.savepoint_dir)
+        dry_run = str(self.dry_run).strip().lower() in ("true", "1", "yes")
+        report = retain(root, self.job, policy, dry_run=dry_run)
+        for decision in report.plan.decisions:
+            self.log.info("%-8s %s (%s, batch %s): %s", decision.action.value, decision.savepoint_id,
+                          decision.type or "incomplete", decision.batch_id, decision.reason)
+        summary = report.summary()
+        self.log.info("%s: disposed %d, removed %d orphans, kept %d", "dry run" if dry_run else "retention",
+                      len(report.plan.of("dispose")), len(report.plan.of("remove_orphan")), len(summary["kept"]))
+        if report.failed:
+            raise RetentionFailedError(
+                f"retention of job '{self.job}' could not remove {len(report.failed)} location(s): "
+                + "; ".join(f"{f['savepoint_id']}: {f['message']}" for f in report.failed[:5]),
+                "check access to the savepoint store; the next run retries (disposal is idempotent)",
+            )
+        return summary
