@@ -32,7 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # pipes and CI logs: no truncation
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text.")]
 DirOption = Annotated[

@@ -29,7 +29,8 @@ from rich.table import Table
 import airflow_savepoints.demo.app as app
 
 JOB = "demo-dedup"
-console = Console(highlight=False)
+TASK = JOB.replace("-", "_")
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 def dags_folder() -> Path:
@@ -98,17 +99,16 @@ def print_savepoints(workdir: Path) -> list:
     from airflow_savepoints.storage import Store
 
     root = Store(str(workdir / "savepoints"))
-    infos = list_savepoints(root, JOB)
+    records = list_savepoints(root, JOB)
     table = Table(title=f"savepoints of {JOB} in {root.child(JOB).url}")
     table.add_column("savepoint", no_wrap=True)
-    for column in ("type", "batch", "bytes", "created (UTC)"):
+    for column in ("type", "state", "batch", "bytes", "created (UTC)"):
         table.add_column(column)
-    for info in infos:
-        m = info.manifest
-        name = info.pointer.rstrip("/").rsplit("/", 1)[-1]
-        table.add_row(name, m.type.value, str(m.batch_id), str(m.total_bytes), f"{m.created_at:%H:%M:%S}")
+    for record in records:
+        table.add_row(record.savepoint_id, record.type.value, record.state.value, str(record.batch_id),
+                      str(record.bytes), f"{record.created_at:%H:%M:%S}")
     console.print(table)
-    return infos
+    return records
 
 
 def run(workdir: Path, rounds: int, interval: float) -> int:
@@ -147,8 +147,10 @@ def run(workdir: Path, rounds: int, interval: float) -> int:
         for number in range(1, rounds + 1):
             send(2)
             time.sleep(interval)
-            taken = run_dag(dags, "periodic_savepoints", log_file)[f"savepoint_{JOB.replace('-', '_')}"]
-            console.print(f"periodic_savepoints run {number}: savepoint at batch {taken['batch_id']}")
+            values = run_dag(dags, "periodic_savepoints", log_file)
+            taken, kept = values[f"savepoint_{TASK}"], values[f"retention_{TASK}"]
+            console.print(f"periodic_savepoints run {number}: savepoint at batch {taken['batch_id']}; retention "
+                          f"disposed {len(kept['disposed'])} (keeps {kept['policy']['max_periodic']} periodic)")
         stopped = run_dag(dags, "stop_job_with_savepoint", log_file, job=JOB)["stop_with_savepoint"]
         console.print(f"stop_job_with_savepoint: stopped ({stopped['stop_method']}), "
                       f"{stopped['consistency']} savepoint at batch {stopped['batch_id']}")
@@ -177,7 +179,7 @@ def run(workdir: Path, rounds: int, interval: float) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=Path("demo-run"))
-    parser.add_argument("--rounds", type=int, default=3, help="runs of periodic_savepoints")
+    parser.add_argument("--rounds", type=int, default=4, help="runs of periodic_savepoints")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between them")
     args = parser.parse_args()
     raise SystemExit(run(args.workdir.resolve(), args.rounds, args.interval))
