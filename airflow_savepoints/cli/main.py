@@ -132,8 +132,9 @@ def list_(
         out.print(f"no savepoints of job '{job}' in {root.url}")
         return
     table = Table(title=f"savepoints of {job} in {root.url}")
-    for column in ("type", "reason", "batch", "size", "age", "state", "pointer"):
+    for column in ("type", "reason", "batch", "size", "age", "state"):
         table.add_column(column, overflow="fold")
+    table.add_column("pointer", no_wrap=True)  # whole, to copy and paste
     for record in records:
         table.add_row(record.type.value, record.reason or "", "" if record.batch_id is None else str(record.batch_id),
                       "" if record.bytes is None else _human_size(record.bytes), _human_age(record.created_at),
