@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo clean
+.PHONY: install test test-fast demo clean browser-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,12 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Chromium for the UI page test in tests/test_plugin.py (skipped, with the reason, without it).
+# Needs root and apt (Debian/Ubuntu) and changes the machine, so `make test` never runs it.
+browser-deps:
+	DEBIAN_FRONTEND=noninteractive apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)

@@ -21,6 +21,7 @@ def get_provider_info() -> dict:
                                              "airflow_savepoints.operators.retention"]}],
         "sensors": [{"integration-name": integration, "python-modules": ["airflow_savepoints.sensors.savepoint"]}],
         "triggers": [{"integration-name": integration, "python-modules": ["airflow_savepoints.triggers.savepoint"]}],
+        "plugins": [{"name": "savepoints", "plugin-class": "airflow_savepoints.plugins.savepoints.SavepointsPlugin"}],
         "connection-types": [
             {
                 "hook-class-name": "airflow_savepoints.hooks.savepoint.SavepointStorageHook",

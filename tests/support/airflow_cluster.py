@@ -217,17 +217,26 @@ def _wait(predicate, timeout: float, what: str, cluster: AirflowCluster, poll: f
     raise AssertionError(f"{what} within {timeout:.0f}s (last error: {last!r})")
 
 
+HEALTH_PARTS = {"api-server": "metadatabase", "scheduler": "scheduler", "triggerer": "triggerer",
+                "dag-processor": "dag_processor"}
+
+
 def all_healthy(cluster: AirflowCluster) -> bool:
     health = cluster.health()
-    return all(health.get(part, {}).get("status") == "healthy"
-               for part in ("metadatabase", "scheduler", "triggerer", "dag_processor"))
+    return all(health.get(HEALTH_PARTS[name], {}).get("status") == "healthy" for name in cluster.processes)
 
 
 @contextlib.contextmanager
 def airflow_cluster(home: Path, dags_folder: Path, env: dict[str, str] | None = None, *,
-                    paused_at_creation: bool = False, startup_timeout: float = 240) -> Iterator[AirflowCluster]:
+                    paused_at_creation: bool = False, startup_timeout: float = 240,
+                    components: tuple[str, ...] = tuple(COMPONENTS)) -> Iterator[AirflowCluster]:
     """Migrate a fresh SQLite database in ``home``, start the four components, wait until the API
-    answers and reports the scheduler, triggerer and DAG processor healthy; stop them all at exit."""
+    answers and reports the scheduler, triggerer and DAG processor healthy; stop them all at exit.
+
+    ``components=("api-server",)`` starts the API server alone (it is always started)."""
+    unknown = set(components) - set(COMPONENTS)
+    if unknown:
+        raise ValueError(f"unknown components {sorted(unknown)}; known: {list(COMPONENTS)}")
     home.mkdir(parents=True, exist_ok=True)
     username, password = "e2e-admin", secrets.token_urlsafe(16)
     passwords_file = home / "simple_auth_manager_passwords.json"
@@ -247,12 +256,14 @@ def airflow_cluster(home: Path, dags_folder: Path, env: dict[str, str] | None = 
         raise AssertionError(f"airflow db migrate failed ({migrated.returncode}):\n{tail(migrate_log, 60)}")
     try:
         for name, args in COMPONENTS.items():
+            if name != "api-server" and name not in components:
+                continue
             with open(cluster.log_dir / f"{name}.log", "wb") as log:
                 cluster.processes[name] = subprocess.Popen(
                     [airflow, *args], env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
         _wait(lambda: all_healthy(cluster), startup_timeout,
-              "the API server did not report a healthy scheduler, triggerer and DAG processor", cluster)
+              f"the API server did not report healthy {', '.join(cluster.processes)}", cluster)
         yield cluster
     except BaseException:
         print(cluster.diagnostics())  # pytest shows it with the failure
