@@ -1,15 +1,62 @@
-"""Copy files between stores by streaming, computing CRC32C on the way (memory stays flat)."""
+"""Copy files between stores by the cheapest correct means, with a CRC32C of every file (memory stays flat).
+
+Per file, the first way that applies:
+
+* ``link``: source and target are local and on one filesystem: a hard link. Spark never edits a
+  checkpoint file in place (every write is a new file renamed into place, tests/test_fast_copy.py
+  proves it), and this tool never edits a savepoint file, so a link is an independent copy of the
+  bytes: Spark replacing or purging the original only removes *its* name for the inode. The
+  CRC32C is then computed by reading the linked inode once (hardware CRC32C, nothing written).
+* ``server_copy``: source and target are on S3 (one endpoint): ``CopyObject`` with
+  ``ChecksumAlgorithm=CRC32C`` and ``CopySourceIfMatch`` = the listed ETag. No payload passes
+  through the worker; the store computes the CRC32C of the object it wrote.
+* ``stream``: read into one fixed buffer per thread, CRC32C, write. Never a whole-file read.
+
+A ``KnownChecksum`` (from the previous savepoint of the job, for a file proven to be the same)
+spares the read: the file is linked or server-copied from that savepoint and its recorded CRC32C is
+reused (``checksum_source="previous"``). Every result says how it was copied and where its
+checksum came from; ``docs/savepoint-format.md`` states what each promises.
+"""
 
 from __future__ import annotations
 
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import crc32c
 
-from airflow_savepoints.storage import Store
+from airflow_savepoints.storage import FileStat, Store
+from airflow_savepoints.storage.store import SERVER_COPY_MAX, SourceChangedError, local_version
 
-CHUNK = 8 * 1024 * 1024
+CHUNK = 1024 * 1024  # one buffer per thread; 1 MiB stays in cache and keeps memory flat
+MODES = ("auto", "stream")
+
+# how a file was copied
+LINK, SERVER_COPY, STREAM = "link", "server_copy", "stream"
+# where its checksum came from
+READ, STORE, PREVIOUS = "read", "store", "previous"
+
+_buffers = threading.local()
+
+
+def _buffer() -> bytearray:
+    buf = getattr(_buffers, "buf", None)
+    if buf is None:
+        buf = _buffers.buf = bytearray(CHUNK)
+    return buf
+
+
+@dataclass(frozen=True)
+class KnownChecksum:
+    """A checksum already established for a file: copy from ``store``/``path`` and reuse ``crc``."""
+
+    store: Store
+    path: str
+    size: int
+    crc: int
+    savepoint_id: str
 
 
 @dataclass(frozen=True)
@@ -17,37 +64,129 @@ class CopiedFile:
     path: str
     size: int
     crc: int
+    method: str = STREAM
+    checksum_source: str = READ
+    source_version: str | None = None  # identity of the source file actually copied, when known exactly
+    reused_from: str | None = None  # the savepoint a reused checksum (and file) came from
 
     @property
     def checksum(self) -> str:
         return format(self.crc, "08x")
 
 
-def checksum_of(store: Store, rel: str) -> tuple[int, int]:
-    """(size, CRC32C) of one file, read in chunks."""
+def _read_crc(handle, buf: bytearray) -> tuple[int, int]:
+    view = memoryview(buf)
     crc, size = 0, 0
-    with store.open_read(rel, block_size=CHUNK) as src:
-        while chunk := src.read(CHUNK):
-            crc = crc32c.crc32c(chunk, crc)
-            size += len(chunk)
+    while n := handle.readinto(buf):
+        crc = crc32c.crc32c(view[:n], crc)
+        size += n
     return size, crc
 
 
-def copy_file(src: Store, src_rel: str, dst: Store, dst_rel: str | None = None) -> CopiedFile:
-    """Stream ``src_rel`` to ``dst_rel`` and return its size and CRC32C as read."""
-    crc, size = 0, 0
-    with src.open_read(src_rel, block_size=CHUNK) as reader, dst.open_write(dst_rel or src_rel) as writer:
-        while chunk := reader.read(CHUNK):
+def _hash_local(path: str) -> tuple[int, int, str]:
+    """(size, CRC32C, version token) of a local file, read through one fixed buffer."""
+    with open(path, "rb", buffering=0) as handle:
+        version = local_version(os.fstat(handle.fileno()))
+        size, crc = _read_crc(handle, _buffer())
+    return size, crc, version
+
+
+def checksum_of(store: Store, rel: str) -> tuple[int, int]:
+    """(size, CRC32C) of one file, read in chunks into a fixed buffer."""
+    if store.protocol == "file":
+        with store.translate_errors(store.url_of(rel)):
+            size, crc, _ = _hash_local(store.path_of(rel))
+        return size, crc
+    with store.open_read(rel, block_size=8 * CHUNK) as src:
+        return _read_crc(src, _buffer())
+
+
+def _stream(src: Store, src_rel: str, dst: Store, dst_rel: str) -> CopiedFile:
+    buf = _buffer()
+    view = memoryview(buf)
+    crc, size, version = 0, 0, None
+    if src.protocol == "file":
+        with src.translate_errors(src.url_of(src_rel)):
+            reader = open(src.path_of(src_rel), "rb", buffering=0)  # noqa: SIM115 - closed below
+        version = local_version(os.fstat(reader.fileno()))
+    else:
+        reader = src.open_read(src_rel, block_size=8 * CHUNK)
+    with reader, dst.open_write(dst_rel) as writer:
+        while n := reader.readinto(buf):
+            chunk = view[:n]
             crc = crc32c.crc32c(chunk, crc)
-            size += len(chunk)
+            size += n
             writer.write(chunk)
-    return CopiedFile(src_rel, size, crc)
+    return CopiedFile(src_rel, size, crc, STREAM, READ, version)
 
 
-def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int) -> dict[str, CopiedFile]:
+def copy_file(src: Store, src_rel: str, dst: Store, dst_rel: str | None = None, *, stat: FileStat | None = None,
+              mode: str = "auto", known: KnownChecksum | None = None) -> CopiedFile:
+    """Copy ``src_rel`` to ``dst_rel`` by the cheapest means and return its size, CRC32C and provenance.
+
+    ``stat`` is the source's listing entry (its ETag guards a server-side copy); ``mode="stream"``
+    forces a streamed copy. With ``known``, the file comes from ``known.store``/``known.path``
+    with ``known.crc``; if that is not possible (no link, no server-side copy, file gone), the
+    file is copied from ``src`` as if ``known`` were not given.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown copy mode {mode!r}")
+    dst_rel = dst_rel or src_rel
+    if known is not None and mode == "auto":
+        reused = _reuse(known, dst, dst_rel, src_rel, stat)
+        if reused is not None:
+            return reused
+    if mode == "auto":
+        linked = dst.link_from(src, src_rel, dst_rel)
+        if linked is not None:
+            size, crc, version = _hash_local(dst.path_of(dst_rel))  # the linked inode itself
+            return CopiedFile(src_rel, size, crc, LINK, READ, version)
+        too_big = stat is not None and stat.size > SERVER_COPY_MAX
+        copied = None if too_big else dst.server_copy_from(src, src_rel, dst_rel, etag=stat.etag if stat else None)
+        if copied is not None:
+            if copied.crc is None:  # the store did not compute one: read the copy (no upload)
+                size, crc = checksum_of(dst, dst_rel)
+                return CopiedFile(src_rel, size, crc, SERVER_COPY, READ,
+                                  stat.version if stat and stat.etag else None)
+            size = stat.size if stat else dst.stat(dst_rel).size
+            return CopiedFile(src_rel, size, copied.crc, SERVER_COPY, STORE, stat.version if stat and stat.etag else None)
+    return _stream(src, src_rel, dst, dst_rel)
+
+
+def _reuse(known: KnownChecksum, dst: Store, dst_rel: str, src_rel: str, stat: FileStat | None) -> CopiedFile | None:
+    """Link or server-copy the file from the previous savepoint and reuse its checksum, if possible."""
+    version = stat.version if stat else None
+    if known.size > SERVER_COPY_MAX and known.store.protocol != "file":
+        return None
+    try:
+        linked = dst.link_from(known.store, known.path, dst_rel)
+        if linked is not None:
+            if linked.size != known.size:
+                dst.remove_file(dst_rel)
+                return None
+            return CopiedFile(src_rel, known.size, known.crc, LINK, PREVIOUS, version, known.savepoint_id)
+        copied = dst.server_copy_from(known.store, known.path, dst_rel, etag=None)
+    except (FileNotFoundError, SourceChangedError):
+        return None  # the previous savepoint lost the file: copy from the checkpoint instead
+    if copied is None:
+        return None
+    if copied.crc is not None and copied.crc != known.crc:  # the store read other bytes: do not trust them
+        dst.remove_file(dst_rel)
+        return None
+    return CopiedFile(src_rel, known.size, known.crc, SERVER_COPY, PREVIOUS if copied.crc is None else STORE,
+                      version, known.savepoint_id)
+
+
+def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, stats: dict[str, FileStat] | None = None,
+              mode: str = "auto", known: dict[str, KnownChecksum] | None = None) -> dict[str, CopiedFile]:
     """Copy ``paths`` (same relative path on both sides) in parallel; the first failure is raised."""
     if not paths:
         return {}
+    stats, known = stats or {}, known or {}
+
+    def one(path: str) -> CopiedFile:
+        return copy_file(src, path, dst, stat=stats.get(path), mode=mode, known=known.get(path))
+
     with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(paths)))) as pool:
-        results = list(pool.map(lambda p: copy_file(src, p, dst), paths))
+        results = list(pool.map(one, paths))
     return {r.path: r for r in results}

@@ -43,7 +43,12 @@ class FileEntry(BaseModel):
 
     path: str
     size: int = Field(ge=0)
-    checksum: str  # hex CRC32C of the file's bytes
+    checksum: str  # hex CRC32C of the file's bytes, always (checksum_source says who computed it)
+    # Provenance (absent in manifests written before 0.x; readers that do not know them ignore them):
+    method: str | None = None  # link | server_copy | stream: how the file got here
+    checksum_source: str | None = None  # read | store | previous (docs/savepoint-format.md)
+    source_version: str | None = None  # the checkpoint file's version token when it was copied
+    reused_from: str | None = None  # the savepoint whose file and checksum were reused
 
 
 class StateStoreSettings(BaseModel):

@@ -22,7 +22,7 @@ import crc32c
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.catalog import Catalog
-from airflow_savepoints.core.copier import checksum_of, copy_file
+from airflow_savepoints.core.copier import MODES, checksum_of, copy_file
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
     FileEntry,
@@ -38,7 +38,8 @@ from airflow_savepoints.errors import (
     TargetNotEmptyError,
     VerificationError,
 )
-from airflow_savepoints.storage import Store
+from airflow_savepoints.storage import FileStat, Store
+from airflow_savepoints.storage.store import SourceChangedError
 
 OPERATOR_METADATA_V2 = "/_metadata/v2/"
 log = logging.getLogger(__name__)
@@ -114,8 +115,16 @@ def restore_savepoint(
     target_storage_options: dict[str, Any] | None = None,
     sink_storage_options: dict[str, Any] | None = None,
     parallelism: int = 8,
+    copy_mode: str = "auto",
 ) -> RestoreResult:
-    """Materialise the savepoint at ``pointer`` into the fresh, empty checkpoint location ``target``."""
+    """Materialise the savepoint at ``pointer`` into the fresh, empty checkpoint location ``target``.
+
+    Files are hard-linked when savepoint and target share a local filesystem (Spark never writes
+    a checkpoint file in place, so the savepoint stays unmodified), copied inside the store on S3,
+    streamed otherwise (``copy_mode="stream"`` always streams); every file's CRC32C is checked
+    against the manifest either way (read from the linked inode, or computed by the store)."""
+    if copy_mode not in MODES:
+        raise InvalidInputError(f"unknown copy mode {copy_mode!r}", "use one of: " + ", ".join(MODES))
     location, manifest = resolve_pointer(pointer, storage_options)
     destination = Store(target, target_storage_options)
     if location.contains(destination) or destination.contains(location):
@@ -135,7 +144,7 @@ def restore_savepoint(
     if sink_path:
         check_sink(manifest, sink_path, sink_storage_options)
     with pinned(location, manifest):
-        return _restore_pinned(location, manifest, destination, new_query_id, parallelism)
+        return _restore_pinned(location, manifest, destination, new_query_id, parallelism, copy_mode)
 
 
 @contextlib.contextmanager
@@ -164,7 +173,7 @@ def pinned(location: Store, manifest: SavepointManifest) -> Iterator[None]:
 
 
 def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool,
-                    parallelism: int) -> RestoreResult:
+                    parallelism: int, copy_mode: str = "auto") -> RestoreResult:
     listing = location.list_files()
     missing = [e.path for e in manifest.files if e.path not in listing]
     if missing:
@@ -177,7 +186,8 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
     try:
         body = [e for e in manifest.files if e.path != "metadata" and not _rewritable(e.path)]
         with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
-            problems = [p for p in pool.map(lambda e: _copy_checked(location, destination, e), body) if p]
+            problems = [p for p in pool.map(lambda e: _copy_checked(location, destination, e, listing.get(e.path), copy_mode),
+                                            body) if p]
         _raise_if(problems, location)
         for entry in manifest.files:
             if _rewritable(entry.path):
@@ -228,10 +238,14 @@ def _raise_if(problems: list[str | None], location: Store) -> None:
         )
 
 
-def _copy_checked(location: Store, destination: Store, entry: FileEntry) -> str | None:
+def _copy_checked(location: Store, destination: Store, entry: FileEntry, stat: FileStat | None = None,
+                  copy_mode: str = "auto") -> str | None:
     if posixpath.basename(entry.path) == MANIFEST_FILE and "/" not in entry.path:
         return None
-    copied = copy_file(location, entry.path, destination)
+    try:
+        copied = copy_file(location, entry.path, destination, stat=stat, mode=copy_mode)
+    except SourceChangedError:
+        return f"{entry.path}: changed while it was restored"
     return _mismatch(entry, copied.size, copied.crc)
 
 

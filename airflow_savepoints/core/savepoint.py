@@ -9,10 +9,11 @@ copy: the attempt is discarded and retried on a newer N. Any failure disposes th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -21,7 +22,7 @@ from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, plan_checkpoint
 from airflow_savepoints.core.catalog import Catalog
-from airflow_savepoints.core.copier import CopiedFile, copy_many
+from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, copy_many
 from airflow_savepoints.core.lock import JobLock
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
@@ -41,7 +42,8 @@ from airflow_savepoints.errors import (
     SavepointInFlightError,
     SavepointRetriesExhaustedError,
 )
-from airflow_savepoints.storage import Store
+from airflow_savepoints.storage import FileStat, Store
+from airflow_savepoints.storage.store import SourceChangedError
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +81,16 @@ def take_savepoint(
     lock_stale_after: float = 120.0,
     wait_for_same_request: float = 600.0,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    copy_mode: str = "auto",
+    incremental: bool = True,
 ) -> SavepointInfo:
     """Take a savepoint of the newest committed batch of ``checkpoint`` for ``job``.
 
-    With ``request_id``, a retried call returns the savepoint already taken for that id.
+    With ``request_id``, a retried call returns the savepoint already taken for that id. Files are
+    hard-linked when checkpoint and savepoint share a local filesystem, copied inside the store
+    on S3, streamed otherwise (``copy_mode="stream"`` always streams). With ``incremental``, files
+    that the job's previous savepoint already holds unchanged (same size and version token) are
+    taken from it with their recorded checksum, the previous savepoint pinned meanwhile.
     """
     validate_job_name(job)
     try:
@@ -92,6 +100,8 @@ def take_savepoint(
             f"unknown savepoint type {savepoint_type!r}",
             "use one of: " + ", ".join(t.value for t in SavepointType),
         ) from None
+    if copy_mode not in MODES:
+        raise InvalidInputError(f"unknown copy mode {copy_mode!r}", "use one of: " + ", ".join(MODES))
     if max_attempts < 1 or parallelism < 1:
         raise InvalidInputError("max_attempts and parallelism must be at least 1", "use positive numbers")
     source = _as_store(checkpoint, checkpoint_storage_options)
@@ -107,7 +117,7 @@ def take_savepoint(
         if done is not None:
             notify("reused", {"pointer": done.pointer})
             return done
-    _plan(source)  # fail on bad input before anything is written
+    first = _plan_listed(source)  # fail on bad input before anything is written; the first attempt uses it
 
     lock = JobLock(job_store, request_id=request_id, stale_after=lock_stale_after)
     deadline = time.monotonic() + wait_for_same_request
@@ -129,16 +139,65 @@ def take_savepoint(
             done = find_by_request_id(root, job, request_id)
             if done is not None:
                 return done
-        return _take_with_retries(
-            source, job_store, job, lock, savepoint_type, reason, request_id, spark_version,
-            max_attempts, parallelism, notify,
-        )
+        options = {"copy_mode": copy_mode, "first": first}
+        with _previous_savepoint(job_store, job, source, incremental and copy_mode == "auto") as previous:
+            options["previous"] = previous
+            return _take_with_retries(
+                source, job_store, job, lock, savepoint_type, reason, request_id, spark_version,
+                max_attempts, parallelism, notify, options,
+            )
     finally:
         lock.release()
 
 
+class _Previous:
+    """The job's previous completed savepoint, pinned, and the files it can lend (by path)."""
+
+    def __init__(self, location: Store, manifest: SavepointManifest):
+        self.location, self.manifest = location, manifest
+        self.entries = {e.path: e for e in manifest.files if e.source_version}
+
+    def known(self, plan: CheckpointPlan) -> dict[str, KnownChecksum]:
+        """Planned files the previous savepoint holds unchanged: same size, same version token."""
+        if plan.query_id != self.manifest.query_id:
+            return {}
+        found = {}
+        for planned in plan.files:
+            entry = self.entries.get(planned.path)
+            if entry is not None and entry.size == planned.size and entry.source_version == planned.version:
+                found[planned.path] = KnownChecksum(self.location, entry.path, entry.size, int(entry.checksum, 16),
+                                                    self.manifest.savepoint_id)
+        return found
+
+
+@contextlib.contextmanager
+def _previous_savepoint(job_store: Store, job: str, source: Store, enabled: bool) -> Iterator[_Previous | None]:
+    """Pin the job's newest completed savepoint of the same checkpoint for the copy, if there is one."""
+    if not enabled:
+        yield None
+        return
+    catalog = Catalog(job_store, job)
+    latest, pin_id = None, None
+    try:
+        latest = catalog.latest()
+        if latest is not None and latest.manifest.checkpoint == source.url:
+            pin_id = catalog.pin(latest.manifest.savepoint_id, ttl=timedelta(hours=6), purpose="incremental savepoint")
+    except Exception as exc:  # noqa: BLE001 - reuse only saves work; without it every file is copied
+        log.info("not reusing the previous savepoint of %s (%s): copying every file", job, exc)
+    if latest is None or pin_id is None:
+        yield None
+        return
+    try:
+        yield _Previous(job_store.child(latest.manifest.savepoint_id), latest.manifest)
+    finally:
+        try:
+            catalog.unpin(pin_id)
+        except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
+            log.warning("could not release the pin on %s (%s); it lapses by itself", latest.pointer, exc)
+
+
 def _take_with_retries(source, job_store, job, lock, savepoint_type, reason, request_id, spark_version,
-                       max_attempts, parallelism, notify) -> SavepointInfo:
+                       max_attempts, parallelism, notify, options) -> SavepointInfo:
     state: dict[str, Any] = {"location": None, "attempt": 0}
     try:
         for attempt in Retrying(
@@ -150,7 +209,7 @@ def _take_with_retries(source, job_store, job, lock, savepoint_type, reason, req
             with attempt:
                 state["attempt"] = attempt.retry_state.attempt_number
                 return _attempt(source, job_store, job, lock, state, savepoint_type, reason, request_id,
-                                spark_version, parallelism, notify)
+                                spark_version, parallelism, notify, options)
     except RetryError as exc:
         cause = exc.last_attempt.exception()
         _dispose_quietly(state["location"])
@@ -194,8 +253,9 @@ def _dispose_quietly(location: Store | None) -> None:
 
 
 def _attempt(source, job_store, job, lock, state, savepoint_type, reason, request_id, spark_version,
-             parallelism, notify) -> SavepointInfo:
-    plan = _plan(source)
+             parallelism, notify, options) -> SavepointInfo:
+    first = options.pop("first", None)
+    plan, listing = first if first is not None else _plan_listed(source)
     location: Store | None = state["location"]
     if location is None:
         savepoint_id = new_savepoint_id(plan.query_id)
@@ -209,16 +269,22 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
     notify("planned", {"batch_id": plan.batch_id, "files": len(plan.files), "bytes": plan.total_bytes,
                        "attempt": state["attempt"], "location": location.url})
 
+    previous: _Previous | None = options.get("previous")
+    known = previous.known(plan) if previous is not None else {}
     copied: dict[str, CopiedFile] = {}
     groups = sorted({f.group for f in plan.files})
     for group in groups:
         paths = [f.path for f in plan.files if f.group == group]
         try:
-            copied.update(copy_many(source, location, paths, parallelism))
+            copied.update(copy_many(source, location, paths, parallelism, stats=listing, mode=options["copy_mode"],
+                                    known=known))
         except FileNotFoundError as exc:
             raise CheckpointRaceError(f"a planned file vanished during the copy: {exc}") from exc
+        except SourceChangedError as exc:
+            raise CheckpointRaceError(f"a planned file was replaced during the copy: {exc}") from exc
     _check_copied(plan, copied, location)
     _check_unchanged(plan, source.list_files())
+    plan_versions = {f.path: f.version for f in plan.files}
     if not lock.still_held():
         raise SavepointInFlightError(
             f"the in-flight lease of job '{job}' was taken over while copying",
@@ -248,7 +314,9 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         ),
         source_offsets=plan.source_offsets,
         spark_conf=plan.spark_conf,
-        files=[FileEntry(path=p, size=c.size, checksum=c.checksum) for p, c in sorted(copied.items())],
+        files=[FileEntry(path=p, size=c.size, checksum=c.checksum, method=c.method, checksum_source=c.checksum_source,
+                         source_version=plan_versions[p], reused_from=c.reused_from)
+               for p, c in sorted(copied.items())],
         total_bytes=sum(c.size for c in copied.values()),
         attempts=state["attempt"],
     )
@@ -263,18 +331,25 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
 
 
 def _plan(source: Store) -> CheckpointPlan:
+    return _plan_listed(source)[0]
+
+
+def _plan_listed(source: Store) -> tuple[CheckpointPlan, dict[str, FileStat]]:
+    """The plan and the one listing it was made from."""
     listing = source.list_files()
     if not listing and not source.exists():
         raise CheckpointNotFoundError(
             f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
         )
-    return plan_checkpoint(listing, source.read_bytes, where=source.url)
+    return plan_checkpoint(listing, source.read_bytes, where=source.url), listing
 
 
 def _check_copied(plan: CheckpointPlan, copied: dict[str, CopiedFile], location: Store) -> None:
     """Sizes as listed and as promised, and Spark's own CRC32C sidecars, match what was copied."""
     for planned in plan.files:
         got = copied[planned.path]
+        if got.source_version is not None and got.source_version != planned.version:
+            raise CheckpointRaceError(f"{planned.path} was replaced between listing and copying")
         if got.size != planned.size:
             raise CheckpointRaceError(f"{planned.path} changed size during the copy ({planned.size} -> {got.size})")
         if planned.expected_size is not None and got.size != planned.expected_size:

@@ -6,6 +6,7 @@ schemes, credentials, error messages and the "never leave the root" rule live in
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import os
@@ -52,6 +53,27 @@ class FileStat:
     size: int
     version: str
     modified: float | None = None  # seconds since the epoch, when the store reports it
+    etag: str | None = None  # the object store's ETag, when it reports one
+
+
+class SourceChangedError(Exception):
+    """A server-side copy found the source replaced since it was listed (its ETag changed)."""
+
+
+@dataclass(frozen=True)
+class ServerCopy:
+    """The result of a copy inside an object store; ``crc`` is the CRC32C the store computed, if any."""
+
+    crc: int | None
+
+
+SERVER_COPY_MAX = 5 * 1024**3  # one CopyObject copies at most 5 GiB
+UPLOAD_BLOCK = 8 * 1024 * 1024  # multipart upload part size: what a streamed upload holds in memory
+
+
+def local_version(st: os.stat_result) -> str:
+    """The version token of a local file from its stat (the same token a listing gives it)."""
+    return _version_token({"ino": st.st_ino, "mtime": st.st_mtime})
 
 
 def split_url(url: str) -> tuple[str, str, str]:
@@ -329,7 +351,8 @@ class Store:
         with self.translate_errors(self.url_of(rel)):
             if self.protocol == "file":
                 os.makedirs(posixpath.dirname(self.path_of(rel)), exist_ok=True)
-            return self.fs.open(self.path_of(rel), "wb")
+                return open(self.path_of(rel), "wb")  # noqa: SIM115 - the caller closes it
+            return self.fs.open(self.path_of(rel), "wb", block_size=UPLOAD_BLOCK)
 
     def makedirs(self, rel: str = "") -> None:
         if self.protocol in OBJECT_STORES:
@@ -396,6 +419,68 @@ class Store:
             self._invalidate(posixpath.dirname(target))
         return True
 
+    # --- copying without moving the bytes -----------------------------------------------------------
+    def link_from(self, other: Store, src_rel: str, rel: str) -> FileStat | None:
+        """Hard-link ``other``'s file ``src_rel`` as ``rel`` here and return the linked file's stat.
+
+        None when no link is possible: not both local, different filesystems, or links refused. A
+        missing source raises FileNotFoundError; an existing target raises FileExistsError."""
+        if self.protocol != "file" or other.protocol != "file":
+            return None
+        source, target = other.path_of(src_rel), self.path_of(rel)
+        with self.translate_errors(self.url_of(rel)):
+            os.makedirs(posixpath.dirname(target), exist_ok=True)
+            try:
+                os.link(source, target, follow_symlinks=False)
+            except (FileNotFoundError, FileExistsError):
+                raise
+            except OSError as exc:
+                if exc.errno in _NO_LINK_ERRNOS:
+                    return None
+                raise
+            st = os.stat(target)
+        return FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+
+    def server_copy_from(self, other: Store, src_rel: str, rel: str, *, etag: str | None = None) -> ServerCopy | None:
+        """Copy ``other``'s ``src_rel`` to ``rel`` inside the object store (S3 ``CopyObject``), asking
+        it for the CRC32C of the copy; with ``etag``, only if the source still has that ETag.
+
+        None when not possible here (not both S3 on one endpoint, over 5 GiB, refused): stream instead.
+        Raises FileNotFoundError if the source is gone and SourceChangedError if its ETag changed."""
+        if self.protocol != "s3" or other.protocol != "s3" or not _same_endpoint(self, other):
+            return None
+        src_bucket, src_key, _ = other.fs.split_path(other.path_of(src_rel))
+        bucket, key, _ = self.fs.split_path(self.path_of(rel))
+        params: dict[str, Any] = {"Bucket": bucket, "Key": key, "CopySource": {"Bucket": src_bucket, "Key": src_key},
+                                  "ChecksumAlgorithm": "CRC32C"}
+        if etag:
+            params["CopySourceIfMatch"] = etag
+        try:
+            out = self.fs.call_s3("copy_object", **params)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - s3fs wraps botocore errors; decide by their text
+            text = " ".join(str(e) for e in _exception_chain(exc))
+            if "PreconditionFailed" in text or "(412)" in text:
+                raise SourceChangedError(f"{other.url_of(src_rel)} changed since it was listed") from exc
+            if "NoSuchKey" in text or "Not Found" in text:
+                raise FileNotFoundError(other.url_of(src_rel)) from exc
+            if "InvalidRequest" in text and "larger than" in text:  # over 5 GiB: stream it
+                return None
+            if _is_credentials_problem(exc) or isinstance(exc, PermissionError):
+                return None  # the target's credentials may not read the source: stream instead
+            raise
+        finally:
+            self._invalidate(posixpath.dirname(rel))
+        result = out.get("CopyObjectResult") or {}
+        if etag and _etags_comparable(etag, out) and result.get("ETag") and result["ETag"].strip('"') != etag.strip('"'):
+            # a store that ignored CopySourceIfMatch copied other bytes than were listed: undo, report
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(self.path_of(rel))
+            raise SourceChangedError(f"{other.url_of(src_rel)} changed since it was listed")
+        value = result.get("ChecksumCRC32C")
+        return ServerCopy(crc=int.from_bytes(base64.b64decode(value), "big") if value else None)
+
     # --- deleting ----------------------------------------------------------------------------------
     def remove_file(self, rel: str) -> None:
         target = self.path_of(rel)
@@ -421,8 +506,30 @@ class Store:
         self._invalidate(rel)
 
 
+_NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}
+
+
+def _etags_comparable(etag: str, copy_response: dict[str, Any]) -> bool:
+    """Whether a copy's ETag must equal its source's: both the MD5 of the bytes (a single-part
+    source, no KMS or customer-key encryption, which make ETags opaque)."""
+    if "-" in etag.strip('"'):
+        return False  # a multipart source: its ETag is not the MD5 a single-part copy gets
+    encryption = str(copy_response.get("ServerSideEncryption") or "")
+    return "kms" not in encryption and not copy_response.get("SSECustomerAlgorithm")
+
+
+def _same_endpoint(a: Store, b: Store) -> bool:
+    """Whether two S3 stores reach one service with the same settings (a server-side copy can work)."""
+    if a.fs is b.fs:
+        return True
+    return getattr(a.fs, "storage_options", None) == getattr(b.fs, "storage_options", None) and \
+        getattr(a.fs, "client_kwargs", None) == getattr(b.fs, "client_kwargs", None)
+
+
 def _file_stat(info: dict[str, Any]) -> FileStat:
-    return FileStat(size=int(info.get("size") or 0), version=_version_token(info), modified=_modified(info))
+    etag = info.get("ETag") or info.get("etag")
+    return FileStat(size=int(info.get("size") or 0), version=_version_token(info), modified=_modified(info),
+                    etag=str(etag) if etag else None)
 
 
 def _modified(info: dict[str, Any]) -> float | None:
