@@ -23,6 +23,7 @@ from airflow_savepoints.core.dispose import dispose_savepoint
 from airflow_savepoints.core.retention import RetentionPolicy, retain
 from airflow_savepoints.errors import SavepointPinnedError, VerificationError
 from airflow_savepoints.storage import Store
+from airflow_savepoints.storage.store import _file_stat
 from tests.conftest import ROOT
 from tests.support.s3_payload import PayloadCounter
 from tests.support.spark_shapes import SHAPES, run_to_end
@@ -272,17 +273,36 @@ def test_spark_replaces_and_purges_linked_files_but_never_writes_one_in_place(sp
     verify_savepoint(info.pointer)
 
 
+def test_the_local_listing_matches_fsspec_find(checkpoint):
+    (checkpoint / "state" / "0" / "0" / ".1.delta.crc").write_bytes(b"hidden")  # hidden files are listed too
+    store = Store(str(checkpoint))
+    found = store.fs.find(str(checkpoint), detail=True, withdirs=False)
+    expected = {path[len(str(checkpoint)) + 1:]: _file_stat(info) for path, info in found.items()}
+    assert store.list_files() == expected and len(expected) > 20
+    assert store.list_files("state") == {k[len("state/"):]: v for k, v in expected.items() if k.startswith("state/")}
+    assert Store(str(checkpoint / "missing")).list_files() == {}
+
+
 # --- memory -------------------------------------------------------------------------------------------
 MEMORY_SCRIPT = """
-import json, resource, sys
+import json, os, sys, threading
 from airflow_savepoints.core.copier import copy_file
 from airflow_savepoints.storage import Store
 src, dst, mode = Store(sys.argv[1]), Store(sys.argv[2]), sys.argv[3]
-def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-baseline = peak()
+def rss():  # resident set size now, anonymous and file-backed pages alike
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+baseline, peak, done = rss(), [0], threading.Event()
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], rss())
+        done.wait(0.002)
+sampler = threading.Thread(target=sample)
+sampler.start()
 copied = copy_file(src, "big", dst, mode=mode)
-print(json.dumps({"baseline": baseline, "peak": peak(), "size": copied.size, "method": copied.method}))
+done.set()
+sampler.join()
+print(json.dumps({"baseline": baseline, "peak": max(peak[0], rss()), "size": copied.size, "method": copied.method}))
 """
 
 

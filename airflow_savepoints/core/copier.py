@@ -21,6 +21,7 @@ checksum came from; ``docs/savepoint-format.md`` states what each promises.
 from __future__ import annotations
 
 import os
+import posixpath
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -153,13 +154,14 @@ def copy_file(src: Store, src_rel: str, dst: Store, dst_rel: str | None = None, 
     return _stream(src, src_rel, dst, dst_rel)
 
 
-def _reuse(known: KnownChecksum, dst: Store, dst_rel: str, src_rel: str, stat: FileStat | None) -> CopiedFile | None:
+def _reuse(known: KnownChecksum, dst: Store, dst_rel: str, src_rel: str, stat: FileStat | None,
+           parent_ready: bool = False) -> CopiedFile | None:
     """Link or server-copy the file from the previous savepoint and reuse its checksum, if possible."""
     version = stat.version if stat else None
     if known.size > SERVER_COPY_MAX and known.store.protocol != "file":
         return None
     try:
-        linked = dst.link_from(known.store, known.path, dst_rel)
+        linked = dst.link_from(known.store, known.path, dst_rel, parent_ready=parent_ready)
         if linked is not None:
             if linked.size != known.size:
                 dst.remove_file(dst_rel)
@@ -179,14 +181,45 @@ def _reuse(known: KnownChecksum, dst: Store, dst_rel: str, src_rel: str, stat: F
 
 def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, stats: dict[str, FileStat] | None = None,
               mode: str = "auto", known: dict[str, KnownChecksum] | None = None) -> dict[str, CopiedFile]:
-    """Copy ``paths`` (same relative path on both sides) in parallel; the first failure is raised."""
+    """Copy ``paths`` (same relative path on both sides) in parallel; the first failure is raised.
+
+    Between local stores, links are made first in this thread (a link is one system call; a
+    thread pool would cost more than the work), then linked files are hashed and the others
+    streamed in parallel."""
     if not paths:
         return {}
     stats, known = stats or {}, known or {}
+    done: dict[str, CopiedFile] = {}
+    to_hash: list[str] = []
+    rest = list(paths)
+    if mode == "auto" and dst.protocol == "file" and src.protocol == "file":
+        rest = []
+        for folder in sorted({posixpath.dirname(dst.path_of(p)) for p in paths}):
+            os.makedirs(folder, exist_ok=True)
+        for path in paths:
+            hint = known.get(path)
+            reused = _reuse(hint, dst, path, path, stats.get(path), parent_ready=True) if hint is not None else None
+            if reused is not None:
+                done[path] = reused
+            elif dst.link_from(src, path, path, parent_ready=True) is not None:
+                to_hash.append(path)
+            else:
+                rest.append(path)
+
+    def hash_linked(path: str) -> CopiedFile:
+        size, crc, version = _hash_local(dst.path_of(path))
+        return CopiedFile(path, size, crc, LINK, READ, version)
 
     def one(path: str) -> CopiedFile:
         return copy_file(src, path, dst, stat=stats.get(path), mode=mode, known=known.get(path))
 
-    with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(paths)))) as pool:
-        results = list(pool.map(one, paths))
-    return {r.path: r for r in results}
+    jobs = [(hash_linked, p) for p in to_hash] + [(one, p) for p in rest]
+    if len(jobs) == 1:
+        results = [jobs[0][0](jobs[0][1])]
+    elif jobs:
+        with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(jobs)))) as pool:
+            results = list(pool.map(lambda job: job[0](job[1]), jobs))
+    else:
+        results = []
+    done.update({r.path: r for r in results})
+    return {p: done[p] for p in paths}

@@ -284,6 +284,9 @@ class Store:
     def list_files(self, rel: str = "") -> dict[str, FileStat]:
         """Every file below ``rel`` in ONE recursive listing, keyed by path relative to ``rel``."""
         base = self.path_of(rel)
+        if self.protocol == "file" and type(self.fs).__name__ == "LocalFileSystem":
+            with self.translate_errors(self.url_of(rel)):
+                return _scan_local(base)
         self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
             try:
@@ -420,7 +423,7 @@ class Store:
         return True
 
     # --- copying without moving the bytes -----------------------------------------------------------
-    def link_from(self, other: Store, src_rel: str, rel: str) -> FileStat | None:
+    def link_from(self, other: Store, src_rel: str, rel: str, *, parent_ready: bool = False) -> FileStat | None:
         """Hard-link ``other``'s file ``src_rel`` as ``rel`` here and return the linked file's stat.
 
         None when no link is possible: not both local, different filesystems, or links refused. A
@@ -429,7 +432,8 @@ class Store:
             return None
         source, target = other.path_of(src_rel), self.path_of(rel)
         with self.translate_errors(self.url_of(rel)):
-            os.makedirs(posixpath.dirname(target), exist_ok=True)
+            if not parent_ready:
+                os.makedirs(posixpath.dirname(target), exist_ok=True)
             try:
                 os.link(source, target, follow_symlinks=False)
             except (FileNotFoundError, FileExistsError):
@@ -507,6 +511,29 @@ class Store:
 
 
 _NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}
+
+
+def _scan_local(base: str) -> dict[str, FileStat]:
+    """A local tree's files as ``list_files`` returns them, with one ``scandir`` per folder (the
+    same entries and version tokens fsspec's ``find`` gives, at a fraction of its cost)."""
+    out: dict[str, FileStat] = {}
+    pending = [(base, "")]
+    while pending:
+        folder, prefix = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir():
+                    pending.append((entry.path, prefix + entry.name + "/"))
+                    continue
+                st = entry.stat()
+            except FileNotFoundError:
+                continue  # removed since the folder was read
+            out[prefix + entry.name] = FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+    return out
 
 
 def _etags_comparable(etag: str, copy_response: dict[str, Any]) -> bool:

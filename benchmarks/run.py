@@ -1,0 +1,510 @@
+"""Savepoint and restore performance on real Spark checkpoints, against ``cp -r`` of the same files.
+
+    python benchmarks/run.py                 # full size (1 GB of state per store, 2,000+ files)
+    python benchmarks/run.py --quick --json  # small size, a few minutes, one JSON object on stdout
+    python benchmarks/run.py --size-gb 4 --partitions 400
+
+Spark writes two checkpoints of a stateful aggregation whose state is ``--size-gb`` of
+incompressible rows: one with the HDFS state store, one with RocksDB. Every timed savepoint
+includes its checksums (the CRC32C of each file is computed, or reused only for a file proven
+unchanged since the previous savepoint). ``cp -r`` copies exactly the files the savepoint copies
+(a tree of hard links to them), after a warm-up, from the page cache like the savepoint; ``sync``
+runs before each timed step so no earlier writeback is charged to it. Each ratio is from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+
+from airflow_savepoints.checkpoint.planner import plan_checkpoint  # noqa: E402
+from airflow_savepoints.core import restore_savepoint, take_savepoint  # noqa: E402
+from airflow_savepoints.storage import Store  # noqa: E402
+
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PAYLOAD_CHARS = 512  # hex of SHA-512s: LZ4 (both stores' codec) cannot shrink it
+STORES = {"hdfs": HDFS, "rocksdb": ROCKSDB}
+
+
+def log(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def sync() -> None:
+    os.sync()
+
+
+def timed(fn):
+    sync()
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+# --- building real checkpoints ------------------------------------------------------------------------
+def spark_session():
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (SparkSession.builder.master("local[2]").appName("airflow-savepoints-bench")
+             .config("spark.driver.memory", "6g")
+             .config("spark.sql.streaming.maxBatchesToRetainInMemory", "1").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", "100000")  # deltas stay deltas
+             .config("spark.sql.streaming.stateStore.maintenanceInterval", "3600s")
+             .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class Job:
+    """A streaming aggregation over parquet inputs; each ``batch`` adds ``rows`` new keys of state."""
+
+    def __init__(self, spark, base: Path, store: str, partitions: int):
+        self.spark, self.base, self.store, self.partitions = spark, base, store, partitions
+        self.input, self.checkpoint = base / "input", base / "checkpoint"
+        self.input.mkdir(parents=True, exist_ok=True)
+        self.next_key, self.files = 0, 0
+
+    def add_input(self, rows: int, hold: Path | None = None) -> list[Path]:
+        """Write ``rows`` new keys as parquet files into the input folder (or ``hold`` them aside)."""
+        from pyspark.sql import functions as F
+
+        start, self.next_key = self.next_key, self.next_key + rows
+        payload = F.concat(*[F.sha2(F.concat(F.col("id").cast("string"), F.lit(f"-{i}")), 512)
+                             for i in range(PAYLOAD_CHARS // 128)])
+        frame = self.spark.range(start, start + rows).select(F.format_string("k%012d", "id").alias("key"),
+                                                              payload.alias("payload"))
+        staging = self.base / f"staging-{self.files}"
+        frame.coalesce(2).write.parquet(str(staging))
+        moved = []
+        for part in sorted(staging.glob("part-*.parquet")):
+            moved.append((hold or self.input) / f"{self.files:06d}-{part.name}")
+            moved[-1].parent.mkdir(parents=True, exist_ok=True)
+            part.rename(moved[-1])
+        shutil.rmtree(staging)
+        self.files += 1
+        return moved
+
+    def start(self, trigger: dict | None = None, checkpoint: Path | None = None):
+        from pyspark.sql import functions as F
+
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(self.partitions))
+        self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", STORES[self.store])
+        frame = self.spark.readStream.schema("key string, payload string").parquet(str(self.input))
+        agg = frame.groupBy("key").agg(F.max("payload").alias("payload"))
+        return (agg.writeStream.outputMode("update").format("noop").trigger(**(trigger or {"availableNow": True}))
+                .option("checkpointLocation", str(checkpoint or self.checkpoint)).start())
+
+    def run_batch(self, rows: int) -> None:
+        self.add_input(rows)
+        query = self.start()
+        query.awaitTermination()
+        if query.exception():
+            raise RuntimeError(query.exception())
+
+
+def build(spark, work: Path, store: str, size_gb: float, partitions: int, batches: int, name: str = "") -> Job:
+    job = Job(spark, work / (name or store), store, partitions)
+    rows = int(size_gb * 1e9 / (PAYLOAD_CHARS + 60) / batches)
+    for b in range(batches):
+        t0 = time.perf_counter()
+        job.run_batch(rows)
+        log(f"  {store}: batch {b + 1}/{batches} ({rows} new keys) in {time.perf_counter() - t0:.1f}s")
+    return job
+
+
+# --- measuring ----------------------------------------------------------------------------------------
+def planned_files(checkpoint: Path) -> list[tuple[str, int]]:
+    store = Store(str(checkpoint))
+    plan = plan_checkpoint(store.list_files(), store.read_bytes)
+    return [(f.path, f.size) for f in plan.files]
+
+
+def link_tree(checkpoint: Path, files: list[tuple[str, int]], into: Path) -> None:
+    for rel, _ in files:
+        (into / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.link(checkpoint / rel, into / rel)
+
+
+def cp_r(src: Path, dst: Path) -> float:
+    shutil.rmtree(dst, ignore_errors=True)
+    subprocess.run(["cp", "-r", str(src), str(dst)], check=True)  # warm-up (and page cache)
+    shutil.rmtree(dst)
+    seconds, _ = timed(lambda: subprocess.run(["cp", "-r", str(src), str(dst)], check=True))
+    shutil.rmtree(dst)
+    return seconds
+
+
+def hashed_or_written(info) -> int:
+    return sum(e.size for e in info.manifest.files if e.checksum_source == "read" or e.method == "stream")
+
+
+def hash_candidates(paths: list[Path], seconds_cap: float = 20.0) -> dict[str, float]:
+    """GB/s of read + hash over the state files, 2 threads, one 1 MiB buffer per thread."""
+    import hashlib
+
+    import crc32c
+
+    makers = {"crc32c (hardware)": None, "sha256": lambda: hashlib.sha256()}
+    try:
+        import xxhash
+
+        makers["xxh3_64"] = lambda: xxhash.xxh3_64()
+    except ImportError:
+        pass
+    try:
+        import blake3
+
+        makers["blake3"] = lambda: blake3.blake3()
+    except ImportError:
+        pass
+    total = sum(p.stat().st_size for p in paths)
+    out = {}
+    for name, make in makers.items():
+        def one(path: Path, make=make) -> None:
+            buf = bytearray(1 << 20)
+            view = memoryview(buf)
+            state = 0 if make is None else make()
+            with open(path, "rb", buffering=0) as handle:
+                while n := handle.readinto(buf):
+                    if make is None:
+                        state = crc32c.crc32c(view[:n], state)
+                    else:
+                        state.update(view[:n])
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(one, paths))
+        out[name] = round(total / (time.perf_counter() - start) / 1e9, 2)
+    return out
+
+
+MEMORY_SCRIPT = """
+import json, os, sys, threading
+sys.path.insert(0, sys.argv[4])
+from airflow_savepoints.core.copier import copy_file
+from airflow_savepoints.storage import Store
+src, dst, mode = Store(sys.argv[1]), Store(sys.argv[2]), sys.argv[3]
+def rss():  # resident set size now (/proc/self/statm), sampled every 2 ms during the copy
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+base, peak, done = rss(), [0], threading.Event()
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], rss())
+        done.wait(0.002)
+sampler = threading.Thread(target=sample)
+sampler.start()
+copied = copy_file(src, "big", dst, mode=mode)
+done.set()
+sampler.join()
+print(json.dumps({"grown": max(peak[0], rss()) - base, "method": copied.method}))
+"""
+
+
+def memory_peak(work: Path, size: int) -> dict[str, float]:
+    src = work / "memory-src"
+    src.mkdir(parents=True, exist_ok=True)
+    with open(src / "big", "wb") as handle:
+        block = os.urandom(1 << 20)
+        for _ in range(size // len(block)):
+            handle.write(block)
+    out = {}
+    for mode in ("stream", "auto"):
+        dst = work / f"memory-dst-{mode}"
+        result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(src), str(dst), mode, str(ROOT)],
+                                capture_output=True, text=True, check=True)
+        grown = json.loads(result.stdout.strip().splitlines()[-1])
+        out[grown["method"]] = grown["grown"] / 2**20
+        shutil.rmtree(dst)
+    shutil.rmtree(src)
+    return out
+
+
+SAVEPOINT_LOOP = """
+import sys, time, os
+sys.path.insert(0, sys.argv[4])
+from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.core.retention import RetentionPolicy, retain
+from airflow_savepoints.storage import Store
+checkpoint, root, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+n = 0
+while not os.path.exists(stop):
+    take_savepoint(checkpoint, "bench-live", savepoint_dir=root, savepoint_type="periodic")
+    retain(Store(root), "bench-live", RetentionPolicy(max_periodic=2, max_age_seconds=None))
+    n += 1
+    time.sleep(0.5)
+print(n)
+"""
+
+
+def batch_durations(spark, work: Path, size_gb: float, batches: int) -> dict:
+    """Median batch duration of a running stateful query without, then while, savepoints are taken
+    (by another process, as an Airflow worker would: linked and incremental, retention keeping 2)."""
+    job = build(spark, work, "hdfs", size_gb, 20, 2, name="live")
+    hold = work / "live-hold"
+    held = [job.add_input(2000, hold=hold) for _ in range(2 * batches + 8)]  # written before the clock starts
+    query = job.start(trigger={"processingTime": "1 second"})
+    feeding = threading.Event()
+
+    def feed() -> None:
+        for files in held:
+            if feeding.is_set():
+                return
+            for path in files:
+                path.rename(job.input / path.name)
+            time.sleep(1.0)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+
+    def durations_from(first: int, n: int) -> list[float]:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if query.exception():
+                raise RuntimeError(query.exception())
+            got = [p for p in query.recentProgress if p["batchId"] >= first and p["numInputRows"] > 0]
+            if len(got) >= n:
+                return [p["durationMs"]["triggerExecution"] / 1000 for p in got[:n]]
+            time.sleep(0.3)
+        raise TimeoutError("the live query did not run enough batches")
+
+    def next_batch() -> int:
+        return (query.lastProgress or {"batchId": -1})["batchId"] + 1
+
+    stop = work / "stop-savepoints"
+    try:
+        durations_from(0, 2)  # warm up
+        without = durations_from(next_batch(), batches)
+        loop = subprocess.Popen([sys.executable, "-c", SAVEPOINT_LOOP, str(job.checkpoint), str(work / "live-sp"),
+                                 str(stop), str(ROOT)], stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        during = durations_from(next_batch(), batches)
+        stop.touch()
+        taken = int(loop.communicate(timeout=600)[0].strip() or 0)
+    finally:
+        feeding.set()
+        query.stop()
+    return {"without_median_s": statistics.median(without), "during_median_s": statistics.median(during),
+            "savepoints_taken": taken, "batches_each": batches, "state_gb": size_gb}
+
+
+def s3_compare(job: Job, work: Path) -> dict:
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    from tests.support.s3_payload import PayloadCounter
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "bench", "secret": "bench"}
+        bucket = Store("s3://bench-bucket", options)
+        bucket.fs.mkdir("bench-bucket")
+        ckpt = bucket.child("checkpoint")
+        bucket.fs.put(str(job.checkpoint), ckpt.root, recursive=True)
+        counter = PayloadCounter(bucket.fs)
+        root = bucket.child("savepoints")
+        server_side, info = timed(lambda: take_savepoint(ckpt, "s3-copy", savepoint_dir=root, incremental=False))
+        copied_keys = {f"{root.root}/s3-copy/{info.manifest.savepoint_id}/{e.path}" for e in info.manifest.files}
+        source_keys = {f"{ckpt.root}/{e.path}" for e in info.manifest.files}
+        copy_payload = sum(counter.sent[k] for k in copied_keys) + sum(counter.received[k] for k in source_keys)
+        planner_reads = copy_payload - sum(counter.sent[k] for k in copied_keys)  # logs the planner must read
+        counter.reset()
+        streamed, streamed_info = timed(lambda: take_savepoint(ckpt, "s3-stream", savepoint_dir=root, copy_mode="stream"))
+        stream_keys = {f"{root.root}/s3-stream/{streamed_info.manifest.savepoint_id}/{e.path}"
+                       for e in streamed_info.manifest.files}
+        stream_payload = sum(counter.sent[k] for k in stream_keys)
+        counter.close()
+        return {"server_side_s": server_side, "streamed_s": streamed,
+                "server_side_payload_bytes": copy_payload - planner_reads, "planner_read_bytes": planner_reads,
+                "streamed_payload_bytes": stream_payload, "bytes": info.manifest.total_bytes,
+                "methods": sorted({e.method for e in info.manifest.files})}
+    finally:
+        server.stop()
+
+
+# --- the run ------------------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small size: a few minutes")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (targets, figures) on stdout")
+    parser.add_argument("--size-gb", type=float, help="state per store (default 1.0, quick 0.1)")
+    parser.add_argument("--partitions", type=int, help="shuffle partitions (default 200, quick 40)")
+    parser.add_argument("--batches", type=int, help="batches that build the state (default 10, quick 5)")
+    parser.add_argument("--memory-gb", type=float, help="file size for the memory check (default 1.0, quick 0.25)")
+    parser.add_argument("--workdir", help="where to build (default: a temporary folder, removed)")
+    parser.add_argument("--skip", default="", help="comma list of steps to skip: s3,live,memory,hashes")
+    args = parser.parse_args()
+    size = args.size_gb or (0.1 if args.quick else 1.0)
+    partitions = args.partitions or (40 if args.quick else 200)
+    batches = args.batches or (5 if args.quick else 10)
+    memory_gb = args.memory_gb or (0.25 if args.quick else 1.0)
+    skip = set(filter(None, args.skip.split(",")))
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="savepoint-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    figures: dict = {"size_gb_per_store": size, "partitions": partitions, "build_batches": batches}
+    try:
+        spark = spark_session()
+        jobs = {}
+        for store in STORES:
+            log(f"building the {store} checkpoint ({size} GB of state, {partitions} partitions)")
+            jobs[store] = build(spark, work, store, size, partitions, batches)
+        files = {s: planned_files(j.checkpoint) for s, j in jobs.items()}
+        state_bytes = sum(n for fs in files.values() for _, n in fs)
+        figures["files"] = sum(len(fs) for fs in files.values())
+        figures["bytes"] = state_bytes
+        for s, j in jobs.items():
+            link_tree(j.checkpoint, files[s], work / "cp-source" / s)
+        log(f"state: {figures['files']} files, {state_bytes / 1e9:.2f} GB (both stores)")
+
+        t = figures.setdefault("seconds", {})
+        t["cp_r"] = cp_r(work / "cp-source", work / "cp-target")
+        log(f"cp -r: {t['cp_r']:.2f}s")
+
+        def each(fn) -> float:
+            return sum(timed(lambda s=s: fn(s))[0] for s in jobs)
+
+        t["savepoint_streamed"] = each(lambda s: take_savepoint(str(jobs[s].checkpoint), f"{s}-stream",
+                                                                savepoint_dir=str(work / "sp"), copy_mode="stream"))
+        firsts = {}
+        t["savepoint_linked_first"] = each(lambda s: firsts.setdefault(s, take_savepoint(
+            str(jobs[s].checkpoint), f"{s}-link", savepoint_dir=str(work / "sp"), savepoint_type="periodic")))
+        log(f"savepoints: streamed {t['savepoint_streamed']:.2f}s, linked {t['savepoint_linked_first']:.2f}s")
+
+        restored = {}
+        t["restore_streamed"] = each(lambda s: restore_savepoint(firsts[s].pointer, str(work / f"restore-stream-{s}"),
+                                                                 copy_mode="stream"))
+        t["restore_linked"] = each(lambda s: restored.setdefault(s, restore_savepoint(
+            firsts[s].pointer, str(work / f"restore-link-{s}"))))
+        log(f"restores: streamed {t['restore_streamed']:.2f}s, linked {t['restore_linked']:.2f}s")
+
+        change_rows = int(size * 1e9 / (PAYLOAD_CHARS + 60) * 0.01)
+        for j in jobs.values():
+            j.run_batch(change_rows)  # about 1% of the state changes
+        seconds_list, seconds = [], {}
+        seconds_list = [timed(lambda s=s: seconds.setdefault(s, take_savepoint(
+            str(jobs[s].checkpoint), f"{s}-link", savepoint_dir=str(work / "sp"), savepoint_type="periodic")))[0]
+            for s in jobs]
+        t["savepoint_linked_second"] = sum(seconds_list)
+        second_bytes = sum(i.manifest.total_bytes for i in seconds.values())
+        touched = sum(hashed_or_written(i) for i in seconds.values())
+        figures["second_savepoint"] = {"bytes": second_bytes, "hashed_or_written": touched,
+                                       "reused_files": sum(e.checksum_source == "previous" for i in seconds.values()
+                                                           for e in i.manifest.files)}
+        log(f"second savepoint: {t['savepoint_linked_second']:.3f}s, hashed/written {touched / second_bytes:.2%}")
+
+        if "hashes" not in skip:
+            paths = [jobs[s].checkpoint / rel for s in jobs for rel, _ in files[s]]
+            figures["hash_gb_per_s"] = hash_candidates(paths)
+            log(f"hashes (GB/s, read + hash, 2 threads): {figures['hash_gb_per_s']}")
+        if "s3" not in skip:
+            figures["s3"] = s3_compare(jobs["hdfs"], work)
+            log(f"s3: {figures['s3']}")
+        if "memory" not in skip:
+            figures["memory_mib_above_baseline"] = memory_peak(work, int(memory_gb * 2**30))
+            figures["memory_file_gb"] = memory_gb
+            log(f"memory: {figures['memory_mib_above_baseline']}")
+        if "live" not in skip:
+            figures["live"] = batch_durations(spark, work, min(size, 0.2), batches=8 if args.quick else 20)
+            log(f"live: {figures['live']}")
+        spark.stop()
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    figures["machine"] = machine()
+    figures["wall_seconds"] = round(time.perf_counter() - started, 1)
+    targets = evaluate(figures)
+    report = {"quick": args.quick, "targets": targets, "figures": figures}
+    print_table(report)
+    if args.json:
+        print(json.dumps(report, default=str))
+    return 0
+
+
+def evaluate(f: dict) -> list[dict]:
+    t, out = f["seconds"], []
+
+    def add(name, ratio, target, met, note=""):
+        out.append({"name": name, "ratio": None if ratio is None else round(ratio, 3), "target": target,
+                    "met": bool(met), **({"note": note} if note else {})})
+
+    cp = t["cp_r"]
+    add("full savepoint, streamed with checksums / cp -r", t["savepoint_streamed"] / cp, "<= 1.25",
+        t["savepoint_streamed"] / cp <= 1.25)
+    add("cp -r / first savepoint with links and checksums", cp / t["savepoint_linked_first"], ">= 3",
+        cp / t["savepoint_linked_first"] >= 3)
+    s = f["second_savepoint"]
+    add("second savepoint after ~1% change: bytes hashed or written / state bytes", s["hashed_or_written"] / s["bytes"],
+        "<= 0.05", s["hashed_or_written"] / s["bytes"] <= 0.05)
+    add("cp -r of the whole state / second savepoint with links", cp / t["savepoint_linked_second"], ">= 20",
+        cp / t["savepoint_linked_second"] >= 20)
+    if "s3" in f:
+        r = f["s3"]["server_side_s"] / f["s3"]["streamed_s"]
+        add("S3 savepoint: server-side copy / download-and-upload", r, "<= 0.7", r <= 0.7)
+        add("S3 savepoint: payload bytes through the worker (server-side copy)", f["s3"]["server_side_payload_bytes"],
+            "== 0", f["s3"]["server_side_payload_bytes"] == 0)
+    add("restore streamed / cp -r", t["restore_streamed"] / cp, "<= 1.25", t["restore_streamed"] / cp <= 1.25)
+    add("cp -r / restore with links", cp / t["restore_linked"], ">= 3", cp / t["restore_linked"] >= 3)
+    if "live" in f:
+        r = f["live"]["during_median_s"] / f["live"]["without_median_s"]
+        add("median batch duration during savepoints / without", r, "<= 1.10", r <= 1.10)
+    if "memory_mib_above_baseline" in f:
+        worst = max(f["memory_mib_above_baseline"].values())
+        add(f"peak memory above baseline copying a {f['memory_file_gb']} GB file (MiB)", worst, "<= 64", worst <= 64)
+    return out
+
+
+def machine() -> dict:
+    import crc32c
+
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(memory / 2**30, 1),
+            "python": platform.python_version(), "os": platform.platform(), "crc32c_hardware": crc32c.hardware_based,
+            "filesystem": subprocess.run(["stat", "-f", "-c", "%T", tempfile.gettempdir()], capture_output=True,
+                                         text=True).stdout.strip(),
+            "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def print_table(report: dict) -> None:
+    f = report["figures"]
+    lines = [f"state: {f['files']} files, {f['bytes'] / 1e9:.2f} GB (HDFS + RocksDB stores), "
+             f"{f['partitions']} partitions; machine: {f['machine']['cpu']}, {f['machine']['cores']} cores",
+             "", f"{'step':58s} {'seconds':>9s}"]
+    lines += [f"{k:58s} {v:9.3f}" for k, v in f["seconds"].items()]
+    lines += ["", f"{'target':78s} {'ratio':>9s} {'target':>9s}  met"]
+    for t in report["targets"]:
+        lines.append(f"{t['name']:78s} {t['ratio']:>9} {t['target']:>9s}  {'yes' if t['met'] else 'NO'}")
+    log("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
