@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo clean browser-deps
+.PHONY: install test test-fast demo bench bench-full clean browser-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,16 @@ browser-deps:
 
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)
+
+# Benchmarks are never part of `make test`. xxhash/blake3 are only measured as checksum candidates,
+# matplotlib draws docs/performance.png; the suite runs without them.
+bench: $(STAMP)
+	-$(BIN)/pip install --quiet xxhash blake3
+	$(BIN)/python benchmarks/run.py --quick $(BENCH_ARGS)
+
+bench-full: $(STAMP)
+	-$(BIN)/pip install --quiet xxhash blake3 matplotlib
+	$(BIN)/python benchmarks/run.py --json-file docs/performance.json --plot docs/performance.png $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo-run test-artifacts

@@ -358,7 +358,17 @@ def main() -> int:
     parser.add_argument("--memory-gb", type=float, help="file size for the memory check (default 1.0, quick 0.25)")
     parser.add_argument("--workdir", help="where to build (default: a temporary folder, removed)")
     parser.add_argument("--skip", default="", help="comma list of steps to skip: s3,live,memory,hashes")
+    parser.add_argument("--json-file", help="also write the JSON report to this file")
+    parser.add_argument("--plot", help="draw the timings as a PNG (needs matplotlib)")
+    parser.add_argument("--from-json", help="do not measure: print the table (and --plot) of a saved JSON report")
     args = parser.parse_args()
+    if args.from_json:
+        text = Path(args.from_json).read_text().strip().splitlines()[-1]
+        report = json.loads(text)
+        print_table(report)
+        if args.plot:
+            plot(report, Path(args.plot))
+        return 0
     size = args.size_gb or (0.1 if args.quick else 1.0)
     partitions = args.partitions or (40 if args.quick else 200)
     batches = args.batches or (5 if args.quick else 10)
@@ -443,7 +453,33 @@ def main() -> int:
     print_table(report)
     if args.json:
         print(json.dumps(report, default=str))
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(report, default=str, indent=1) + "\n")
+    if args.plot:
+        plot(report, Path(args.plot))
     return 0
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    f = report["figures"]
+    steps = list(f["seconds"].items())
+    labels = [k.replace("_", " ") for k, _ in steps]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    colors = ["#888888" if k == "cp_r" else "#3a7bd5" for k, _ in steps]
+    ax.barh(labels, [v for _, v in steps], color=colors)
+    for i, (_, v) in enumerate(steps):
+        ax.text(v, i, f" {v:.3f}s", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (HDFS + RocksDB checkpoints)")
+    ax.set_title(f"{f['files']} files, {f['bytes'] / 1e9:.2f} GB of state; {f['machine']['cpu']}, "
+                 f"{f['machine']['cores']} cores", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def evaluate(f: dict) -> list[dict]:
