@@ -321,3 +321,38 @@ def test_memory_stays_flat_while_copying_a_large_file(tmp_path, mode):
     grown = result["peak"] - result["baseline"]
     print(f"{mode}: peak RSS grew by {grown / 2**20:.1f} MiB while copying {size / 2**20:.0f} MiB")
     assert grown < 64 * 1024 * 1024
+
+
+# --- secondary copy (task-local recovery) -----------------------------------------------------------------
+def test_a_secondary_copy_is_written_in_the_same_pass_and_preferred_by_restore(checkpoint, tmp_path):
+    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"),
+                          secondary_dir=str(tmp_path / "local"))
+    secondary = tmp_path / "local" / "job" / info.manifest.savepoint_id
+    assert info.manifest.secondary == str(secondary)
+    assert (secondary / "_metadata").read_bytes() == (Path(info.pointer) / "_metadata").read_bytes()
+    for entry in info.manifest.files:
+        assert format(crc_of(secondary / entry.path), "08x") == entry.checksum
+
+    result = restore_savepoint(info.pointer, str(tmp_path / "restored"))
+    assert result.restored_from == str(secondary) and result.pointer == info.pointer
+    state = next(e.path for e in info.manifest.files if e.path.endswith(".delta"))
+    assert (tmp_path / "restored" / state).stat().st_ino == (secondary / state).stat().st_ino
+
+    data = bytearray((secondary / state).read_bytes())  # damage the secondary only
+    data[0] ^= 0xFF
+    os.unlink(secondary / state)
+    (secondary / state).write_bytes(bytes(data))
+    fallback = restore_savepoint(info.pointer, str(tmp_path / "restored-2"))
+    assert fallback.restored_from == info.pointer  # the damage was caught; the primary was used
+    assert crc_of(tmp_path / "restored-2" / state) == int(entries(info)[state].checksum, 16)
+
+    dispose_savepoint(info.pointer)
+    assert not secondary.exists() and not Path(info.pointer).exists()
+
+
+def test_a_secondary_copy_that_cannot_be_written_is_dropped_and_the_savepoint_still_completes(checkpoint, tmp_path):
+    blocker = tmp_path / "local"
+    blocker.write_text("a file where the secondary folder should be")
+    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"), secondary_dir=str(blocker))
+    assert info.manifest.secondary is None
+    assert restore_savepoint(info.pointer, str(tmp_path / "restored")).restored_from == info.pointer

@@ -8,6 +8,7 @@ removes as an orphan, and running it again finishes it.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
@@ -23,6 +24,8 @@ from airflow_savepoints.errors import (
     StoragePermissionError,
 )
 from airflow_savepoints.storage import Store
+
+log = logging.getLogger(__name__)
 
 _storage_retry = retry(
     retry=retry_if_exception(lambda exc: isinstance(exc, StorageError)
@@ -57,6 +60,20 @@ def dispose_savepoint(pointer: str, *, savepoint_dir: str | None = None,
     return dispose_location(location, manifest)
 
 
+def _dispose_secondary(manifest: SavepointManifest) -> None:
+    """Remove the savepoint's secondary copy too, when it is reachable from here (best effort: it
+    may live on another worker's disk)."""
+    if not manifest.secondary:
+        return
+    try:
+        secondary = Store(manifest.secondary)
+        if secondary.name == manifest.savepoint_id and SAVEPOINT_NAME.match(secondary.name):
+            secondary.remove_file(MANIFEST_FILE)
+            secondary.parent().remove_tree(secondary.name)
+    except Exception as exc:  # noqa: BLE001 - the primary is gone; a stray secondary is never restored alone
+        log.warning("could not remove the secondary copy %s (%s)", manifest.secondary, exc)
+
+
 def dispose_location(location: Store, manifest: SavepointManifest) -> SavepointInfo:
     """Dispose a savepoint already checked to be under its root."""
     job_folder = location.parent()
@@ -64,5 +81,6 @@ def dispose_location(location: Store, manifest: SavepointManifest) -> SavepointI
     catalog.begin_dispose(location.name)
     _storage_retry(location.remove_file)(MANIFEST_FILE)
     _storage_retry(job_folder.remove_tree)(location.name)
+    _dispose_secondary(manifest)
     _storage_retry(catalog.forget)(location.name)
     return savepoint_info(location, manifest)

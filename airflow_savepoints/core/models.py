@@ -89,6 +89,7 @@ class SavepointManifest(BaseModel):
     files: list[FileEntry]
     total_bytes: int = Field(ge=0)
     attempts: int = 1
+    secondary: str | None = None  # a secondary copy written in the same pass (restore prefers it when intact)
 
     @field_validator("job")
     @classmethod
@@ -136,5 +137,6 @@ class RestoreResult(BaseModel):
     files: int
     bytes: int
     rewritten: list[str] = Field(default_factory=list)
+    restored_from: str | None = None  # the secondary copy when it was used, else the savepoint itself
     state_store: StateStoreSettings
     spark_conf_to_set: dict[str, str] = Field(default_factory=dict)

@@ -29,11 +29,12 @@ from airflow_savepoints.core.models import (
     RestoreResult,
     SavepointManifest,
 )
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, resolve_pointer
+from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, resolve_pointer
 from airflow_savepoints.errors import (
     CredentialsError,
     InvalidInputError,
     SinkAheadError,
+    StorageError,
     StoragePermissionError,
     TargetNotEmptyError,
     VerificationError,
@@ -116,13 +117,19 @@ def restore_savepoint(
     sink_storage_options: dict[str, Any] | None = None,
     parallelism: int = 8,
     copy_mode: str = "auto",
+    prefer_secondary: bool = True,
+    secondary_storage_options: dict[str, Any] | None = None,
 ) -> RestoreResult:
     """Materialise the savepoint at ``pointer`` into the fresh, empty checkpoint location ``target``.
 
     Files are hard-linked when savepoint and target share a local filesystem (Spark never writes
     a checkpoint file in place, so the savepoint stays unmodified), copied inside the store on S3,
     streamed otherwise (``copy_mode="stream"`` always streams); every file's CRC32C is checked
-    against the manifest either way (read from the linked inode, or computed by the store)."""
+    against the manifest either way (read from the linked inode, or computed by the store).
+
+    If the savepoint has a secondary copy (``take_savepoint(secondary_dir=...)``) that exists here
+    and is the same savepoint, it is restored from instead, every file checked against the
+    primary's manifest; any problem with it falls back to the primary."""
     if copy_mode not in MODES:
         raise InvalidInputError(f"unknown copy mode {copy_mode!r}", "use one of: " + ", ".join(MODES))
     location, manifest = resolve_pointer(pointer, storage_options)
@@ -144,7 +151,31 @@ def restore_savepoint(
     if sink_path:
         check_sink(manifest, sink_path, sink_storage_options)
     with pinned(location, manifest):
-        return _restore_pinned(location, manifest, destination, new_query_id, parallelism, copy_mode)
+        secondary = _usable_secondary(manifest, secondary_storage_options) if prefer_secondary else None
+        if secondary is not None:
+            try:
+                result = _restore_pinned(secondary, manifest, destination, new_query_id, parallelism, copy_mode)
+                return result.model_copy(update={"pointer": location.url, "restored_from": secondary.url})
+            except (VerificationError, FileNotFoundError, StorageError) as exc:
+                log.warning("the secondary copy %s is not usable (%s); restoring from the primary %s",
+                            secondary.url, getattr(exc, "message", exc), location.url)
+        result = _restore_pinned(location, manifest, destination, new_query_id, parallelism, copy_mode)
+        return result.model_copy(update={"restored_from": location.url})
+
+
+def _usable_secondary(manifest: SavepointManifest, storage_options: dict[str, Any] | None) -> Store | None:
+    """The manifest's secondary copy if it is reachable here and its ``_metadata`` is the same savepoint's."""
+    if not manifest.secondary:
+        return None
+    try:
+        secondary = Store(manifest.secondary, storage_options)
+        copy = parse_manifest(secondary.read_bytes(MANIFEST_FILE), secondary.url_of(MANIFEST_FILE))
+    except Exception as exc:  # noqa: BLE001 - absent on this machine, unreadable: use the primary
+        log.info("secondary copy %s not used (%s)", manifest.secondary, getattr(exc, "message", exc))
+        return None
+    same = (copy.savepoint_id, copy.query_id, copy.batch_id, [(e.path, e.size, e.checksum) for e in copy.files]) == \
+        (manifest.savepoint_id, manifest.query_id, manifest.batch_id, [(e.path, e.size, e.checksum) for e in manifest.files])
+    return secondary if same else None
 
 
 @contextlib.contextmanager

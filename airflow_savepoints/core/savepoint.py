@@ -83,6 +83,8 @@ def take_savepoint(
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
     copy_mode: str = "auto",
     incremental: bool = True,
+    secondary_dir: str | Store | None = None,
+    secondary_storage_options: dict[str, Any] | None = None,
 ) -> SavepointInfo:
     """Take a savepoint of the newest committed batch of ``checkpoint`` for ``job``.
 
@@ -91,6 +93,11 @@ def take_savepoint(
     on S3, streamed otherwise (``copy_mode="stream"`` always streams). With ``incremental``, files
     that the job's previous savepoint already holds unchanged (same size and version token) are
     taken from it with their recorded checksum, the previous savepoint pinned meanwhile.
+
+    With ``secondary_dir`` (typically local disk of the worker, after Flink's task-local
+    recovery), a secondary copy is written in the same pass to ``<secondary_dir>/<job>/<id>/``,
+    checked file by file against the primary's checksums; restore prefers it when it is intact.
+    A secondary copy that fails is dropped with a warning; the savepoint does not fail for it.
     """
     validate_job_name(job)
     try:
@@ -139,7 +146,8 @@ def take_savepoint(
             done = find_by_request_id(root, job, request_id)
             if done is not None:
                 return done
-        options = {"copy_mode": copy_mode, "first": first}
+        options = {"copy_mode": copy_mode, "first": first,
+                   "secondary": None if secondary_dir is None else _as_store(secondary_dir, secondary_storage_options).child(job)}
         with _previous_savepoint(job_store, job, source, incremental and copy_mode == "auto") as previous:
             options["previous"] = previous
             return _take_with_retries(
@@ -283,6 +291,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         except SourceChangedError as exc:
             raise CheckpointRaceError(f"a planned file was replaced during the copy: {exc}") from exc
     _check_copied(plan, copied, location)
+    secondary = _write_secondary(source, options.get("secondary"), location.name, plan, listing, copied, parallelism)
     _check_unchanged(plan, source.list_files())
     plan_versions = {f.path: f.version for f in plan.files}
     if not lock.still_held():
@@ -319,8 +328,16 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
                for p, c in sorted(copied.items())],
         total_bytes=sum(c.size for c in copied.values()),
         attempts=state["attempt"],
+        secondary=secondary.url if secondary is not None else None,
     )
-    location.write_bytes_atomic(MANIFEST_FILE, manifest.model_dump_json(indent=1).encode())
+    body = manifest.model_dump_json(indent=1).encode()
+    location.write_bytes_atomic(MANIFEST_FILE, body)
+    if secondary is not None:
+        try:
+            secondary.write_bytes_atomic(MANIFEST_FILE, body)
+        except Exception as exc:  # noqa: BLE001 - the primary is complete; restore falls back to it
+            log.warning("secondary copy %s of %s has no _metadata (%s); restore will use the primary",
+                        secondary.url, location.url, exc)
     info = savepoint_info(location, manifest)
     try:
         Catalog(job_store, job).complete(manifest)
@@ -328,6 +345,31 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         log.warning("savepoint %s is complete but its catalog record was not updated (%s)", location.url, exc)
     notify("completed", info.summary())
     return info
+
+
+def _write_secondary(source: Store, secondary_root: Store | None, savepoint_id: str, plan: CheckpointPlan,
+                     listing: dict[str, FileStat], copied: dict[str, CopiedFile], parallelism: int) -> Store | None:
+    """Copy the plan to the secondary location and check every file against the primary's CRC32C.
+
+    Linked on the same filesystem as the checkpoint, else streamed. Any failure drops it."""
+    if secondary_root is None:
+        return None
+    secondary = secondary_root.child(savepoint_id)
+    try:
+        secondary_root.remove_tree(savepoint_id)  # what an earlier attempt left
+        secondary.makedirs()
+        got = copy_many(source, secondary, [f.path for f in plan.files], parallelism, stats=listing)
+        wrong = [p for p, c in got.items() if (c.size, c.crc) != (copied[p].size, copied[p].crc)]
+        if wrong:
+            raise CheckpointRaceError(f"{len(wrong)} files differ from the primary copy, e.g. {wrong[0]}")
+        return secondary
+    except Exception as exc:  # noqa: BLE001 - the secondary copy is optional
+        log.warning("dropping the secondary copy %s (%s)", secondary.url, exc)
+        try:
+            secondary_root.remove_tree(savepoint_id)
+        except Exception:  # noqa: BLE001
+            pass
+        return None
 
 
 def _plan(source: Store) -> CheckpointPlan:
