@@ -16,7 +16,7 @@ MANIFEST_VERSION = 1
 MANIFEST_FILE = "_metadata"
 CHECKSUM_ALGORITHM = "crc32c"
 
-JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" would accept a trailing newline
 
 
 def validate_job_name(job: str) -> str:

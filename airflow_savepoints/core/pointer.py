@@ -32,7 +32,7 @@ from airflow_savepoints.errors import (
 )
 from airflow_savepoints.storage import Store
 
-SAVEPOINT_NAME = re.compile(r"^savepoint-[0-9A-Za-z-]{1,6}-[0-9a-f]{12}$")
+SAVEPOINT_NAME = re.compile(r"^savepoint-[0-9A-Za-z-]{1,6}-[0-9a-f]{12}\Z")  # \Z: not "$", which allows a final newline
 
 
 def new_savepoint_id(query_id: str) -> str:
