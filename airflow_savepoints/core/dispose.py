@@ -9,13 +9,14 @@ removes as an orphan, and running it again finishes it.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.models import MANIFEST_FILE, SavepointInfo, SavepointManifest
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, resolve_pointer, savepoint_info
+from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, resolve_pointer, savepoint_info
 from airflow_savepoints.core.settings import configured_savepoint_dir
 from airflow_savepoints.errors import (
     CredentialsError,
@@ -49,6 +50,22 @@ def check_under_root(location: Store, manifest: SavepointManifest, root: Store |
             f"{location.url} is outside the savepoint directory {root.url}",
             "pass --dir with the savepoint directory that holds it",
         )
+    check_no_link(location, root.root if root is not None else job_folder.parent().root)
+
+
+def check_no_link(location: Store, root: str) -> None:
+    """Locally, ``<root>/<job>/<savepoint>`` must be real folders: deleting through a symbolic link
+    (the savepoint folder or its job folder) would remove files outside the savepoint directory.
+    The root itself may be a link (``/data/savepoints -> /mnt/disk1/savepoints``)."""
+    if location.protocol != "file":
+        return
+    rel = location.root[len(root.rstrip("/")) + 1:] if location.root.startswith(root.rstrip("/") + "/") else None
+    real = os.path.realpath(location.root)
+    if rel is None or real != os.path.join(os.path.realpath(root), rel):
+        raise OutsideRootError(
+            f"{location.url} goes through a symbolic link (it is really {real}): refusing to delete through it",
+            f"remove the link by hand; savepoints are only deleted at their real place below {root}",
+        )
 
 
 def dispose_savepoint(pointer: str, *, savepoint_dir: str | None = None,
@@ -67,7 +84,13 @@ def _dispose_secondary(manifest: SavepointManifest) -> None:
         return
     try:
         secondary = Store(manifest.secondary)
-        if secondary.name == manifest.savepoint_id and SAVEPOINT_NAME.match(secondary.name):
+        if secondary.name == manifest.savepoint_id and SAVEPOINT_NAME.match(secondary.name) and \
+                secondary.parent().name == manifest.job:
+            # only a real folder <dir>/<job>/<id> whose own _metadata is this savepoint's (the manifest is data: trust no path in it)
+            check_no_link(secondary, secondary.parent().parent().root)
+            copy = parse_manifest(secondary.read_bytes(MANIFEST_FILE), secondary.url_of(MANIFEST_FILE))
+            if (copy.savepoint_id, copy.job, copy.query_id) != (manifest.savepoint_id, manifest.job, manifest.query_id):
+                raise OutsideRootError(f"{secondary.url} holds another savepoint", "left in place")
             secondary.remove_file(MANIFEST_FILE)
             secondary.parent().remove_tree(secondary.name)
     except Exception as exc:  # noqa: BLE001 - the primary is gone; a stray secondary is never restored alone

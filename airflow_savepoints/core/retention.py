@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airflow_savepoints.core.catalog import Catalog, SavepointRecord, SavepointState
-from airflow_savepoints.core.dispose import check_under_root, dispose_location
+from airflow_savepoints.core.dispose import check_no_link, check_under_root, dispose_location
 from airflow_savepoints.core.lock import JobLock
 from airflow_savepoints.core.models import MANIFEST_FILE, SavepointType, validate_job_name
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, read_manifest
@@ -157,6 +157,7 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
     validate_job_name(job)
     now = now or datetime.now(UTC)
     job_store = root.child(job)
+    check_no_link(job_store, root.root)  # a job folder linked elsewhere: never list, write or delete through it
     document = Catalog(job_store, job).load()
     lease = JobLock(job_store, request_id=None).current()
     lease_live = lease is not None and not JobLock(job_store, request_id=None).is_stale(lease)
@@ -290,6 +291,7 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
                 report.skipped.append({"savepoint_id": decision.savepoint_id, "error": "in_progress",
                                        "message": "a trigger took it up again"})
                 continue
+            check_no_link(job_store.child(decision.savepoint_id), root.root)
             if MANIFEST_FILE in job_store.list_files(decision.savepoint_id):
                 report.skipped.append({"savepoint_id": decision.savepoint_id, "error": "completed",
                                        "message": "its _metadata appeared: it is a completed savepoint now"})
