@@ -140,6 +140,14 @@ def _is_credentials_problem(exc: BaseException) -> bool:
     )
 
 
+# Libraries whose own (non-OSError) exceptions mean the store could not be reached or answered badly.
+_TRANSPORT_MODULES = {"botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "google", "azure"}
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    return any(type(e).__module__.split(".")[0] in _TRANSPORT_MODULES for e in _exception_chain(exc))
+
+
 def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -264,6 +272,9 @@ class Store:
         except Exception as exc:
             if _is_credentials_problem(exc):
                 raise self._credentials_error(where) from exc
+            if _is_transport_error(exc):  # e.g. botocore's ConnectionClosedError once s3fs's retries are spent
+                raise StorageError(f"storage error at '{where}': {type(exc).__name__}: {exc}",
+                                   "check the store's endpoint and network, and try again") from exc
             raise
 
     def _credentials_error(self, where: str) -> CredentialsError:
@@ -345,17 +356,21 @@ class Store:
             return self.fs.cat_file(self.path_of(rel))
 
     def open_read(self, rel: str, block_size: int | None = None) -> IO[bytes]:
+        """A binary reader; its read errors are translated like every other call's."""
         with self.translate_errors(self.url_of(rel)):
             kwargs = {"block_size": block_size} if block_size and self.protocol != "file" else {}
-            return self.fs.open(self.path_of(rel), "rb", **kwargs)
+            return _Translated(self.fs.open(self.path_of(rel), "rb", **kwargs), self, self.url_of(rel))
 
     # --- writing -----------------------------------------------------------------------------------
     def open_write(self, rel: str) -> IO[bytes]:
         with self.translate_errors(self.url_of(rel)):
             if self.protocol == "file":
                 os.makedirs(posixpath.dirname(self.path_of(rel)), exist_ok=True)
-                return open(self.path_of(rel), "wb")  # noqa: SIM115 - the caller closes it
-            return self.fs.open(self.path_of(rel), "wb", block_size=UPLOAD_BLOCK)
+                handle = open(self.path_of(rel), "wb")  # noqa: SIM115 - the caller closes it
+            else:
+                handle = self.fs.open(self.path_of(rel), "wb", block_size=UPLOAD_BLOCK)
+        # an object store uploads on write and close: their errors are translated too
+        return _Translated(handle, self, self.url_of(rel))
 
     def makedirs(self, rel: str = "") -> None:
         if self.protocol in OBJECT_STORES:
@@ -416,7 +431,12 @@ class Store:
         except Exception as exc:  # s3fs wraps botocore errors; look for the 412
             text = " ".join(str(e) for e in _exception_chain(exc))
             if "PreconditionFailed" in text or "412" in text or "ConditionalRequestConflict" in text:
-                return False
+                # A retried PUT (its first response was lost) also gets a 412 when the first attempt
+                # created the object: it is ours if it holds our bytes (callers put a unique token in them).
+                try:
+                    return self.fs.cat_file(target) == data
+                except FileNotFoundError:
+                    return False
             raise
         finally:
             self._invalidate(posixpath.dirname(target))
@@ -473,7 +493,8 @@ class Store:
                 return None
             if _is_credentials_problem(exc) or isinstance(exc, PermissionError):
                 return None  # the target's credentials may not read the source: stream instead
-            raise
+            with self.translate_errors(self.url_of(rel)):
+                raise
         finally:
             self._invalidate(posixpath.dirname(rel))
         result = out.get("CopyObjectResult") or {}
@@ -508,6 +529,46 @@ class Store:
             except FileNotFoundError:
                 pass
         self._invalidate(rel)
+
+
+class _Translated:
+    """A file object whose I/O errors become the store's :class:`StorageError` naming the file."""
+
+    def __init__(self, handle: IO[bytes], store: Store, where: str):
+        self._handle, self._store, self._where = handle, store, where
+
+    def read(self, *args):
+        with self._store.translate_errors(self._where):
+            return self._handle.read(*args)
+
+    def readinto(self, buffer):
+        with self._store.translate_errors(self._where):
+            return self._handle.readinto(buffer)
+
+    def write(self, data):
+        with self._store.translate_errors(self._where):
+            return self._handle.write(data)
+
+    def flush(self) -> None:
+        with self._store.translate_errors(self._where):
+            self._handle.flush()
+
+    def close(self) -> None:
+        with self._store.translate_errors(self._where):
+            self._handle.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._handle, name)
+
+    def __enter__(self) -> _Translated:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if exc_info[0] is None:
+            self.close()
+            return
+        with contextlib.suppress(Exception):  # the error being raised says what went wrong
+            self._handle.close()
 
 
 _NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}
