@@ -1,10 +1,17 @@
 """Periodic savepoints of every job in jobs.yaml.
 
-One task per job takes a ``periodic`` savepoint of the job's live checkpoint; each completed
-savepoint is announced as an event of the asset ``savepoints/<job>``. Then the job's retention
-policy (``retention`` in jobs.yaml, else ``[savepoints]``) bounds the periodic savepoints kept:
-the oldest beyond ``max_periodic`` go; manual and stop savepoints always stay. The interval is 15 minutes,
-or ``SAVEPOINTS_PERIODIC_INTERVAL`` (``30s``, ``5m``, ``1h``) from the environment at parse time.
+Per job, three tasks:
+1. ``check_<job>`` looks at the job's recorded run. A job that failed (its query raised, or its
+   process exited without being stopped) gets its ``checkpoint_retention`` policy applied once
+   and the run fails with the reason; a job stopped on purpose skips the rest.
+2. ``savepoint_<job>`` takes a ``periodic`` savepoint of the job's live checkpoint and announces
+   it as an event of the asset ``savepoints/<job>``.
+3. ``retention_<job>`` applies the job's retention policy (``retention`` in jobs.yaml, else
+   ``[savepoints]``): the oldest periodic savepoints beyond ``max_periodic`` go; manual and stop
+   savepoints always stay.
+
+The interval is 15 minutes, or ``SAVEPOINTS_PERIODIC_INTERVAL`` (``30s``, ``5m``, ``1h``) from the
+environment at parse time.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ from airflow.sdk import DAG
 
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.jobs import load_jobs
+from airflow_savepoints.operators.job import CheckJobOperator
 from airflow_savepoints.operators.retention import ApplyRetentionOperator
 from airflow_savepoints.operators.savepoint import TriggerSavepointOperator
 
-JOBS = load_jobs(Path(__file__).with_name("jobs.yaml"))
+JOBS_FILE = Path(__file__).with_name("jobs.yaml")
+JOBS = load_jobs(JOBS_FILE)
 INTERVAL = timedelta(seconds=parse_duration(os.environ.get("SAVEPOINTS_PERIODIC_INTERVAL") or "15m"))
 
 with DAG(
@@ -34,7 +43,7 @@ with DAG(
 ) as dag:
     for job in JOBS.values():
         task = job.name.replace("-", "_")
-        TriggerSavepointOperator(
+        CheckJobOperator(task_id=f"check_{task}", job=job.name, jobs_file=str(JOBS_FILE)) >> TriggerSavepointOperator(
             task_id=f"savepoint_{task}",
             job=job.name,
             fallback_checkpoint=job.checkpoint,  # used until RestoreJobOperator records a run

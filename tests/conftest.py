@@ -86,6 +86,11 @@ def s3(s3_endpoint, monkeypatch):
     fsspec.config.conf.update(saved)
 
 
+def job_folder_entries(job_dir: Path) -> list[str]:
+    """What a job's savepoint folder holds besides its catalog (savepoint locations, the lease, ...)."""
+    return sorted(p.name for p in job_dir.iterdir() if p.name != "_catalog.json") if job_dir.exists() else []
+
+
 def tree_snapshot(path: Path) -> dict[str, bytes]:
     """Every file below ``path`` with its bytes: to prove a command changed nothing."""
     if not path.exists():

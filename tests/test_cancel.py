@@ -45,20 +45,22 @@ def test_retain_on_cancellation_keeps_and_registers_the_checkpoint(tmp_path):
     assert [s.type.value for s in retained] == ["retained_checkpoint"]
     assert outcome["retained_savepoint"]["pointer"] == retained[0].pointer
     result = restore_savepoint(retained[0].pointer, str(tmp_path / "restored"))
-    assert result.batch_id == retained[0].manifest.batch_id
+    assert result.batch_id == retained[0].batch_id
 
 
 def test_never_retain_deletes_only_the_live_checkpoint(tmp_path):
     jobs, run = start_demo(tmp_path, "RETAIN_ON_CANCELLATION")
     (tmp_path / "neighbour.txt").write_text("not the checkpoint")
-    before = {k: v for k, v in tree_snapshot(tmp_path).items() if not k.startswith(("checkpoint/", "output/", "logs/"))}
+    ignored = ("checkpoint/", "output/", "logs/", "savepoints/demo/_run.json")  # the run record says it was cancelled
+    before = {k: v for k, v in tree_snapshot(tmp_path).items() if not k.startswith(ignored)}
     outcome = CancelJobOperator(task_id="cancel", job="demo", jobs_file=jobs, policy="NEVER_RETAIN_AFTER_TERMINATION",
                                 grace=30).execute({})
     assert outcome["action"] == "deleted" and not (tmp_path / "checkpoint").exists()
-    after = {k: v for k, v in tree_snapshot(tmp_path).items() if not k.startswith(("output/", "logs/"))}
-    assert after == before  # savepoints, inputs, the run record and the neighbour are untouched
+    after = {k: v for k, v in tree_snapshot(tmp_path).items() if not k.startswith(ignored)}
+    assert after == before  # savepoints, inputs and the neighbour are untouched
     assert list_savepoints(Store(str(tmp_path / "savepoints")), "demo") == []
-    assert read_run(Store(str(tmp_path / "savepoints" / "demo"))).pid == run.pid
+    recorded = read_run(Store(str(tmp_path / "savepoints" / "demo")))
+    assert recorded.pid == run.pid and recorded.ended == "cancelled" and recorded.termination["action"] == "deleted"
 
 
 def test_policy_table_and_guards(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_savepoints.core import list_savepoints, take_savepoint
 from airflow_savepoints.storage import Store
-from tests.conftest import ROOT, tree_snapshot
+from tests.conftest import ROOT, job_folder_entries, tree_snapshot
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
@@ -79,7 +79,8 @@ def test_a_killed_task_leaves_no_partial_savepoint_and_no_lease(stopped_checkpoi
     code = run_and_kill(tmp_path, module, operator,
                         arguments.format(ck=checkpoint, sp=tmp_path / "sp", jobs=jobs))
     assert code == 143
-    assert [p.name for p in (tmp_path / "sp" / "demo").iterdir()] == []  # no location, no lease
+    assert job_folder_entries(tmp_path / "sp" / "demo") == []  # no location, no lease
+    assert list_savepoints(Store(str(tmp_path / "sp")), "demo") == []  # no record left in progress
     assert tree_snapshot(checkpoint) == before  # the live checkpoint is untouched
     # the next trigger is not blocked by a dead task's lease, and succeeds
     info = take_savepoint(str(checkpoint), "demo", savepoint_dir=str(tmp_path / "sp"))

@@ -15,6 +15,7 @@ import pytest
 from airflow_savepoints.core import list_savepoints, restore_savepoint, take_savepoint
 from airflow_savepoints.errors import SavepointRetriesExhaustedError
 from airflow_savepoints.storage import Store
+from tests.conftest import job_folder_entries
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def test_a_replaced_file_is_detected_and_the_copy_retried(checkpoint, tmp_path):
     info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"), on_event=replace_once)
     assert faults == [1] and info.manifest.attempts == 2
     job_dir = tmp_path / "sp" / "job"
-    assert sorted(p.name for p in job_dir.iterdir()) == [info.manifest.savepoint_id]
+    assert job_folder_entries(job_dir) == [info.manifest.savepoint_id]
     restore_savepoint(info.pointer, str(tmp_path / "restored"))
 
 
@@ -64,7 +65,7 @@ def test_files_vanishing_on_every_attempt_fail_clearly_and_leave_nothing(checkpo
     assert "in 3 attempts" in failure.value.message and failure.value.hint
     assert list_savepoints(Store(str(tmp_path / "sp")), "job") == []
     job_dir = tmp_path / "sp" / "job"
-    assert not job_dir.exists() or list(job_dir.iterdir()) == []  # no incomplete location, no lease
+    assert job_folder_entries(job_dir) == []  # no incomplete location, no lease
     for original, kept in reversed(purged):
         kept.rename(original)
     assert {p: p.read_bytes() for p in checkpoint.rglob("*") if p.is_file()} == before  # only read

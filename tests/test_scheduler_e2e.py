@@ -186,7 +186,7 @@ def test_scheduler_triggerer_and_rest_api_run_the_savepoint_dags(tmp_path):
             after = [datetime.fromisoformat(r["run_after"]) for r in succeeded]
             assert all((b - a).total_seconds() >= 19.9 for a, b in pairwise(after)), after  # 20 s apart
             on_disk = {info.pointer: info for info in list_savepoints(savepoints, JOB)
-                       if info.manifest.type.value == "periodic"}
+                       if info.type.value == "periodic"}
             assert len(on_disk) >= 2, sorted(on_disk)
             pushed = {}
             for r in succeeded:
@@ -197,12 +197,12 @@ def test_scheduler_triggerer_and_rest_api_run_the_savepoint_dags(tmp_path):
             assert set(on_disk) <= set(pushed), (sorted(on_disk), sorted(pushed))  # retention may drop old ones
             for pointer, info in on_disk.items():
                 run_id, summary = pushed[pointer]
-                assert info.manifest.batch_id == summary["batch_id"], (pointer, info.manifest.batch_id, summary)
-                assert info.manifest.reason == f"{PERIODIC}/{run_id}"
-                assert info.manifest.request_id == f"{PERIODIC}/{run_id}/{SAVEPOINT_TASK}/-1"
-                assert info.manifest.checkpoint.rstrip("/").endswith(str(demo_home / "checkpoint"))
+                assert info.batch_id == summary["batch_id"], (pointer, info.batch_id, summary)
+                assert info.reason == f"{PERIODIC}/{run_id}"
+                assert info.request_id == f"{PERIODIC}/{run_id}/{SAVEPOINT_TASK}/-1"
                 location, manifest = verify_savepoint(pointer)  # every file matches its checksum
                 assert manifest.batch_id == summary["batch_id"]
+                assert manifest.checkpoint.rstrip("/").endswith(str(demo_home / "checkpoint"))
             batches = [pushed_summary["batch_id"] for _, pushed_summary in
                        sorted(pushed.values(), key=lambda item: item[1]["created_at"])]
             assert batches == sorted(batches) and batches[-1] > batches[0], batches  # the job moved on between rounds

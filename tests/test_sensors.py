@@ -61,6 +61,23 @@ def test_batch_trigger_fires_when_past_and_fails_fast_when_the_job_died(stopped_
     assert "is not running" in event.payload["message"] and "BadRecordException" in event.payload["message"]
 
 
+def test_triggers_end_at_their_own_deadline(stopped_checkpoint, tmp_path):
+    """A wait that can never finish (no batch past 5 will come; no such savepoint) ends with a timeout
+    error at the sensor's deadline, also where nothing else enforces it (dag.test)."""
+    import time
+
+    started = time.monotonic()
+    event = first_event(BatchCommittedTrigger(str(stopped_checkpoint), 5, poll_interval=0.2, end_at=time.time() + 1.5), 10)
+    assert event.payload["status"] == "error" and "timed out waiting for a batch past 5" in event.payload["message"]
+    missing = str(tmp_path / "sp" / "job" / "savepoint-abc123-000000000000")
+    event = first_event(SavepointCompletedTrigger(missing, poll_interval=0.2, end_at=time.time() + 1.0), 10)
+    assert event.payload["status"] == "error" and "timed out" in event.payload["message"]
+    assert 2.0 <= time.monotonic() - started < 8
+    sensor = BatchCommittedSensor(task_id="wait", job="job", checkpoint=str(stopped_checkpoint), after_batch=5,
+                                  savepoint_dir=str(tmp_path / "sp"), timeout=120)
+    assert 110 < sensor._trigger().end_at - time.time() <= 120
+
+
 def test_sensors_in_poke_mode(stopped_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR", str(tmp_path / "sp"))
     info = take_savepoint(str(stopped_checkpoint), "job", savepoint_dir=str(tmp_path / "sp"))

@@ -24,6 +24,7 @@ def write_events(folder: Path, index: int, per_file: int = 50) -> list[int]:
     tmp = folder / f".events-{index:05d}.json.tmp"
     tmp.write_text("\n".join(json.dumps({"id": i, "user": f"u{i % 7}", "ts": f"2026-01-01T00:{(i // 60) % 60:02d}:{i % 60:02d}"})
                              for i in ids))
+    # fixed, ordered mtimes: the file source ignores files much older than the newest it saw (maxFileAge)
     os.utime(tmp, (1_700_000_000 + index, 1_700_000_000 + index))
     tmp.rename(path)  # the file source must never see a half-written file
     return ids
@@ -59,8 +60,28 @@ def committed_event_ids(output: Path) -> list[int]:
     return sorted(ids)
 
 
+SKIP_BAD_RECORDS_CONF = "spark.savepoints.demo.skipBadRecords"
+
+
+def write_bad_record(folder: Path, index: int) -> None:
+    """Input file ``index`` holding one event with a negative id, which the job rejects."""
+    path = folder / f"events-{index:05d}.json"
+    path.write_text(json.dumps({"id": -1, "user": "bad", "ts": "2026-01-01T00:00:00"}))
+    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))  # in order with write_events' files
+
+
 def build_query(spark, input_dir: str, checkpoint: str, output: str, trigger_ms: int = 500):
+    """A negative id is a bad record: the query fails on it, unless ``spark.savepoints.demo.skipBadRecords``
+    is true (the fixed version of the job), which drops such records."""
+    from pyspark.sql import functions as F
+
     events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", 1).json(input_dir)
+    if spark.conf.get(SKIP_BAD_RECORDS_CONF, "false").lower() == "true":
+        events = events.where(F.col("id") >= 0)
+    else:
+        events = events.withColumn(
+            "id", F.when(F.col("id") < 0, F.raise_error(F.concat(F.lit("bad record: negative id "), F.col("id").cast("string"))))
+            .otherwise(F.col("id")))
     unique = events.withWatermark("ts", "1 hour").dropDuplicatesWithinWatermark(["id"])
     return (unique.writeStream.format("json").option("path", output).option("checkpointLocation", checkpoint)
             .queryName("demo-dedup").trigger(processingTime=f"{trigger_ms} milliseconds").start())

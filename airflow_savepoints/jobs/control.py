@@ -7,7 +7,8 @@ its URL to the job as the Spark conf ``spark.savepoints.control``. A job that co
 1. announces itself (``job.json``: application id, driver pid, query id),
 2. watches for ``stop-request.json``; when one appears, waits until no trigger is active and stops
    the query (no batch in flight, so the stop savepoint is of the last committed batch, exactly),
-3. acknowledges with ``stopped.json`` (last committed batch) and returns.
+3. acknowledges with ``stopped.json`` (last committed batch) and returns;
+4. if the query fails, writes ``failed.json`` (the error) before failing as ``awaitTermination()`` does.
 
 A job that does not cooperate never announces itself, and is stopped with signals instead
 (crash-consistent). The channel uses the job's own credentials for the store; nothing secret is
@@ -30,6 +31,7 @@ CONTROL_CONF = "spark.savepoints.control"
 ANNOUNCE_FILE = "job.json"
 STOP_REQUEST_FILE = "stop-request.json"
 STOPPED_FILE = "stopped.json"
+FAILED_FILE = "failed.json"
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,17 @@ class JobControl:
     def acknowledge_stop(self, request: dict[str, Any], **facts: Any) -> None:
         self._write(STOPPED_FILE, {"request_id": request.get("request_id"), **facts, "stopped_at": _now()})
 
+    def report_failure(self, error: BaseException) -> None:
+        self._write(FAILED_FILE, {"error": f"{type(error).__name__}: {str(error)[:2000]}", "failed_at": _now()})
+
     # Airflow's side
+    def failure(self) -> dict[str, Any] | None:
+        """What the job reported when its query failed; None if it did not (or does not cooperate)."""
+        return self._read(FAILED_FILE)
+
+    def stopped(self) -> dict[str, Any] | None:
+        return self._read(STOPPED_FILE)
+
     def announcement(self) -> dict[str, Any] | None:
         """What the job said when it started; None if it does not cooperate (or has not started)."""
         return self._read(ANNOUNCE_FILE)
@@ -115,7 +127,13 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
     control = JobControl(Store(url))
     control.announce(application_id=spark.sparkContext.applicationId, pid=os.getpid(), host=socket.gethostname(),
                      query_id=str(query.id), run_id=str(query.runId), query_name=query.name)
-    while not query.awaitTermination(poll_interval):
+    while True:
+        try:
+            if query.awaitTermination(poll_interval):
+                return
+        except Exception as exc:  # the query failed: say why in the control folder, then fail as before
+            control.report_failure(exc)
+            raise
         request = control.stop_requested()
         if request is None:
             continue

@@ -18,6 +18,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -45,6 +46,9 @@ class JobRun(BaseModel):
     started_at: datetime
     start_batch: int | None = None  # newest committed batch before the start (None: fresh checkpoint)
     control: str | None = None  # the run's control folder (see airflow_savepoints.jobs.control)
+    ended: Literal["stopped", "cancelled", "failed"] | None = None  # set once the run's end is handled
+    ended_at: datetime | None = None
+    termination: dict[str, Any] | None = None  # what was done about it (the checkpoint retention outcome)
 
 
 class JobStatus(BaseModel):
@@ -159,6 +163,50 @@ def read_run(job_folder: Store) -> JobRun | None:
         return JobRun.model_validate_json(job_folder.read_bytes(RUN_FILE))
     except FileNotFoundError:
         return None
+
+
+def record_end(job_folder: Store, run: JobRun, ended: Literal["stopped", "cancelled", "failed"],
+               termination: dict[str, Any] | None = None) -> JobRun:
+    """Mark the recorded run as ended (once handled), unless a newer run was recorded meanwhile."""
+    current = read_run(job_folder)
+    finished = run.model_copy(update={"ended": ended, "ended_at": datetime.now(UTC), "termination": termination})
+    if current is not None and (current.pid, current.started_at) == (run.pid, run.started_at):
+        job_folder.write_bytes_atomic(RUN_FILE, finished.model_dump_json(indent=1).encode())
+    return finished
+
+
+def found_failed(run: JobRun | None) -> str | None:
+    """Why the recorded run counts as failed: it ended without being stopped or cancelled here.
+
+    None while it runs, once its end was handled, or when its state cannot be seen from here."""
+    if run is None or run.ended is not None:
+        return None
+    control = run_control(run)
+    failure = control.failure() if control else None
+    if failure is not None:
+        return f"the query failed: {failure.get('error', 'unknown error')}"
+    if run.host == socket.gethostname() and not process_alive(run.pid):
+        stopped = control.stopped() if control else None
+        if stopped is not None:
+            return None  # it acknowledged a stop request: a stop, not a failure
+        return f"its process (pid {run.pid}) exited without a stop request; last log lines:\n{log_tail(run.log_file)}"
+    return None
+
+
+def handle_failed_run(job: str, job_folder: Store, savepoint_root: Store, policy: str) -> dict[str, Any] | None:
+    """If the recorded run failed and that was not handled yet: apply the checkpoint retention
+    policy for a failure (keep and register, or delete) and mark the run ended. Returns what was
+    done, with the reason; None when the run has not failed (or its failure was handled before)."""
+    from airflow_savepoints.core.termination import apply_checkpoint_retention
+
+    run = read_run(job_folder)
+    reason = found_failed(run)
+    if run is None or reason is None:
+        return None
+    outcome = apply_checkpoint_retention(run.checkpoint, job, policy, "failed", savepoint_dir=savepoint_root)
+    outcome = {**outcome, "reason": reason, "pid": run.pid}
+    record_end(job_folder, run, "failed", outcome)
+    return outcome
 
 
 def run_control(run: JobRun) -> JobControl | None:

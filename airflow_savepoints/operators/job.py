@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_savepoints.core import (
     SavepointType,
@@ -25,9 +26,13 @@ from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs import StreamingJob, load_jobs
 from airflow_savepoints.jobs.control import CONTROL_CONF
 from airflow_savepoints.jobs.launcher import (
+    JobFailedError,
+    handle_failed_run,
+    job_status,
     new_control_folder,
     process_alive,
     read_run,
+    record_end,
     start_detached,
     stop_process,
     stop_run,
@@ -179,6 +184,8 @@ class StopJobWithSavepointOperator(_JobOperator, RemovesPartialSavepoint):
         stop_request = request_id or f"stop-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
         stopped = stop_run(run, self.grace, stop_request) if run is not None else {"method": "not_running"}
         self.log.info("job %s stopped: %s", job.name, stopped)
+        if run is not None:
+            record_end(root.child(job.name), run, "stopped")
         info = take_savepoint(checkpoint, job.name, savepoint_dir=root, savepoint_type=SavepointType.STOP,
                               reason="stop", request_id=request_id, on_event=self.savepoint_events(root, job.name))
         consistency = "crash-consistent" if info.manifest.includes_next_offsets else "clean"
@@ -212,5 +219,41 @@ class CancelJobOperator(_JobOperator, RemovesPartialSavepoint):
         outcome = apply_checkpoint_retention(run.checkpoint if run else job.checkpoint, job.name, policy,
                                              "cancelled", savepoint_dir=root,
                                              on_event=self.savepoint_events(root, job.name))
+        if run is not None:
+            record_end(root.child(job.name), run, "cancelled", outcome)
         self.log.info("checkpoint %s %s (%s)", outcome["checkpoint"], outcome["action"], policy.value)
         return outcome
+
+
+class CheckJobOperator(_JobOperator):
+    """Check a job's recorded run, e.g. before its periodic savepoint.
+
+    Running (or no run recorded): returns its status. Failed (its query reported a failure, or its
+    process exited without being stopped): applies the job's ``checkpoint_retention`` for a failure
+    once (keep and register a ``retained_checkpoint`` savepoint, or delete), then fails with the
+    reason. Stopped or cancelled on purpose: skips, and so do the tasks after it.
+    """
+
+    template_fields: Sequence[str] = ("job",)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        job = self.streaming_job
+        root = self.savepoint_root(job)
+        folder = root.child(job.name)
+        run = read_run(folder)
+        if run is not None and run.ended in ("stopped", "cancelled"):
+            raise AirflowSkipException(f"job {job.name} was {run.ended} at {run.ended_at}; restart it with "
+                                       "restore_from_savepoint")
+        outcome = handle_failed_run(job.name, folder, root, job.checkpoint_retention)
+        if outcome is not None:
+            kept = outcome.get("retained_savepoint") or {}
+            raise JobFailedError(
+                f"job '{job.name}' failed: {outcome['reason']}\ncheckpoint {outcome['checkpoint']}: {outcome['action']} "
+                f"({outcome['policy']})" + (f"; restorable as {kept['pointer']} (batch {kept['batch_id']})" if kept else ""),
+                "fix the cause, then restart it with restore_from_savepoint (it takes the newest savepoint)",
+            )
+        if run is not None and run.ended == "failed":
+            raise JobFailedError(f"job '{job.name}' is down since it failed at {run.ended_at}: "
+                                 f"{(run.termination or {}).get('reason', '')[:500]}",
+                                 "fix the cause, then restart it with restore_from_savepoint")
+        return job_status(job.name, folder).model_dump(mode="json")

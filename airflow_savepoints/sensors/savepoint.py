@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,9 @@ class _DeferrableSensor(BaseSensorOperator):
 
     def _trigger(self):
         raise NotImplementedError
+
+    def _end_at(self) -> float | None:
+        return time.time() + self.timeout if self.timeout else None
 
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
@@ -57,7 +61,8 @@ class SavepointCompletedSensor(_DeferrableSensor):
         return SavepointStorageHook(self.savepoints_conn_id).storage_options()
 
     def _trigger(self) -> SavepointCompletedTrigger:
-        return SavepointCompletedTrigger(self.pointer, self._options(), poll_interval=self.poke_interval)
+        return SavepointCompletedTrigger(self.pointer, self._options(), poll_interval=self.poke_interval,
+                                         end_at=self._end_at())
 
     def poke(self, context: Context) -> PokeReturnValue:
         try:
@@ -98,7 +103,7 @@ class BatchCommittedSensor(_DeferrableSensor):
     def _trigger(self) -> BatchCommittedTrigger:
         store, after, run = self._watch()
         return BatchCommittedTrigger(store.url, after, run.model_dump(mode="json") if run else None,
-                                     store.storage_options, poll_interval=self.poke_interval)
+                                     store.storage_options, poll_interval=self.poke_interval, end_at=self._end_at())
 
     def poke(self, context: Context) -> PokeReturnValue:
         store, after, run = self._watch()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,59 +15,83 @@ from airflow_savepoints.jobs.launcher import JobRun, committed_past
 from airflow_savepoints.storage import Store
 
 
-class SavepointCompletedTrigger(BaseTrigger):
-    """Fires once the savepoint at ``pointer`` has its ``_metadata``."""
+class _PollingTrigger(BaseTrigger):
+    """Polls ``_check`` (in a worker thread) until it returns a result, raises, or ``end_at`` passes.
 
-    def __init__(self, pointer: str, storage_options: dict[str, Any] | None = None, poll_interval: float = 10):
+    The deadline is the trigger's own, so a wait ends even where nothing else times it out."""
+
+    def __init__(self, storage_options: dict[str, Any] | None, poll_interval: float, end_at: float | None):
         super().__init__()
-        self.pointer = pointer
         self.storage_options = storage_options or {}
         self.poll_interval = poll_interval
+        self.end_at = end_at
+
+    def _fields(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _check(self) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def _waiting_for(self) -> str:
+        raise NotImplementedError
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"pointer": self.pointer, "storage_options": self.storage_options, "poll_interval": self.poll_interval})
+                {**self._fields(), "storage_options": self.storage_options, "poll_interval": self.poll_interval,
+                 "end_at": self.end_at})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
             try:
-                info = await asyncio.to_thread(completed_savepoint, self.pointer, self.storage_options)
+                result = await asyncio.to_thread(self._check)
             except SavepointError as exc:
                 yield TriggerEvent({"status": "error", "message": str(exc)})
                 return
-            if info is not None:
-                yield TriggerEvent({"status": "success", "result": info.summary()})
+            if result is not None:
+                yield TriggerEvent({"status": "success", "result": result})
+                return
+            if self.end_at is not None and time.time() >= self.end_at:
+                yield TriggerEvent({"status": "error", "message": f"timed out waiting for {self._waiting_for()}"})
                 return
             await asyncio.sleep(self.poll_interval)
 
 
-class BatchCommittedTrigger(BaseTrigger):
+class SavepointCompletedTrigger(_PollingTrigger):
+    """Fires once the savepoint at ``pointer`` has its ``_metadata``."""
+
+    def __init__(self, pointer: str, storage_options: dict[str, Any] | None = None, poll_interval: float = 10,
+                 end_at: float | None = None):
+        super().__init__(storage_options, poll_interval, end_at)
+        self.pointer = pointer
+
+    def _fields(self) -> dict[str, Any]:
+        return {"pointer": self.pointer}
+
+    def _waiting_for(self) -> str:
+        return f"savepoint {self.pointer} to complete"
+
+    def _check(self) -> dict[str, Any] | None:
+        info = completed_savepoint(self.pointer, self.storage_options)
+        return info.summary() if info is not None else None
+
+
+class BatchCommittedTrigger(_PollingTrigger):
     """Fires once ``checkpoint`` has a committed batch past ``after_batch``; errors if the job died."""
 
     def __init__(self, checkpoint: str, after_batch: int, run: dict[str, Any] | None = None,
-                 storage_options: dict[str, Any] | None = None, poll_interval: float = 10):
-        super().__init__()
+                 storage_options: dict[str, Any] | None = None, poll_interval: float = 10, end_at: float | None = None):
+        super().__init__(storage_options, poll_interval, end_at)
         self.checkpoint = checkpoint
         self.after_batch = after_batch
         self.run_record = run
-        self.storage_options = storage_options or {}
-        self.poll_interval = poll_interval
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"checkpoint": self.checkpoint, "after_batch": self.after_batch, "run": self.run_record,
-                 "storage_options": self.storage_options, "poll_interval": self.poll_interval})
+    def _fields(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "after_batch": self.after_batch, "run": self.run_record}
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        store = Store(self.checkpoint, self.storage_options)
+    def _waiting_for(self) -> str:
+        return f"a batch past {self.after_batch} in {self.checkpoint}"
+
+    def _check(self) -> dict[str, Any] | None:
         job_run = JobRun.model_validate(self.run_record) if self.run_record else None
-        while True:
-            try:
-                batch = await asyncio.to_thread(committed_past, store, self.after_batch, job_run)
-            except SavepointError as exc:
-                yield TriggerEvent({"status": "error", "message": str(exc)})
-                return
-            if batch is not None:
-                yield TriggerEvent({"status": "success", "result": {"batch_id": batch}})
-                return
-            await asyncio.sleep(self.poll_interval)
+        batch = committed_past(Store(self.checkpoint, self.storage_options), self.after_batch, job_run)
+        return {"batch_id": batch} if batch is not None else None
