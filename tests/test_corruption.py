@@ -8,16 +8,15 @@ id) and a truncated ``_metadata`` manifest. Every refusal leaves the restore tar
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
 from airflow_savepoints.errors import ManifestCorruptError, VerificationError
 from airflow_savepoints.storage import Store
-from tests.conftest import ROOT
 
 DAMAGE = {  # name -> (which file, what to do to its bytes, the error code verify and restore give)
     "flipped-state-byte": (lambda paths: sorted(p for p in paths if p.endswith(".delta"))[-1],
@@ -31,10 +30,10 @@ DAMAGE = {  # name -> (which file, what to do to its bytes, the error code verif
 
 
 def cli(*args: str) -> tuple[int, dict]:
-    run = subprocess.run([sys.executable, "-m", "airflow_savepoints.cli.main", *args, "--json"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=120)
-    assert "Traceback" not in run.stderr, run.stderr
-    return run.returncode, json.loads(run.stdout)
+    """The CLI in this process (as tests/test_cli.py runs it): no interpreter start per command."""
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, json.loads(result.stdout)
 
 
 def damaged_savepoint(checkpoint: Path, root: str, damage: str) -> tuple[str, Store, str]:

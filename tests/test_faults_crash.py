@@ -2,8 +2,10 @@
 
 One real stateful Spark checkpoint (HDFS state store, 16 shuffle partitions, 6 batches: ~170 planned
 files) is written once. Each trial starts a fresh process that takes a savepoint of it (streamed,
-one file at a time, so the copy lasts long enough to be hit) and SIGKILLs it after a random delay
-spread over the measured duration of a whole savepoint. After each kill:
+one file at a time, so the copy lasts long enough to be hit) and SIGKILLs it after a random delay:
+one trial in four from the process's start over the measured time to plan (lease, catalog, listing),
+the others from the moment it reports its plan over 1.3x the measured copy (so the kills land in the
+copy however loaded the machine is, and some after ``_metadata``). After each kill:
 
 * a location with a ``_metadata`` verifies and restores (a manifest is never written early);
 * the live checkpoint is byte for byte what it was (every file hashed before and after);
@@ -125,18 +127,22 @@ def test_kill_9_at_random_points_of_the_copy_never_leaves_a_false_complete_savep
     timing2 = calibrate(checkpoint, root)
     span = max(timing["done"], timing2["done"])
     copy_start = min(timing["planned"], timing2["planned"])
-    copy_end = max(timing["completed"], timing2["completed"])
     files = json.loads((job_dir / next(n for n, done in locations(job_dir).items() if done) / "_metadata").read_text())
     planned = len(files["files"])
+    copy = max(timing["completed"] - timing["planned"], timing2["completed"] - timing2["planned"])
     rng = random.Random(20261122)
     outcomes: dict[str, int] = {"before copy": 0, "mid-copy": 0, "copied, no _metadata yet": 0, "after _metadata": 0,
                                 "finished": 0}
     waits, refusals, restored = [], 0, 0
     for trial in range(TRIALS):
         known = locations(job_dir)
-        delay = rng.uniform(0, span * 1.1)
         process = start_child(checkpoint, root)
-        time.sleep(delay)
+        if trial % 4:  # from the plan, over the copy and a little beyond
+            line = process.stdout.readline()
+            assert line.startswith("PLANNED"), line
+            time.sleep(rng.uniform(0, copy * 1.3))
+        else:  # from the start, over the planning
+            time.sleep(rng.uniform(0, copy_start))
         process.send_signal(signal.SIGKILL)
         process.wait(30)
         new = {name: done for name, done in locations(job_dir).items() if name not in known}
@@ -161,8 +167,8 @@ def test_kill_9_at_random_points_of_the_copy_never_leaves_a_false_complete_savep
         refusals += refused
         assert took < CATALOG_LOCK_STALE + 10, took  # a kill inside a catalog update: its lock goes stale
     mid = outcomes["mid-copy"] + outcomes["copied, no _metadata yet"]
-    print(f"\n{TRIALS} kill -9 trials over {span * 1.1 * 1000:.0f} ms (copy of {planned} files from "
-          f"{copy_start * 1000:.0f} to {copy_end * 1000:.0f} ms after start): {outcomes}; {restored} complete "
+    print(f"\n{TRIALS} kill -9 trials (calibrated: plan ready {copy_start * 1000:.0f} ms after start, copy of {planned} "
+          f"files {copy * 1000:.0f} ms, whole savepoint {span * 1000:.0f} ms): {outcomes}; {restored} complete "
           f"savepoints of killed triggers verified and restored; next trigger refused {refusals} times while the dead "
           f"lease was fresh, then succeeded after {min(waits):.2f}-{max(waits):.2f}s "
           f"({sum(w > STALE_AFTER + 5 for w in waits)} waited for a stale catalog lock)")
