@@ -172,12 +172,18 @@ def test_orphans_are_removed_after_the_timeout_and_in_flight_locations_are_kept(
     lock.set_savepoint(in_flight.name)
     not_a_savepoint = root / JOB / "savepoint-notes"
     not_a_savepoint.mkdir()
+    killed_write = root / JOB / f"._catalog.json.{'ab' * 16}.tmp"  # a catalog update whose writer was killed
+    killed_write.write_text("{")
+    not_ours = root / JOB / "._catalog.json.notes.tmp"
+    not_ours.write_text("kept")
     try:
         young = retain(Store(str(root)), JOB, policy(orphan_timeout=3600))
         assert young.removed_orphans == [] and orphan.exists()
         report = retain(Store(str(root)), JOB, policy(orphan_timeout=0))
         assert report.removed_orphans == [orphan.name]
         assert not orphan.exists() and in_flight.exists() and not_a_savepoint.exists()
+        assert report.removed_temp_files == [killed_write.name] and not killed_write.exists() and not_ours.exists()
+        assert young.removed_temp_files == []
         reason = next(d.reason for d in report.plan.decisions if d.savepoint_id == in_flight.name)
         assert "lease" in reason
         assert on_disk(root) == {kept}

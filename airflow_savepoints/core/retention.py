@@ -10,6 +10,7 @@ removal re-checks its grounds right before it deletes; a dry run only returns th
 from __future__ import annotations
 
 import logging
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -120,6 +121,7 @@ class RetentionReport(BaseModel):
     removed_orphans: list[str] = Field(default_factory=list)
     skipped: list[dict[str, str]] = Field(default_factory=list)  # grounds gone at the last check
     failed: list[dict[str, str]] = Field(default_factory=list)
+    removed_temp_files: list[str] = Field(default_factory=list)  # left by killed atomic writes
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -132,6 +134,7 @@ class RetentionReport(BaseModel):
             "removed_orphans": self.removed_orphans,
             "skipped": self.skipped,
             "failed": self.failed,
+            "removed_temp_files": self.removed_temp_files,
             "decisions": [d.model_dump(mode="json") for d in self.plan.decisions],
         }
 
@@ -302,7 +305,28 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
         except SavepointError as exc:
             report.failed.append({"savepoint_id": decision.savepoint_id, "error": exc.code, "message": exc.message})
     _forget_vanished(catalog, job_store)
+    report.removed_temp_files = _remove_stale_temp_files(job_store, plan)
     return report
+
+
+_TEMP_FILE = re.compile(r"^\.(_catalog\.json|_inflight\.json|_run\.json|_catalog\.lock)\.[0-9a-f]{32}\.tmp$")
+
+
+def _remove_stale_temp_files(job_store: Store, plan: RetentionPlan) -> list[str]:
+    """Temporary files of an atomic write in the job folder whose writer was killed, older than the orphan timeout."""
+    removed = []
+    for name in job_store.listdir():
+        if not _TEMP_FILE.match(name):
+            continue
+        try:
+            modified = job_store.stat(name).modified
+        except (FileNotFoundError, SavepointError):
+            continue
+        age = _age(modified, plan.planned_at)
+        if age is not None and age >= plan.policy.orphan_timeout_seconds:
+            job_store.remove_file(name)
+            removed.append(name)
+    return removed
 
 
 def _forget_vanished(catalog: Catalog, job_store: Store) -> None:
