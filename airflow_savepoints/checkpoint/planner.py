@@ -379,8 +379,10 @@ def _plan_rocksdb_v1(listing, read, store, files: dict[int, dict[str, str]], ver
 def _plan_rocksdb_v2(listing, read, store, files, version, ids: set[str], add, where) -> None:
     """Checkpoint format v2: follow the committed unique id of version V back to its snapshot.
 
-    Conservative: from V down to the newest version with a snapshot zip, every changelog and zip of
-    each version is taken (a few small extra files at most), so the lineage is always covered.
+    Conservative: from V down, every changelog and zip of each version is taken (a few small extra
+    files at most), so the lineage is always covered. The walk stops at a version whose files all
+    belong to ONE attempt that has a zip: the lineage passes through it. A zip of an abandoned task
+    attempt (another unique id at the same version) is not a stop: the lineage may go further back.
     """
     at_v = files.get(version, {})
     committed = [uid for uid in ids if uid in at_v.get("zip", {}) or uid in at_v.get("changelog", {})]
@@ -395,14 +397,18 @@ def _plan_rocksdb_v2(listing, read, store, files, version, ids: set[str], add, w
         return
     add(at_v["changelog"][uid], GROUP_STATE)
     v = version - 1
+    zips_taken = False
     while v >= 1:
         kinds = files.get(v, {})
         for path in kinds.get("changelog", {}).values():
             add(path, GROUP_STATE)
-        if kinds.get("zip"):
-            for path in kinds["zip"].values():
-                _add_rocksdb_snapshot(listing, read, store, path, add)
+        for path in kinds.get("zip", {}).values():
+            _add_rocksdb_snapshot(listing, read, store, path, add)
+        if kinds.get("zip") and len(set(kinds.get("zip", {})) | set(kinds.get("changelog", {}))) == 1:
             return
+        zips_taken = zips_taken or bool(kinds.get("zip"))
+        if not kinds and zips_taken:
+            return  # purged below a version whose zips were all taken: one of them starts the lineage
         if not kinds:
             raise CheckpointRaceError(f"{where}: RocksDB store {store} lacks version {v} of the lineage "
                                       f"of version {version}")
