@@ -26,7 +26,15 @@ from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
-from tenacity import Retrying, retry_if_result, stop_after_delay, wait_random_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_fixed,
+    wait_random_exponential,
+)
 
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
@@ -135,6 +143,19 @@ class CatalogDocument(BaseModel):
         return [p for p in self.pins.values() if p.savepoint_id == savepoint_id and p.active(now)]
 
 
+def _confirmed_manifest(location: Store) -> SavepointManifest:
+    """The ``_metadata`` of a record the catalog calls completed. It was written before the record,
+    so a miss is read again twice before it counts (a store's passing inconsistency must not make a
+    retried request take a second savepoint)."""
+    from airflow_savepoints.core.pointer import read_manifest
+
+    for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_fixed(0.5),
+                            retry=retry_if_exception_type(IncompleteSavepointError), reraise=True):
+        with attempt:
+            return read_manifest(location)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -181,12 +202,12 @@ class Catalog:
 
     def latest(self) -> SavepointInfo | None:
         """The newest completed savepoint whose ``_metadata`` reads (a record alone is never enough)."""
-        from airflow_savepoints.core.pointer import read_manifest, savepoint_info
+        from airflow_savepoints.core.pointer import savepoint_info
 
         for record in reversed(self.completed()):
             location = self.store.child(record.savepoint_id)
             try:
-                manifest = read_manifest(location)
+                manifest = _confirmed_manifest(location)
             except (IncompleteSavepointError, ManifestCorruptError, ManifestVersionError):
                 log.warning("catalog record %s has no usable _metadata; skipped", location.url)
                 continue
@@ -195,13 +216,13 @@ class Catalog:
 
     def find_request(self, request_id: str) -> SavepointInfo | None:
         """The completed savepoint taken for ``request_id``, confirmed by its ``_metadata``."""
-        from airflow_savepoints.core.pointer import read_manifest, savepoint_info
+        from airflow_savepoints.core.pointer import savepoint_info
 
         for record in reversed(self.completed()):
             if record.request_id == request_id:
                 location = self.store.child(record.savepoint_id)
                 try:
-                    return savepoint_info(location, read_manifest(location))
+                    return savepoint_info(location, _confirmed_manifest(location))
                 except (IncompleteSavepointError, ManifestCorruptError, ManifestVersionError):
                     continue
         return None

@@ -18,6 +18,7 @@ import http.client
 import re
 import socket
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,12 +45,13 @@ class Rule:
     path: str | None = None
     every: int = 1
     times: int | None = None
+    seconds: float = 0.0
     matched: int = 0
     injected: int = 0
     _pattern: re.Pattern | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.action not in ("error", "drop"):
+        if self.action not in ("error", "drop", "delay"):
             raise ValueError(f"unknown action {self.action!r}")
         if self.every < 1:
             raise ValueError("every must be at least 1")
@@ -151,7 +153,7 @@ class FaultProxy:
             number = self.total_requests
             fault = next((r for r in self.rules if r.decide(method, target)), None)
             if fault is not None:
-                self.faults[f"{fault.action}:{fault.code if fault.action == 'error' else 'drop'} {method}"] += 1
+                self.faults[f"{fault.action}:{fault.code if fault.action == 'error' else fault.action} {method}"] += 1
         if fault is not None and fault.action == "error":
             payload = b"" if method == "HEAD" else error_body(fault.code, target, number)
             handler.send_response(ERROR_STATUS.get(fault.code, 500))
@@ -161,6 +163,9 @@ class FaultProxy:
             handler.wfile.write(payload)
             self._note(method, target, f"error {fault.code}")
             return
+        if fault is not None and fault.action == "delay":
+            time.sleep(fault.seconds)
+            fault = None
         status, reason, headers, data = self._forward(method, target, handler, body)
         if fault is not None:  # drop: the server acted; the client sees the response cut off
             self._note(method, target, "drop")
