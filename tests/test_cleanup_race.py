@@ -85,8 +85,9 @@ def test_savepoints_racing_spark_cleanup_complete_consistently_or_fail_clearly(s
         restored = tmp_path / f"restored-{number}"
         restore_savepoint(info.pointer, str(restored))
         name = f"race_check_{number}"
-        resumed = (aggregate(spark, tmp_path / "input", files_per_batch=None).writeStream  # the rest at once.outputMode("complete").format("memory")
-                   .queryName(name).option("checkpointLocation", str(restored)).trigger(availableNow=True).start())
+        rest = aggregate(spark, tmp_path / "input", files_per_batch=None)  # the remaining files at once
+        resumed = (rest.writeStream.outputMode("complete").format("memory").queryName(name)
+                   .option("checkpointLocation", str(restored)).trigger(availableNow=True).start())
         resumed.awaitTermination(180)
         assert resumed.exception() is None, resumed.exception()
         result = {row["k"]: (row["c"], row["s"]) for row in spark.sql(f"select * from {name}").collect()}
