@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -43,7 +44,7 @@ from airflow_savepoints.errors import (
     SavepointRetriesExhaustedError,
 )
 from airflow_savepoints.storage import FileStat, Store
-from airflow_savepoints.storage.store import SourceChangedError
+from airflow_savepoints.storage.store import SourceChangedError, local_version
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
             raise CheckpointRaceError(f"a planned file was replaced during the copy: {exc}") from exc
     _check_copied(plan, copied, location)
     secondary = _write_secondary(source, options.get("secondary"), location.name, plan, listing, copied, parallelism)
-    _check_unchanged(plan, source.list_files())
+    _check_unchanged(plan, _relist(source, plan))
     plan_versions = {f.path: f.version for f in plan.files}
     if not lock.still_held():
         raise SavepointInFlightError(
@@ -403,6 +404,21 @@ def _check_copied(plan: CheckpointPlan, copied: dict[str, CopiedFile], location:
             main = copied[planned.sidecar_of]
             if sidecar.value != main.crc or sidecar.main_file_size not in (-1, main.size):
                 raise CheckpointRaceError(f"{planned.sidecar_of} does not match its Spark checksum file")
+
+
+def _relist(source: Store, plan: CheckpointPlan) -> dict[str, FileStat]:
+    """The planned files as the checkpoint holds them now: one listing, or locally one stat per
+    planned file (cheaper than listing every version Spark keeps)."""
+    if source.protocol != "file" or type(source.fs).__name__ != "LocalFileSystem":
+        return source.list_files()
+    now: dict[str, FileStat] = {}
+    for planned in plan.files:
+        try:
+            st = os.stat(source.path_of(planned.path))
+        except FileNotFoundError:
+            continue
+        now[planned.path] = FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+    return now
 
 
 def _check_unchanged(plan: CheckpointPlan, relisted) -> None:
