@@ -118,7 +118,7 @@ def test_responses_cut_off_mid_way_are_retried_and_the_streamed_savepoint_comple
     restore_savepoint(info.pointer, str(restored), storage_options=options)
     print(f"\ncut-off responses: trigger {took:.1f}s; with verify and restore: {proxy.figures()}, "
           f"{retried(proxy)} retried requests succeeded")
-    assert trigger_faults >= 5 and any(m == "GET" and o == "drop" for m, _, o in proxy.log)
+    assert trigger_faults >= 3 and any(m == "GET" and o == "drop" for m, _, o in proxy.log)  # ~4-5 of ~50 requests
     assert took < 30  # no lock waited for its staleness timeout
     for entry in info.manifest.files:
         assert (restored / entry.path).read_bytes() == (stopped_checkpoint / entry.path).read_bytes()

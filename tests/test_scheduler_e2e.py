@@ -118,8 +118,11 @@ def test_scheduler_triggerer_and_rest_api_run_the_savepoint_dags(tmp_path):
             restore_run = observed["restore_run"] = run["dag_run_id"]
             assert run["conf"] == {"job": JOB, "fresh_start": True}
             seen_states: list[tuple[str, str | None]] = observed.setdefault("wait_for_progress_states", [])
-            deadline = time.monotonic() + 300
+            deadline, fed = time.monotonic() + 300, time.monotonic()
             while True:
+                if time.monotonic() - fed > 3:  # new input now and then, so batches follow the first whenever it lands
+                    write_input()
+                    fed = time.monotonic()
                 states = task_states(cluster, RESTORE, restore_run)
                 if not seen_states or seen_states[-1][1] != states.get("wait_for_progress"):
                     seen_states.append((f"{time.monotonic() - started:.1f}s", states.get("wait_for_progress")))
