@@ -208,27 +208,7 @@ def hash_candidates(paths: list[Path], seconds_cap: float = 20.0) -> dict[str, f
     return out
 
 
-MEMORY_SCRIPT = """
-import json, os, sys, threading
-sys.path.insert(0, sys.argv[4])
-from airflow_savepoints.core.copier import copy_file
-from airflow_savepoints.storage import Store
-src, dst, mode = Store(sys.argv[1]), Store(sys.argv[2]), sys.argv[3]
-def rss():  # resident set size now (/proc/self/statm), sampled every 2 ms during the copy
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-base, peak, done = rss(), [0], threading.Event()
-def sample():
-    while not done.is_set():
-        peak[0] = max(peak[0], rss())
-        done.wait(0.002)
-sampler = threading.Thread(target=sample)
-sampler.start()
-copied = copy_file(src, "big", dst, mode=mode)
-done.set()
-sampler.join()
-print(json.dumps({"grown": max(peak[0], rss()) - base, "method": copied.method}))
-"""
+MEMORY_PROBE = Path(__file__).with_name("memory_probe.py")
 
 
 def memory_peak(work: Path, size: int) -> dict[str, float]:
@@ -241,10 +221,10 @@ def memory_peak(work: Path, size: int) -> dict[str, float]:
     out = {}
     for mode in ("stream", "auto"):
         dst = work / f"memory-dst-{mode}"
-        result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(src), str(dst), mode, str(ROOT)],
+        result = subprocess.run([sys.executable, str(MEMORY_PROBE), str(src), str(dst), mode],
                                 capture_output=True, text=True, check=True)
-        grown = json.loads(result.stdout.strip().splitlines()[-1])
-        out[grown["method"]] = grown["grown"] / 2**20
+        probe = json.loads(result.stdout.strip().splitlines()[-1])
+        out[probe["method"]] = (probe["peak"] - probe["baseline"]) / 2**20
         shutil.rmtree(dst)
     shutil.rmtree(src)
     return out

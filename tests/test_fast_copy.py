@@ -289,26 +289,6 @@ def test_the_local_listing_matches_fsspec_find(checkpoint):
 
 
 # --- memory -------------------------------------------------------------------------------------------
-MEMORY_SCRIPT = """
-import json, os, sys, threading
-from airflow_savepoints.core.copier import copy_file
-from airflow_savepoints.storage import Store
-src, dst, mode = Store(sys.argv[1]), Store(sys.argv[2]), sys.argv[3]
-def rss():  # resident set size now, anonymous and file-backed pages alike
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-baseline, peak, done = rss(), [0], threading.Event()
-def sample():
-    while not done.is_set():
-        peak[0] = max(peak[0], rss())
-        done.wait(0.002)
-sampler = threading.Thread(target=sample)
-sampler.start()
-copied = copy_file(src, "big", dst, mode=mode)
-done.set()
-sampler.join()
-print(json.dumps({"baseline": baseline, "peak": max(peak[0], rss()), "size": copied.size, "method": copied.method}))
-"""
 
 
 @pytest.mark.parametrize("mode", ["stream", "auto"])
@@ -319,7 +299,8 @@ def test_memory_stays_flat_while_copying_a_large_file(tmp_path, mode):
         block = os.urandom(1024 * 1024)
         for _ in range(size // len(block)):
             handle.write(block)
-    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path / "src"), str(tmp_path / "dst"), mode],
+    probe = ROOT / "benchmarks" / "memory_probe.py"  # the benchmark's own probe
+    out = subprocess.run([sys.executable, str(probe), str(tmp_path / "src"), str(tmp_path / "dst"), mode],
                          capture_output=True, text=True, cwd=ROOT, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["size"] == size and result["method"] == ("stream" if mode == "stream" else "link")
