@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -121,3 +122,26 @@ def stopped_checkpoint(spark, tmp_path_factory) -> Path:
     query.processAllAvailable()
     query.stop()
     return base / "checkpoint"
+
+
+@pytest.fixture
+def checkpoint(stopped_checkpoint, tmp_path) -> Path:
+    """A private copy of ``stopped_checkpoint``: a test may damage or extend it."""
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(stopped_checkpoint, copy)
+    return copy
+
+
+def is_state_file(path: str) -> bool:
+    """An HDFS state file: a delta, or a snapshot where Spark's state maintenance already wrote one
+    (when it does is Spark's timing, so a test never counts on one kind being there)."""
+    return path.startswith("state/") and path.endswith((".delta", ".snapshot"))
+
+
+def planned_state_files(checkpoint: Path) -> list[str]:
+    """The state files a savepoint of ``checkpoint`` copies now, as the planner chooses them."""
+    from airflow_savepoints.checkpoint.planner import plan_checkpoint
+    from airflow_savepoints.storage import Store
+
+    store = Store(str(checkpoint))
+    return sorted(f.path for f in plan_checkpoint(store.list_files(), store.read_bytes).files if is_state_file(f.path))

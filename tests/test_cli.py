@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from airflow_savepoints.cli.main import app
-from tests.conftest import ROOT, tree_snapshot
+from tests.conftest import ROOT, planned_state_files, tree_snapshot
 
 runner = CliRunner()
 
@@ -26,13 +26,6 @@ def cli(*args: str) -> tuple[int, dict]:
         return result.exit_code, json.loads(result.stdout)
     except ValueError:
         raise AssertionError(f"not JSON (exit {result.exit_code}): {result.stdout!r} {result.stderr!r}") from None
-
-
-@pytest.fixture
-def checkpoint(stopped_checkpoint, tmp_path) -> Path:
-    copy = tmp_path / "checkpoint"
-    shutil.copytree(stopped_checkpoint, copy)
-    return copy
 
 
 def test_trigger_list_show_verify_restore_dispose(checkpoint, tmp_path):
@@ -240,7 +233,7 @@ def test_sink_ahead_is_refused(checkpoint, tmp_path):
 def test_corruption_is_named_and_restore_leaves_nothing(checkpoint, tmp_path):
     code, taken = cli("trigger", str(checkpoint), "--job", "j", "--dir", str(tmp_path / "sp"))
     pointer = Path(taken["pointer"])
-    victim = sorted(p for p in (pointer / "state").rglob("*.delta"))[0]
+    victim = pointer / planned_state_files(checkpoint)[0]
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))

@@ -17,9 +17,10 @@ from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
 from airflow_savepoints.errors import ManifestCorruptError, VerificationError
 from airflow_savepoints.storage import Store
+from tests.conftest import is_state_file
 
 DAMAGE = {  # name -> (which file, what to do to its bytes, the error code verify and restore give)
-    "flipped-state-byte": (lambda paths: sorted(p for p in paths if p.endswith(".delta"))[-1],
+    "flipped-state-byte": (lambda paths: sorted(p for p in paths if is_state_file(p))[-1],
                            lambda data: data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0x01]) + data[len(data) // 2 + 1:],
                            "verification_failed"),
     "truncated-offsets": (lambda paths: sorted((p for p in paths if p.startswith("offsets/")), key=lambda p: int(p[8:]))[-1],

@@ -24,27 +24,15 @@ from airflow_savepoints.core.retention import RetentionPolicy, retain
 from airflow_savepoints.errors import SavepointPinnedError, VerificationError
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.store import _file_stat
-from tests.conftest import ROOT
+from tests.conftest import ROOT, is_state_file
 from tests.support.s3_payload import PayloadCounter
 from tests.support.spark_shapes import SHAPES, run_to_end
 
 SHM = Path("/dev/shm")
 
 
-@pytest.fixture
-def checkpoint(stopped_checkpoint, tmp_path) -> Path:
-    copy = tmp_path / "checkpoint"
-    shutil.copytree(stopped_checkpoint, copy)
-    return copy
-
-
 def crc_of(path: Path) -> int:
     return crc32c.crc32c(path.read_bytes())
-
-
-def is_state_file(path: str) -> bool:
-    """An HDFS state file: deltas, or a snapshot where state maintenance already wrote one."""
-    return path.startswith("state/") and path.endswith((".delta", ".snapshot"))
 
 
 def entries(info) -> dict[str, object]:

@@ -7,7 +7,6 @@ moment Spark's maintenance or a task retry would replace (rename over) or purge 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,7 @@ import pytest
 from airflow_savepoints.core import list_savepoints, restore_savepoint, take_savepoint
 from airflow_savepoints.errors import SavepointRetriesExhaustedError
 from airflow_savepoints.storage import Store
-from tests.conftest import job_folder_entries
-
-
-@pytest.fixture
-def checkpoint(stopped_checkpoint, tmp_path) -> Path:
-    copy = tmp_path / "checkpoint"
-    shutil.copytree(stopped_checkpoint, copy)
-    return copy
+from tests.conftest import job_folder_entries, planned_state_files
 
 
 def replace_by_rename(path: Path) -> None:
@@ -33,7 +25,7 @@ def replace_by_rename(path: Path) -> None:
 
 
 def test_a_replaced_file_is_detected_and_the_copy_retried(checkpoint, tmp_path):
-    delta = sorted((checkpoint / "state" / "0" / "0").glob("*.delta"))[-1]
+    delta = checkpoint / planned_state_files(checkpoint)[-1]  # a file the savepoint must copy
     faults = []
 
     def replace_once(event, data):

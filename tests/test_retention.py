@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,13 +22,6 @@ from tests.conftest import tree_snapshot
 
 JOB = "orders"
 NO_AGE_LIMIT = None
-
-
-@pytest.fixture
-def checkpoint(stopped_checkpoint, tmp_path) -> Path:
-    copy = tmp_path / "checkpoint"
-    shutil.copytree(stopped_checkpoint, copy)
-    return copy
 
 
 def take(checkpoint: Path, root: Path, kind: str, reason: str | None = None) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 
@@ -13,13 +12,6 @@ from airflow_savepoints.core import list_savepoints, take_savepoint
 from airflow_savepoints.core.lock import LOCK_FILE
 from airflow_savepoints.errors import SavepointInFlightError
 from airflow_savepoints.storage import Store
-
-
-@pytest.fixture
-def checkpoint(stopped_checkpoint, tmp_path):
-    copy = tmp_path / "checkpoint"
-    shutil.copytree(stopped_checkpoint, copy)
-    return str(copy)
 
 
 def test_second_trigger_fails_and_same_request_waits_for_the_first(checkpoint, tmp_path):
@@ -34,7 +26,7 @@ def test_second_trigger_fails_and_same_request_waits_for_the_first(checkpoint, t
 
     def run(name, **kwargs):
         try:
-            results[name] = take_savepoint(checkpoint, "job", savepoint_dir=root, **kwargs)
+            results[name] = take_savepoint(str(checkpoint), "job", savepoint_dir=root, **kwargs)
         except Exception as exc:  # noqa: BLE001 - collected and asserted below
             results[name] = exc
 
@@ -53,7 +45,7 @@ def test_second_trigger_fails_and_same_request_waits_for_the_first(checkpoint, t
     assert isinstance(results["other"], SavepointInFlightError)
     assert "'r1'" in str(results["other"]) and "same request id" in results["other"].hint
     assert results["retry"].pointer == results["first"].pointer
-    later = take_savepoint(checkpoint, "job", savepoint_dir=root, request_id="r1")
+    later = take_savepoint(str(checkpoint), "job", savepoint_dir=root, request_id="r1")
     assert later.pointer == results["first"].pointer
     assert [i.pointer for i in list_savepoints(Store(root), "job")] == [results["first"].pointer]
     assert not (tmp_path / "sp" / "job" / LOCK_FILE).exists()
@@ -65,7 +57,7 @@ def test_a_dead_holders_lease_is_broken(checkpoint, tmp_path):
     stale = time.time() - 3600
     lease.write_text(json.dumps({"token": "dead", "request_id": "x", "savepoint_id": None, "owner": "gone:1",
                                  "started_at": stale, "heartbeat_at": stale}))
-    info = take_savepoint(checkpoint, "job", savepoint_dir=str(tmp_path / "sp"))
+    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"))
     assert info.manifest.batch_id == 5 and not lease.exists()
 
 
@@ -76,7 +68,7 @@ def test_a_live_lease_blocks(checkpoint, tmp_path):
     lease.write_text(json.dumps({"token": "alive", "request_id": "nightly", "savepoint_id": "savepoint-x",
                                  "owner": "worker-7:42", "started_at": now, "heartbeat_at": now}))
     with pytest.raises(SavepointInFlightError, match="worker-7:42"):
-        take_savepoint(checkpoint, "job", savepoint_dir=str(tmp_path / "sp"))
+        take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"))
     assert lease.exists() and json.loads(lease.read_text())["token"] == "alive"
 
 
@@ -86,5 +78,5 @@ def test_bad_python_api_arguments_are_clear_errors(checkpoint, tmp_path):
     for kwargs, words in (({"savepoint_type": "hourly"}, "unknown savepoint type"),
                           ({"max_attempts": 0}, "at least 1"), ({"parallelism": -2}, "at least 1")):
         with pytest.raises(InvalidInputError, match=words):
-            take_savepoint(checkpoint, "job", savepoint_dir=str(tmp_path / "sp"), **kwargs)
+            take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"), **kwargs)
     assert not (tmp_path / "sp").exists()
