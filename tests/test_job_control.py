@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 
 import airflow_savepoints.demo.app as demo
 from airflow_savepoints.core import list_savepoints
+from airflow_savepoints.jobs.control import _stop_between_batches
 from airflow_savepoints.jobs.launcher import (
     checkpoint_progress,
     job_status,
@@ -89,6 +91,40 @@ def test_cooperative_stop_lands_between_batches_and_status_names_the_application
     saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo")
     assert [(s.type.value, s.batch_id) for s in saved] == [("stop", result["batch_id"])]
     assert not job_status("demo", job_folder).running
+
+
+def test_6_stops_while_input_keeps_arriving_cut_no_batch(spark, tmp_path):
+    """The demo query (300 ms trigger) fed a file every 0.4 s, faster than it keeps up with, so
+    batches run back to back: each stop lands between batches or lets the running one commit."""
+    outcomes = []
+    for trial in range(6):
+        base = tmp_path / f"run{trial}"
+        for index in range(2):
+            demo.write_events(base / "input", index)
+        query = demo.build_query(spark, str(base / "input"), str(base / "checkpoint"), str(base / "output"),
+                                 trigger_ms=300)
+        feeding = threading.Event()
+
+        def feed(base=base, feeding=feeding):
+            index = 2
+            while not feeding.wait(0.4):
+                demo.write_events(base / "input", index)
+                index += 1
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        try:
+            demo.wait_for_batch(query, 3)
+            time.sleep(0.37 * trial)  # stops at different points of a batch
+            safe = _stop_between_batches(query, timeout=60)
+        finally:
+            feeding.set()
+            feeder.join()
+            query.stop()
+        offsets, commits = committed_batches(str(base / "checkpoint"))
+        outcomes.append((safe, offsets[-1], commits[-1]))
+    print("stops (safe moment found, newest offsets, newest commit):", outcomes)
+    assert all(safe and newest_offsets == newest_commit for safe, newest_offsets, newest_commit in outcomes), outcomes
 
 
 def test_a_job_that_does_not_cooperate_is_stopped_with_signals(tmp_path):
