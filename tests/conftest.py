@@ -145,3 +145,15 @@ def planned_state_files(checkpoint: Path) -> list[str]:
 
     store = Store(str(checkpoint))
     return sorted(f.path for f in plan_checkpoint(store.list_files(), store.read_bytes).files if is_state_file(f.path))
+
+
+def remove_checkpoint(path: Path) -> None:
+    """rmtree, again if Spark's state-store maintenance (still running for a stopped query's loaded
+    stores) wrote a snapshot into it meanwhile."""
+    for _ in range(10):
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError:
+            time.sleep(0.5)
+    shutil.rmtree(path)

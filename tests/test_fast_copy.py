@@ -24,7 +24,7 @@ from airflow_savepoints.core.retention import RetentionPolicy, retain
 from airflow_savepoints.errors import SavepointPinnedError, VerificationError
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.store import _file_stat
-from tests.conftest import ROOT, is_state_file
+from tests.conftest import ROOT, is_state_file, remove_checkpoint
 from tests.support.s3_payload import PayloadCounter
 from tests.support.spark_shapes import SHAPES, run_to_end
 
@@ -188,7 +188,7 @@ def test_incremental_savepoints_reuse_unchanged_files_and_each_restores_alone(sp
     report = retain(Store(str(root)), job, RetentionPolicy(max_periodic=1, max_age_seconds=None))
     assert report.disposed == [first.manifest.savepoint_id]
     assert not Path(first.pointer).exists()
-    shutil.rmtree(checkpoint)  # and the live checkpoint is gone too: the second must stand alone
+    remove_checkpoint(Path(checkpoint))  # and the live checkpoint is gone too: the second must stand alone
     verify_savepoint(second.pointer)  # reads every byte against the reused checksums
 
     restored, restored_sink = str(tmp_path / "restored"), tmp_path / "restored-sink"

@@ -8,8 +8,6 @@ restored one) must equal, batch by batch, the sink of an uninterrupted run over 
 
 from __future__ import annotations
 
-import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import pytest
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
 from airflow_savepoints.demo.app import wait_for_batch
 from airflow_savepoints.errors import SinkAheadError
+from tests.conftest import remove_checkpoint
 from tests.support.spark_shapes import SHAPE_NAMES, SHAPES, run_to_end
 
 pytestmark = pytest.mark.slow
@@ -86,18 +85,6 @@ def round_trip(spark, name: str, base: Path, savepoint_dir: str) -> tuple[dict, 
     assert min(restored) == n + 1, "the restored query resumes right after the savepoint's batch"
     combined = {b: rows for b, rows in first.items() if b <= n} | restored
     return combined, info.summary(), n
-
-
-def remove_checkpoint(path: Path) -> None:
-    """rmtree, again if Spark's state-store maintenance (still running for a stopped query's loaded
-    stores) wrote a snapshot into it meanwhile."""
-    for _ in range(10):
-        try:
-            shutil.rmtree(path)
-            return
-        except OSError:
-            time.sleep(0.5)
-    shutil.rmtree(path)
 
 
 @pytest.mark.parametrize("name", SHAPE_NAMES)

@@ -1,4 +1,4 @@
-"""Streaming jobs: their model (loadable from YAML beside the DAGs) and, later, their launcher."""
+"""Streaming jobs: their model (loadable from YAML beside the DAGs), launcher and control channel."""
 
 from airflow_savepoints.jobs.model import RetentionSettings, SinkSettings, StreamingJob, load_jobs
 
