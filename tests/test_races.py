@@ -25,12 +25,12 @@ def replace_by_rename(path: Path) -> None:
 
 
 def test_a_replaced_file_is_detected_and_the_copy_retried(checkpoint, tmp_path):
-    delta = checkpoint / planned_state_files(checkpoint)[-1]  # a file the savepoint must copy
+    victim = checkpoint / planned_state_files(checkpoint)[-1]  # a file the savepoint must copy
     faults = []
 
     def replace_once(event, data):
         if event == "planned" and not faults:
-            replace_by_rename(delta)
+            replace_by_rename(victim)
             faults.append(data["attempt"])
 
     info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"), on_event=replace_once)
