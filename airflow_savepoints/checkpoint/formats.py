@@ -24,9 +24,11 @@ ROCKSDB_V2_FILE = re.compile(r"^(\d+)_([0-9A-Za-z-]+)\.(zip|changelog)$")
 SPARK_SIDECAR_SUFFIX = ".crc"
 
 
-def is_transient_name(name: str) -> bool:
-    """Temp files (``.x.<uuid>.tmp``) and Hadoop's hidden ``.x.crc`` files: never part of a savepoint."""
-    return name.startswith(".") or name.endswith(".tmp")
+def is_transient_path(path: str) -> bool:
+    """Whether any part of ``path`` is a temp file (``.x.<uuid>.tmp``) or Hadoop's hidden ``.x.crc``
+    file (or a folder named so): never part of a savepoint."""
+    framed = "/" + path + "/"
+    return "/." in framed or ".tmp/" in framed
 
 
 def _text(data: bytes, what: str) -> str:

@@ -75,6 +75,29 @@ class CheckpointPlan:
         return sum(f.size for f in self.files)
 
 
+class _VisibleFiles(Mapping[str, FileStat]):
+    """The listing without temp files and hidden ``.crc`` files; stats are looked up only when
+    asked for (a lazy local listing then stats only what the plan needs)."""
+
+    def __init__(self, listing: Mapping[str, FileStat]):
+        self._listing = listing
+        self._paths = dict.fromkeys(p for p in listing if not formats.is_transient_path(p))
+
+    def __getitem__(self, path: str) -> FileStat:
+        if path not in self._paths:
+            raise KeyError(path)
+        return self._listing[path]
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._paths
+
+    def __iter__(self):
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+
 def _int_names(listing: Mapping[str, FileStat], folder: str) -> dict[int, str]:
     """Batch-numbered files directly in ``folder`` (``offsets/12`` -> {12: "offsets/12"})."""
     found: dict[int, str] = {}
@@ -101,7 +124,7 @@ def _collector(listing: Mapping[str, FileStat], into: dict[str, PlannedFile], pu
 
 def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str = "the checkpoint") -> CheckpointPlan:
     """Plan the savepoint of the newest committed batch of the checkpoint described by ``listing``."""
-    listing = {p: s for p, s in listing.items() if not any(formats.is_transient_name(x) for x in p.split("/"))}
+    listing = _VisibleFiles(listing)
     offsets = _int_names(listing, "offsets")
     commits = _int_names(listing, "commits")
     if "metadata" not in listing and not offsets:
@@ -155,7 +178,9 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
     for path in list(planned):
         sidecar = path + formats.SPARK_SIDECAR_SUFFIX
         if sidecar in listing and sidecar not in planned:
-            stat = listing[sidecar]
+            stat = listing.get(sidecar)
+            if stat is None:
+                raise CheckpointRaceError(f"{where}: '{sidecar}' vanished while planning")
             planned[sidecar] = PlannedFile(sidecar, stat.size, stat.version, planned[path].group, sidecar_of=path)
 
     conf = offset_n.conf

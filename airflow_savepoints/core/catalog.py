@@ -327,11 +327,15 @@ class Catalog:
         return stale
 
     # --- pins and disposal --------------------------------------------------------------------------
-    def pin(self, savepoint_id: str, ttl: timedelta = timedelta(hours=6), purpose: str = "restore") -> str:
-        """Hold a completed savepoint against retention and dispose; returns the pin id."""
+    def pin(self, savepoint_id: str, ttl: timedelta = timedelta(hours=6), purpose: str = "restore",
+            manifest: SavepointManifest | None = None) -> str:
+        """Hold a completed savepoint against retention and dispose; returns the pin id.
+
+        ``manifest`` is its ``_metadata`` if the caller has just read it (else it is read here)."""
         from airflow_savepoints.core.pointer import read_manifest
 
-        manifest = read_manifest(self.store.child(savepoint_id))  # _metadata first: the source of truth
+        if manifest is None:
+            manifest = read_manifest(self.store.child(savepoint_id))  # _metadata first: the source of truth
         now = datetime.now(UTC)
         pin = Pin(pin_id=uuid.uuid4().hex, savepoint_id=savepoint_id, owner=_owner(), purpose=purpose,
                   created_at=now, expires_at=now + ttl)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import posixpath
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -179,7 +180,17 @@ def _reuse(known: KnownChecksum, dst: Store, dst_rel: str, src_rel: str, stat: F
                       version, known.savepoint_id)
 
 
-def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, stats: dict[str, FileStat] | None = None,
+def workers_for(stores: tuple[Store, ...], parallelism: int, jobs: int) -> int:
+    """Threads for ``jobs`` copies or checks. On local disks the work is memory copies and CRC32C,
+    bound by the cores (more threads only contend); object stores wait on the network: ``parallelism``."""
+    workers = min(parallelism, jobs)
+    if all(store.protocol == "file" for store in stores):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(workers, cores)
+    return max(1, workers)
+
+
+def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, stats: Mapping[str, FileStat] | None = None,
               mode: str = "auto", known: dict[str, KnownChecksum] | None = None) -> dict[str, CopiedFile]:
     """Copy ``paths`` (same relative path on both sides) in parallel; the first failure is raised.
 
@@ -194,8 +205,9 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, sta
     rest = list(paths)
     if mode == "auto" and dst.protocol == "file" and src.protocol == "file":
         rest = []
-        for folder in sorted({posixpath.dirname(dst.path_of(p)) for p in paths}):
-            os.makedirs(folder, exist_ok=True)
+        with dst.translate_errors():
+            for folder in sorted({posixpath.dirname(dst.path_of(p)) for p in paths}):
+                os.makedirs(folder, exist_ok=True)
         for path in paths:
             hint = known.get(path)
             reused = _reuse(hint, dst, path, path, stats.get(path), parent_ready=True) if hint is not None else None
@@ -217,7 +229,7 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, sta
     if len(jobs) == 1:
         results = [jobs[0][0](jobs[0][1])]
     elif jobs:
-        with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(jobs)))) as pool:
+        with ThreadPoolExecutor(max_workers=workers_for((src, dst), parallelism, len(jobs))) as pool:
             results = list(pool.map(lambda job: job[0](job[1]), jobs))
     else:
         results = []

@@ -1,8 +1,9 @@
 """Verify savepoints and restore them into fresh checkpoint locations.
 
-Restore reads the savepoint once: every file is streamed into the new checkpoint location while its
-CRC32C is computed, and a file that does not match the manifest aborts the restore and removes
-what was written. Absolute paths Spark stores (transformWithState schema file paths) are rewritten
+Restore copies every file into the new checkpoint location the way a savepoint does (a hard link on
+one local filesystem, a server-side copy on S3, else streamed; ``core/copier.py``) and checks each
+file's CRC32C against the manifest; a file that does not match aborts the restore and removes what
+was written. Absolute paths Spark stores (transformWithState schema file paths) are rewritten
 to the new location; the checkpoint's ``metadata`` (the query id) is written last. The savepoint
 itself is only read.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import posixpath
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +22,7 @@ import crc32c
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.catalog import Catalog
-from airflow_savepoints.core.copier import MODES, checksum_of, copy_file
+from airflow_savepoints.core.copier import MODES, checksum_of, copy_many, workers_for
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
     FileEntry,
@@ -39,7 +39,7 @@ from airflow_savepoints.errors import (
     TargetNotEmptyError,
     VerificationError,
 )
-from airflow_savepoints.storage import FileStat, Store
+from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.store import SourceChangedError
 
 OPERATOR_METADATA_V2 = "/_metadata/v2/"
@@ -66,7 +66,7 @@ def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None
         size, crc = checksum_of(location, entry.path)
         return _mismatch(entry, size, crc)
 
-    with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
+    with ThreadPoolExecutor(max_workers=workers_for((location,), parallelism, len(present))) as pool:
         problems += [p for p in pool.map(check, present) if p]
     if problems:
         raise VerificationError(
@@ -215,11 +215,14 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
 
     rewritten: list[str] = []
     try:
-        body = [e for e in manifest.files if e.path != "metadata" and not _rewritable(e.path)]
-        with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
-            problems = [p for p in pool.map(lambda e: _copy_checked(location, destination, e, listing.get(e.path), copy_mode),
-                                            body) if p]
-        _raise_if(problems, location)
+        body = [e for e in manifest.files if e.path not in ("metadata", MANIFEST_FILE) and not _rewritable(e.path)]
+        try:
+            copied = copy_many(location, destination, [e.path for e in body], parallelism, stats=listing,
+                               mode=copy_mode)
+        except SourceChangedError as exc:
+            raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
+                                    "nothing was restored; retry, or use another savepoint of the job") from exc
+        _raise_if([_mismatch(e, copied[e.path].size, copied[e.path].crc) for e in body], location)
         for entry in manifest.files:
             if _rewritable(entry.path):
                 _restore_rewritten(location, destination, entry, manifest)
@@ -267,17 +270,6 @@ def _raise_if(problems: list[str | None], location: Store) -> None:
             f"savepoint {location.url} is damaged: " + "; ".join(problems[:10]),
             "nothing was restored; use another savepoint of the job",
         )
-
-
-def _copy_checked(location: Store, destination: Store, entry: FileEntry, stat: FileStat | None = None,
-                  copy_mode: str = "auto") -> str | None:
-    if posixpath.basename(entry.path) == MANIFEST_FILE and "/" not in entry.path:
-        return None
-    try:
-        copied = copy_file(location, entry.path, destination, stat=stat, mode=copy_mode)
-    except SourceChangedError:
-        return f"{entry.path}: changed while it was restored"
-    return _mismatch(entry, copied.size, copied.crc)
 
 
 def _rewritable(path: str) -> bool:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,7 +27,6 @@ from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, cop
 from airflow_savepoints.core.lock import JobLock
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
-    FileEntry,
     SavepointInfo,
     SavepointManifest,
     SavepointType,
@@ -190,7 +189,8 @@ def _previous_savepoint(job_store: Store, job: str, source: Store, enabled: bool
     try:
         latest = catalog.latest()
         if latest is not None and latest.manifest.checkpoint == source.url:
-            pin_id = catalog.pin(latest.manifest.savepoint_id, ttl=timedelta(hours=6), purpose="incremental savepoint")
+            pin_id = catalog.pin(latest.manifest.savepoint_id, ttl=timedelta(hours=6), purpose="incremental savepoint",
+                                 manifest=latest.manifest)
     except Exception as exc:  # noqa: BLE001 - reuse only saves work; without it every file is copied
         log.info("not reusing the previous savepoint of %s (%s): copying every file", job, exc)
     if latest is None or pin_id is None:
@@ -324,8 +324,8 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         ),
         source_offsets=plan.source_offsets,
         spark_conf=plan.spark_conf,
-        files=[FileEntry(path=p, size=c.size, checksum=c.checksum, method=c.method, checksum_source=c.checksum_source,
-                         source_version=plan_versions[p], reused_from=c.reused_from)
+        files=[{"path": p, "size": c.size, "checksum": c.checksum, "method": c.method,  # validated in one call
+                "checksum_source": c.checksum_source, "source_version": plan_versions[p], "reused_from": c.reused_from}
                for p, c in sorted(copied.items())],
         total_bytes=sum(c.size for c in copied.values()),
         attempts=state["attempt"],
@@ -349,7 +349,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
 
 
 def _write_secondary(source: Store, secondary_root: Store | None, savepoint_id: str, plan: CheckpointPlan,
-                     listing: dict[str, FileStat], copied: dict[str, CopiedFile], parallelism: int) -> Store | None:
+                     listing: Mapping[str, FileStat], copied: dict[str, CopiedFile], parallelism: int) -> Store | None:
     """Copy the plan to the secondary location and check every file against the primary's CRC32C.
 
     Linked on the same filesystem as the checkpoint, else streamed. Any failure drops it."""
@@ -377,9 +377,9 @@ def _plan(source: Store) -> CheckpointPlan:
     return _plan_listed(source)[0]
 
 
-def _plan_listed(source: Store) -> tuple[CheckpointPlan, dict[str, FileStat]]:
-    """The plan and the one listing it was made from."""
-    listing = source.list_files()
+def _plan_listed(source: Store) -> tuple[CheckpointPlan, Mapping[str, FileStat]]:
+    """The plan and the one listing it was made from (on a local disk, only planned files are stat'ed)."""
+    listing = source.list_files_lazily()
     if not listing and not source.exists():
         raise CheckpointNotFoundError(
             f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
@@ -409,7 +409,7 @@ def _check_copied(plan: CheckpointPlan, copied: dict[str, CopiedFile], location:
 def _relist(source: Store, plan: CheckpointPlan) -> dict[str, FileStat]:
     """The planned files as the checkpoint holds them now: one listing, or locally one stat per
     planned file (cheaper than listing every version Spark keeps)."""
-    if source.protocol != "file" or type(source.fs).__name__ != "LocalFileSystem":
+    if not source.is_local_disk:
         return source.list_files()
     now: dict[str, FileStat] = {}
     for planned in plan.files:

@@ -13,10 +13,10 @@ import os
 import posixpath
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import fsspec
 from fsspec.registry import known_implementations
@@ -188,7 +188,7 @@ class Store:
         rel = self._clean(rel)
         if not rel:
             return self.root
-        return posixpath.join(self.root, rel) if self.root != "/" else "/" + rel
+        return f"{self.root}/{rel}" if self.root != "/" else "/" + rel  # roots never end with "/"
 
     def child(self, rel: str) -> Store:
         """A store rooted at ``rel`` below this one, sharing the filesystem object."""
@@ -230,6 +230,8 @@ class Store:
         rel = (rel or "").strip("/")
         if not rel:
             return ""
+        if "//" not in rel and "/." not in "/" + rel:  # no empty part and no part starting with "."
+            return rel
         parts = rel.split("/")
         if any(p in ("", ".", "..") for p in parts):
             raise OutsideRootError(
@@ -245,38 +247,45 @@ class Store:
     @contextlib.contextmanager
     def translate_errors(self, what: str | None = None):
         """Turn backend exceptions into :class:`StorageError` subclasses that name the location."""
-        where = what or self.url
         try:
             yield
-        except (FileNotFoundError, StorageError):
-            raise
-        except PermissionError as exc:
+        except Exception as exc:
+            self._raise_translated(exc, what or self.url)
+
+    def _raise_translated(self, exc: Exception, where: str) -> NoReturn:
+        translated = self._translated(exc, where)
+        if translated is None:
+            raise exc
+        raise translated from exc
+
+    def _translated(self, exc: Exception, where: str) -> Exception | None:
+        """The :class:`StorageError` that ``exc`` stands for at ``where``; None to raise ``exc`` as is."""
+        if isinstance(exc, FileNotFoundError | StorageError):
+            return None
+        if isinstance(exc, PermissionError):
             if _is_credentials_problem(exc):
-                raise self._credentials_error(where) from exc
-            raise StoragePermissionError(
+                return self._credentials_error(where)
+            return StoragePermissionError(
                 f"permission denied at '{where}': {exc}",
                 "check that the location is writable (not read-only) and that your credentials allow it",
-            ) from exc
-        except OSError as exc:
+            )
+        if isinstance(exc, OSError):
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StorageFullError(f"no space left at '{where}'", "free space or choose another location") from exc
+                return StorageFullError(f"no space left at '{where}'", "free space or choose another location")
             if exc.errno == errno.EROFS:
-                raise StoragePermissionError(
-                    f"'{where}' is on a read-only filesystem", "choose a writable location"
-                ) from exc
+                return StoragePermissionError(f"'{where}' is on a read-only filesystem", "choose a writable location")
             if _is_credentials_problem(exc):
-                raise self._credentials_error(where) from exc
+                return self._credentials_error(where)
             hint = "check the location and try again"
             if getattr(self, "protocol", None) == "hdfs":
                 hint = "pyarrow's HDFS client needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)"
-            raise StorageError(f"storage error at '{where}': {exc}", hint) from exc
-        except Exception as exc:
-            if _is_credentials_problem(exc):
-                raise self._credentials_error(where) from exc
-            if _is_transport_error(exc):  # e.g. botocore's ConnectionClosedError once s3fs's retries are spent
-                raise StorageError(f"storage error at '{where}': {type(exc).__name__}: {exc}",
-                                   "check the store's endpoint and network, and try again") from exc
-            raise
+            return StorageError(f"storage error at '{where}': {exc}", hint)
+        if _is_credentials_problem(exc):
+            return self._credentials_error(where)
+        if _is_transport_error(exc):  # e.g. botocore's ConnectionClosedError once s3fs's retries are spent
+            return StorageError(f"storage error at '{where}': {type(exc).__name__}: {exc}",
+                                "check the store's endpoint and network, and try again")
+        return None
 
     def _credentials_error(self, where: str) -> CredentialsError:
         hints = {
@@ -293,12 +302,18 @@ class Store:
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(self.path_of(rel))
 
+    @property
+    def is_local_disk(self) -> bool:
+        """A local filesystem reached without fsspec caching or wrapping (plain ``os`` calls are safe)."""
+        return self.protocol == "file" and type(self.fs).__name__ == "LocalFileSystem"
+
     def list_files(self, rel: str = "") -> dict[str, FileStat]:
         """Every file below ``rel`` in ONE recursive listing, keyed by path relative to ``rel``."""
         base = self.path_of(rel)
-        if self.protocol == "file" and type(self.fs).__name__ == "LocalFileSystem":
+        if self.is_local_disk:
             with self.translate_errors(self.url_of(rel)):
-                return _scan_local(base)
+                found = LazyLocalListing(base, _scan_local_names(base))
+                return {name: stat for name in found if (stat := found.get(name)) is not None}
         self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
             try:
@@ -313,6 +328,15 @@ class Store:
                 continue
             out[path[len(prefix) :]] = _file_stat(info)
         return out
+
+    def list_files_lazily(self, rel: str = "") -> Mapping[str, FileStat]:
+        """``list_files``, but on a local disk only the names are read at once; each file is stat'ed
+        the first time it is looked up (for a planner that needs the stats of some of the files)."""
+        if not self.is_local_disk:
+            return self.list_files(rel)
+        base = self.path_of(rel)
+        with self.translate_errors(self.url_of(rel)):
+            return LazyLocalListing(base, _scan_local_names(base))
 
     def exists(self, rel: str = "") -> bool:
         self._invalidate(rel)
@@ -452,18 +476,21 @@ class Store:
         if self.protocol != "file" or other.protocol != "file":
             return None
         source, target = other.path_of(src_rel), self.path_of(rel)
-        with self.translate_errors(self.url_of(rel)):
-            if not parent_ready:
+        if not parent_ready:
+            with self.translate_errors(self.url_of(rel)):
                 os.makedirs(posixpath.dirname(target), exist_ok=True)
-            try:
-                os.link(source, target, follow_symlinks=False)
-            except (FileNotFoundError, FileExistsError):
-                raise
-            except OSError as exc:
-                if exc.errno in _NO_LINK_ERRNOS:
-                    return None
-                raise
+        try:  # no context manager: this runs once per file of a savepoint
+            os.link(source, target, follow_symlinks=False)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except OSError as exc:
+            if exc.errno in _NO_LINK_ERRNOS:
+                return None
+            self._raise_translated(exc, self.url_of(rel))
+        try:
             st = os.stat(target)
+        except OSError as exc:
+            self._raise_translated(exc, self.url_of(rel))
         return FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
 
     def server_copy_from(self, other: Store, src_rel: str, rel: str, *, etag: str | None = None) -> ServerCopy | None:
@@ -575,10 +602,9 @@ class _Translated:
 _NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}
 
 
-def _scan_local(base: str) -> dict[str, FileStat]:
-    """A local tree's files as ``list_files`` returns them, with one ``scandir`` per folder (the
-    same entries and version tokens fsspec's ``find`` gives, at a fraction of its cost)."""
-    out: dict[str, FileStat] = {}
+def _scan_local_names(base: str) -> list[str]:
+    """The files of a local tree, relative to ``base``, with one ``scandir`` per folder (no stat)."""
+    out: list[str] = []
     pending = [(base, "")]
     while pending:
         folder, prefix = pending.pop()
@@ -588,14 +614,44 @@ def _scan_local(base: str) -> dict[str, FileStat]:
             continue
         for entry in entries:
             try:
-                if entry.is_dir():
-                    pending.append((entry.path, prefix + entry.name + "/"))
-                    continue
-                st = entry.stat()
+                is_dir = entry.is_dir()
             except FileNotFoundError:
                 continue  # removed since the folder was read
-            out[prefix + entry.name] = FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+            if is_dir:
+                pending.append((entry.path, prefix + entry.name + "/"))
+            else:
+                out.append(prefix + entry.name)
     return out
+
+
+class LazyLocalListing(Mapping[str, FileStat]):
+    """A local tree's file names; a file's stat (the same entry and version token fsspec's
+    ``find`` gives) is taken when first looked up. A file removed since the scan is missing."""
+
+    def __init__(self, base: str, names: list[str]):
+        self._base, self._names = base.rstrip("/") or "", dict.fromkeys(names)
+        self._stats: dict[str, FileStat] = {}
+
+    def __getitem__(self, rel: str) -> FileStat:
+        stat = self._stats.get(rel)
+        if stat is None:
+            if rel not in self._names:
+                raise KeyError(rel)
+            try:
+                st = os.stat(f"{self._base}/{rel}")
+            except (FileNotFoundError, NotADirectoryError):
+                raise KeyError(rel) from None
+            stat = self._stats[rel] = FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+        return stat
+
+    def __contains__(self, rel: object) -> bool:
+        return rel in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def _etags_comparable(etag: str, copy_response: dict[str, Any]) -> bool:
