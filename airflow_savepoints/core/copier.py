@@ -194,16 +194,16 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, sta
               mode: str = "auto", known: dict[str, KnownChecksum] | None = None) -> dict[str, CopiedFile]:
     """Copy ``paths`` (same relative path on both sides) in parallel; the first failure is raised.
 
-    Between local stores, links are made first in this thread (a link is one system call; a
-    thread pool would cost more than the work), then linked files are hashed and the others
-    streamed in parallel."""
+    Between local stores, the folders are made first, and files whose checksum is known are linked
+    from the previous savepoint in this thread (a link is one system call; a thread pool would cost
+    more than the work); each worker then links (or, across filesystems, streams) and hashes the rest."""
     if not paths:
         return {}
     stats, known = stats or {}, known or {}
     done: dict[str, CopiedFile] = {}
-    to_hash: list[str] = []
     rest = list(paths)
-    if mode == "auto" and dst.protocol == "file" and src.protocol == "file":
+    local = mode == "auto" and dst.protocol == "file" and src.protocol == "file"
+    if local:
         rest = []
         with dst.translate_errors():
             for folder in sorted({posixpath.dirname(dst.path_of(p)) for p in paths}):
@@ -213,24 +213,22 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, sta
             reused = _reuse(hint, dst, path, path, stats.get(path), parent_ready=True) if hint is not None else None
             if reused is not None:
                 done[path] = reused
-            elif dst.link_from(src, path, path, parent_ready=True) is not None:
-                to_hash.append(path)
             else:
                 rest.append(path)
 
-    def hash_linked(path: str) -> CopiedFile:
-        size, crc, version = _hash_local(dst.path_of(path))
+    def one(path: str) -> CopiedFile:
+        if not local:
+            return copy_file(src, path, dst, stat=stats.get(path), mode=mode, known=known.get(path))
+        if dst.link_from(src, path, path, parent_ready=True) is None:  # another filesystem
+            return _stream(src, path, dst, path)
+        size, crc, version = _hash_local(dst.path_of(path))  # the linked inode itself
         return CopiedFile(path, size, crc, LINK, READ, version)
 
-    def one(path: str) -> CopiedFile:
-        return copy_file(src, path, dst, stat=stats.get(path), mode=mode, known=known.get(path))
-
-    jobs = [(hash_linked, p) for p in to_hash] + [(one, p) for p in rest]
-    if len(jobs) == 1:
-        results = [jobs[0][0](jobs[0][1])]
-    elif jobs:
-        with ThreadPoolExecutor(max_workers=workers_for((src, dst), parallelism, len(jobs))) as pool:
-            results = list(pool.map(lambda job: job[0](job[1]), jobs))
+    if len(rest) == 1:
+        results = [one(rest[0])]
+    elif rest:
+        with ThreadPoolExecutor(max_workers=workers_for((src, dst), parallelism, len(rest))) as pool:
+            results = list(pool.map(one, rest))
     else:
         results = []
     done.update({r.path: r for r in results})
