@@ -18,7 +18,7 @@ import crc32c
 import pytest
 
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
-from airflow_savepoints.core.copier import copy_file
+from airflow_savepoints.core.copier import copy_file, workers_for
 from airflow_savepoints.core.dispose import dispose_savepoint
 from airflow_savepoints.core.retention import RetentionPolicy, retain
 from airflow_savepoints.errors import SavepointPinnedError, VerificationError
@@ -274,6 +274,14 @@ def test_the_local_listing_matches_fsspec_find(checkpoint):
     assert store.list_files() == expected and len(expected) > 20
     assert store.list_files("state") == {k[len("state/"):]: v for k, v in expected.items() if k.startswith("state/")}
     assert Store(str(checkpoint / "missing")).list_files() == {}
+
+
+def test_copy_threads_are_bounded_by_the_cores_between_local_disks_only(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    local, remote = Store(str(tmp_path)), Store("memory://bucket/sp")
+    assert workers_for((local, local), 64, 10_000) == cores  # memory copies and CRC32C: CPU-bound
+    assert workers_for((local, remote), 64, 10_000) == 64  # waits on the store: as asked
+    assert workers_for((remote,), 8, 3) == 3 and workers_for((local,), 8, 0) == 1
 
 
 # --- memory -------------------------------------------------------------------------------------------

@@ -126,3 +126,17 @@ def test_s3_and_s3a_name_the_same_objects(s3):
     assert via_s3.read_bytes("job/lock") == b"1"
     via_s3.remove_tree("job")
     assert via_s3.list_files() == {}
+
+
+def test_local_listing_reads_names_and_stats_on_lookup(tmp_path):
+    store = Store(str(tmp_path / "root"))
+    for rel in ("offsets/0", "state/0/1/1.delta", "state/0/1/.1.delta.crc"):
+        store.write_bytes_atomic(rel, b"x" * 3)
+    listing = store.list_files_lazily()
+    assert sorted(listing) == ["offsets/0", "state/0/1/.1.delta.crc", "state/0/1/1.delta"]
+    assert listing["offsets/0"] == store.stat("offsets/0")
+    os.remove(tmp_path / "root" / "state/0/1/1.delta")  # Spark purged it after the names were read
+    assert "state/0/1/1.delta" in listing and listing.get("state/0/1/1.delta") is None
+    with pytest.raises(KeyError):
+        listing["state/0/1/1.delta"]
+    assert store.list_files() == {p: store.stat(p) for p in ("offsets/0", "state/0/1/.1.delta.crc")}
