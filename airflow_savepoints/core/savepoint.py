@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
@@ -43,7 +42,7 @@ from airflow_savepoints.errors import (
     SavepointRetriesExhaustedError,
 )
 from airflow_savepoints.storage import FileStat, Store
-from airflow_savepoints.storage.store import SourceChangedError, local_version
+from airflow_savepoints.storage.store import SourceChangedError
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +292,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
             raise CheckpointRaceError(f"a planned file was replaced during the copy: {exc}") from exc
     _check_copied(plan, copied, location)
     secondary = _write_secondary(source, options.get("secondary"), location.name, plan, listing, copied, parallelism)
-    _check_unchanged(plan, _relist(source, plan))
+    _check_unchanged(plan, source.stat_files(f.path for f in plan.files))
     plan_versions = {f.path: f.version for f in plan.files}
     if not lock.still_held():
         raise SavepointInFlightError(
@@ -404,21 +403,6 @@ def _check_copied(plan: CheckpointPlan, copied: dict[str, CopiedFile], location:
             main = copied[planned.sidecar_of]
             if sidecar.value != main.crc or sidecar.main_file_size not in (-1, main.size):
                 raise CheckpointRaceError(f"{planned.sidecar_of} does not match its Spark checksum file")
-
-
-def _relist(source: Store, plan: CheckpointPlan) -> dict[str, FileStat]:
-    """The planned files as the checkpoint holds them now: one listing, or locally one stat per
-    planned file (cheaper than listing every version Spark keeps)."""
-    if not source.is_local_disk:
-        return source.list_files()
-    now: dict[str, FileStat] = {}
-    for planned in plan.files:
-        try:
-            st = os.stat(source.path_of(planned.path))
-        except FileNotFoundError:
-            continue
-        now[planned.path] = FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
-    return now
 
 
 def _check_unchanged(plan: CheckpointPlan, relisted) -> None:

@@ -13,7 +13,7 @@ import os
 import posixpath
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, NoReturn
@@ -75,6 +75,11 @@ def local_version(st: os.stat_result) -> str:
     """The version token of a local file from its stat: ``_version_token`` of fsspec's entry for it
     (inode, then mtime; written out because listings call it once per file)."""
     return f"{st.st_ino}:{st.st_mtime}"
+
+
+def local_file_stat(st: os.stat_result) -> FileStat:
+    """A local file's listing entry from its stat."""
+    return FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
 
 
 def split_url(url: str) -> tuple[str, str, str]:
@@ -311,9 +316,7 @@ class Store:
         """Every file below ``rel`` in ONE recursive listing, keyed by path relative to ``rel``."""
         base = self.path_of(rel)
         if self.is_local_disk:
-            with self.translate_errors(self.url_of(rel)):
-                found = LazyLocalListing(base, _scan_local_names(base))
-                return {name: stat for name in found if (stat := found.get(name)) is not None}
+            return self.list_files_lazily(rel).present()
         self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
             try:
@@ -336,7 +339,15 @@ class Store:
             return self.list_files(rel)
         base = self.path_of(rel)
         with self.translate_errors(self.url_of(rel)):
-            return LazyLocalListing(base, _scan_local_names(base))
+            return LazyLocalListing(base, _scan_local_names(base), self._raise_translated)
+
+    def stat_files(self, paths: Iterable[str]) -> dict[str, FileStat]:
+        """The listing entries of ``paths`` as they are now (a missing file is left out): one stat
+        per file on a local disk (cheaper than listing every version Spark keeps), else one listing."""
+        if not self.is_local_disk:
+            listing = self.list_files()
+            return {p: listing[p] for p in paths if p in listing}
+        return LazyLocalListing(self.root, list(paths), self._raise_translated).present()
 
     def exists(self, rel: str = "") -> bool:
         self._invalidate(rel)
@@ -491,7 +502,7 @@ class Store:
             st = os.stat(target)
         except OSError as exc:
             self._raise_translated(exc, self.url_of(rel))
-        return FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+        return local_file_stat(st)
 
     def server_copy_from(self, other: Store, src_rel: str, rel: str, *, etag: str | None = None) -> ServerCopy | None:
         """Copy ``other``'s ``src_rel`` to ``rel`` inside the object store (S3 ``CopyObject``), asking
@@ -625,24 +636,33 @@ def _scan_local_names(base: str) -> list[str]:
 
 
 class LazyLocalListing(Mapping[str, FileStat]):
-    """A local tree's file names; a file's stat (the same entry and version token fsspec's
-    ``find`` gives) is taken when first looked up. A file removed since the scan is missing."""
+    """Local file names below ``base``; a file's stat (the same entry and version token fsspec's
+    ``find`` gives) is taken when first looked up. A file removed since the scan is missing; any
+    other error of the stat goes to ``on_error(exc, path)`` (the store's error translation)."""
 
-    def __init__(self, base: str, names: list[str]):
+    def __init__(self, base: str, names: list[str], on_error: Callable[[OSError, str], NoReturn]):
         self._base, self._names = base.rstrip("/") or "", dict.fromkeys(names)
         self._stats: dict[str, FileStat] = {}
+        self._on_error = on_error
 
     def __getitem__(self, rel: str) -> FileStat:
         stat = self._stats.get(rel)
         if stat is None:
             if rel not in self._names:
                 raise KeyError(rel)
+            path = f"{self._base}/{rel}"
             try:
-                st = os.stat(f"{self._base}/{rel}")
+                st = os.stat(path)
             except (FileNotFoundError, NotADirectoryError):
                 raise KeyError(rel) from None
-            stat = self._stats[rel] = FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+            except OSError as exc:
+                self._on_error(exc, path)
+            stat = self._stats[rel] = local_file_stat(st)
         return stat
+
+    def present(self) -> dict[str, FileStat]:
+        """Every listed file that is still there, stat'ed."""
+        return {name: stat for name in self._names if (stat := self.get(name)) is not None}
 
     def __contains__(self, rel: object) -> bool:
         return rel in self._names
