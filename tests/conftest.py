@@ -121,7 +121,30 @@ def stopped_checkpoint(spark, tmp_path_factory) -> Path:
              .format("noop").option("checkpointLocation", str(base / "checkpoint")).start())
     query.processAllAvailable()
     query.stop()
-    return base / "checkpoint"
+    return settled_copy(base / "checkpoint", base / "checkpoint-stopped")
+
+
+def settled_copy(source: Path, target: Path) -> Path:
+    """A copy of a stopped query's checkpoint that nothing else writes to.
+
+    The session's state-store maintenance keeps running for a stopped query's loaded stores and may
+    still write snapshots into its checkpoint (seen: a ``..6.snapshot.<uuid>.tmp.crc`` vanishing
+    while a test copied the folder). Temp files are left out; a copy that met a file renamed or
+    purged under it is made again."""
+    from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
+
+    from airflow_savepoints.checkpoint.formats import is_transient_path
+
+    def temp_names(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if ".tmp" in n and is_transient_path(n)}
+
+    @retry(retry=retry_if_exception_type(shutil.Error), stop=stop_after_attempt(6), wait=wait_fixed(0.5),
+           before_sleep=lambda _: shutil.rmtree(target, ignore_errors=True), reraise=True)
+    def copy() -> None:
+        shutil.copytree(source, target, ignore=temp_names)
+
+    copy()
+    return target
 
 
 @pytest.fixture

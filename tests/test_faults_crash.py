@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ import pytest
 
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
 from airflow_savepoints.errors import SavepointInFlightError
-from tests.conftest import ROOT, write_json_inputs
+from tests.conftest import ROOT, settled_copy, write_json_inputs
 
 TRIALS = 24
 STALE_AFTER = 1.5  # seconds: the lease of a killed trigger may be broken after this
@@ -72,10 +71,7 @@ def many_file_checkpoint(spark, tmp_path_factory) -> Path:
         query.stop()
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", saved)
-    # The session's state-store maintenance may still write snapshots into a stopped query's
-    # checkpoint (seen: 6.snapshot files appearing mid-test); trials use a copy nothing else touches.
-    shutil.copytree(base / "checkpoint", base / "checkpoint-stopped")
-    return base / "checkpoint-stopped"
+    return settled_copy(base / "checkpoint", base / "checkpoint-stopped")
 
 
 def hashes(path: Path) -> dict[str, str]:
