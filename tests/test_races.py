@@ -7,11 +7,12 @@ moment Spark's maintenance or a task retry would replace (rename over) or purge 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from airflow_savepoints.core import list_savepoints, restore_savepoint, take_savepoint
+from airflow_savepoints.core import list_savepoints, restore_savepoint, take_savepoint, verify_savepoint
 from airflow_savepoints.errors import SavepointRetriesExhaustedError
 from airflow_savepoints.storage import Store
 from tests.conftest import job_folder_entries, planned_state_files
@@ -61,3 +62,57 @@ def test_files_vanishing_on_every_attempt_fail_clearly_and_leave_nothing(checkpo
     for original, kept in reversed(purged):
         kept.rename(original)
     assert {p: p.read_bytes() for p in checkpoint.rglob("*") if p.is_file()} == before  # only read
+
+
+def test_a_linked_file_replaced_after_the_copy_keeps_the_planned_bytes_without_a_retry(checkpoint, tmp_path,
+                                                                                      monkeypatch):
+    """A link holds the inode it got, which the copy proved is the planned version: Spark replacing
+    the name afterwards changes nothing in the savepoint, so no re-check (and no retry) is needed."""
+    from airflow_savepoints.core import savepoint as engine
+
+    victim_rel = planned_state_files(checkpoint)[-1]
+    victim = checkpoint / victim_rel
+    planned_bytes, planned_inode = victim.read_bytes(), victim.stat().st_ino
+    real_copy_many = engine.copy_many
+
+    def copy_then_replace(*args, **kwargs):
+        copied = real_copy_many(*args, **kwargs)
+        if victim_rel in copied:
+            victim.unlink()  # Spark's purge and rewrite of the name: another inode, other bytes
+            victim.write_bytes(b"rewritten after the savepoint linked it")
+        return copied
+
+    monkeypatch.setattr(engine, "copy_many", copy_then_replace)
+    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"))
+    kept = Path(info.pointer) / victim_rel
+    assert info.manifest.attempts == 1
+    assert kept.read_bytes() == planned_bytes and kept.stat().st_ino == planned_inode
+    verify_savepoint(info.pointer)
+
+
+@pytest.mark.s3
+def test_an_object_rewritten_during_a_streamed_copy_from_s3_is_detected_and_the_copy_retried(s3, checkpoint, tmp_path,
+                                                                                            monkeypatch):
+    """A streamed read of an object store records no version (a replacement mid-read could mix two
+    objects' bytes): after the copy, such files are listed again, and a rewritten one means a retry."""
+    from airflow_savepoints.core import copier
+
+    source = Store(f"s3://{s3}/checkpoint")
+    source.fs.put(str(checkpoint), source.root, recursive=True)
+    victim_rel = planned_state_files(checkpoint)[-1]
+    real_stream, rewritten = copier._stream, []
+
+    def stream_then_rewrite(src, src_rel, dst, dst_rel):
+        copied = real_stream(src, src_rel, dst, dst_rel)
+        if src_rel == victim_rel and not rewritten:
+            time.sleep(1.1)  # S3's LastModified has one-second steps
+            src.fs.pipe_file(src.path_of(src_rel), (checkpoint / victim_rel).read_bytes())  # same bytes, new object
+            rewritten.append(src_rel)
+        return copied
+
+    monkeypatch.setattr(copier, "_stream", stream_then_rewrite)
+    info = take_savepoint(source.url, "job", savepoint_dir=f"s3://{s3}/savepoints", copy_mode="stream")
+    assert rewritten == [victim_rel] and info.manifest.attempts == 2
+    verify_savepoint(info.pointer)
+    restore_savepoint(info.pointer, str(tmp_path / "restored"))
+    assert (tmp_path / "restored" / victim_rel).read_bytes() == (checkpoint / victim_rel).read_bytes()

@@ -292,7 +292,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
             raise CheckpointRaceError(f"a planned file was replaced during the copy: {exc}") from exc
     _check_copied(plan, copied, location)
     secondary = _write_secondary(source, options.get("secondary"), location.name, plan, listing, copied, parallelism)
-    _check_unchanged(plan, source.stat_files(f.path for f in plan.files))
+    _check_unchanged(plan, copied, source)
     plan_versions = {f.path: f.version for f in plan.files}
     if not lock.still_held():
         raise SavepointInFlightError(
@@ -405,8 +405,18 @@ def _check_copied(plan: CheckpointPlan, copied: dict[str, CopiedFile], location:
                 raise CheckpointRaceError(f"{planned.sidecar_of} does not match its Spark checksum file")
 
 
-def _check_unchanged(plan: CheckpointPlan, relisted) -> None:
-    for planned in plan.files:
+def _check_unchanged(plan: CheckpointPlan, copied: dict[str, CopiedFile], source: Store) -> None:
+    """Files copied without a known source version (a streamed read of an object store, where a
+    replacement mid-read could mix two objects' bytes) must still be as planned after the copy.
+
+    Every other copy already proved it holds the planned version: a link or a local read records
+    the inode it got (``_check_copied`` compares it), a server-side copy was made only from the
+    listed ETag, and a reused file is the previous savepoint's copy of that same version."""
+    unproven = [f for f in plan.files if copied[f.path].source_version is None]
+    if not unproven:
+        return
+    relisted = source.stat_files(f.path for f in unproven)
+    for planned in unproven:
         now = relisted.get(planned.path)
         if now is None:
             raise CheckpointRaceError(f"{planned.path} was deleted during the copy")
