@@ -50,7 +50,8 @@ def through(proxy: FaultProxy) -> dict[str, str]:
 
 
 def retried(proxy: FaultProxy) -> int:
-    """Faulted requests that the client sent again and that then succeeded (the retries that worked)."""
+    """Faults whose request the client sent again until it succeeded (a request faulted twice in a
+    row, then answered, counts both faults)."""
     pending: dict[tuple[str, str], int] = {}
     done = 0
     for method, target, outcome in proxy.log:
@@ -58,7 +59,7 @@ def retried(proxy: FaultProxy) -> int:
         if isinstance(outcome, str):
             pending[key] = pending.get(key, 0) + 1
         elif pending.get(key):
-            done += 1
+            done += pending[key]
             pending[key] = 0
     return done
 
