@@ -266,35 +266,32 @@ def memory_peak(work: Path, size: int) -> dict[str, float]:
 
 
 SAVEPOINT_LOOP = """
-import json, sys, time, os
-sys.path.insert(0, sys.argv[5])
+import json, sys, time
+sys.path.insert(0, sys.argv[3])
 from airflow_savepoints.core import take_savepoint
 from airflow_savepoints.core.retention import RetentionPolicy, retain
 from airflow_savepoints.storage import Store
-checkpoint, root, stop, paused = sys.argv[1:5]
-windows = []  # (start, end) of each savepoint and of each retention run after it
+checkpoint, root = sys.argv[1:3]
 print("ready", flush=True)
-while not os.path.exists(stop):
-    if os.path.exists(paused):
-        time.sleep(0.05)
-        continue
+for line in sys.stdin:  # one savepoint (and the retention run after it) per request
     start = time.time()
     take_savepoint(checkpoint, "bench-live", savepoint_dir=root, savepoint_type="periodic")
     retain(Store(root), "bench-live", RetentionPolicy(max_periodic=2, max_age_seconds=None))
-    windows.append((start, time.time()))
-    time.sleep(2.0)
-print(json.dumps(windows))
+    print(json.dumps([start, time.time()]), flush=True)
 """
 
 
-def batch_durations(spark, work: Path, size_gb: float, batches: int, blocks: int) -> dict:
-    """Median batch duration of a running stateful query without, and while, savepoints are taken
+def batch_durations(spark, work: Path, size_gb: float, batches: int) -> dict:
+    """Median batch duration of a running stateful query without, and while, a savepoint is taken
     (by another process, as an Airflow worker would: linked and incremental, retention keeping 2).
-    Blocks of batches without and with savepoints alternate, so that the JVM's warm-up and any drift
-    of the machine weigh on both sides alike."""
+
+    Batches with and without a savepoint alternate one by one: a savepoint is asked for as every
+    other batch starts, so the JVM's warm-up and any drift of a shared machine weigh on both sides
+    alike. A batch counts as "during" if it overlapped a savepoint and its retention run, as
+    "without" if it overlapped none."""
     job = build(spark, work, "hdfs", size_gb, 20, 2, name="live")
     hold = work / "live-hold"
-    held = [job.add_input(2000, hold=hold) for _ in range(2 * batches + 8 * blocks + 12)]  # before the clock starts
+    held = [job.add_input(2000, hold=hold) for _ in range(batches + 12)]  # before the clock starts
     query = job.start(trigger={"processingTime": "1 second"})
     feeding = threading.Event()
 
@@ -313,16 +310,8 @@ def batch_durations(spark, work: Path, size_gb: float, batches: int, blocks: int
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
 
-    def batches_from(first: int, n: int) -> list[dict]:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if query.exception():
-                raise RuntimeError(query.exception())
-            got = [p for p in query.recentProgress if p["batchId"] >= first and p["numInputRows"] > 0]
-            if len(got) >= n:
-                return got[:n]
-            time.sleep(0.3)
-        raise TimeoutError("the live query did not run enough batches")
+    def with_input(first: int) -> list[dict]:
+        return [p for p in query.recentProgress if p["batchId"] >= first and p["numInputRows"] > 0]
 
     def seconds(progress: dict) -> float:
         return progress["durationMs"]["triggerExecution"] / 1000
@@ -333,29 +322,35 @@ def batch_durations(spark, work: Path, size_gb: float, batches: int, blocks: int
         start = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
         return start, start + seconds(progress)
 
-    def next_batch() -> int:
-        return (query.lastProgress or {"batchId": -1})["batchId"] + 1
-
-    stop, paused = work / "stop-savepoints", work / "pause-savepoints"
-    paused.touch()
     loop = subprocess.Popen([sys.executable, "-c", SAVEPOINT_LOOP, str(job.checkpoint), str(work / "live-sp"),
-                             str(stop), str(paused), str(ROOT)], stdout=subprocess.PIPE, text=True)
-    per_block = max(2, batches // blocks)
+                             str(ROOT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    windows: list[tuple[float, float]] = []
     try:
-        assert loop.stdout is not None and loop.stdout.readline().strip() == "ready"  # imports done
-        batches_from(0, 2)  # warm up
-        quiet, busy = [], []
-        for _ in range(blocks):
-            quiet += batches_from(next_batch(), per_block)
-            paused.unlink()
-            time.sleep(0.5)
-            busy += batches_from(next_batch(), per_block)
-            paused.touch()
-            time.sleep(2.5)  # the savepoint in flight, if any, ends
-        stop.touch()
-        windows = json.loads(loop.communicate(timeout=600)[0].strip().splitlines()[-1])
+        assert loop.stdin is not None and loop.stdout is not None
+        assert loop.stdout.readline().strip() == "ready"  # imports done
+        deadline = time.monotonic() + 120
+        while len(with_input(0)) < 2:  # warm up
+            if query.exception() or time.monotonic() > deadline:
+                raise RuntimeError(query.exception() or "the live query ran no batch")
+            time.sleep(0.2)
+        first = query.lastProgress["batchId"] + 1
+        started, asked = 0, False
+        deadline = time.monotonic() + 60 * (2 + batches)
+        while len(with_input(first)) < batches:
+            if query.exception() or time.monotonic() > deadline:
+                raise RuntimeError(query.exception() or "the live query did not run enough batches")
+            active = query.status["isTriggerActive"]
+            if active and not asked:
+                started += 1
+                if started % 2 == 0:  # every other batch: one savepoint, as the batch starts
+                    loop.stdin.write("go\n")
+                    loop.stdin.flush()
+                    windows.append(tuple(json.loads(loop.stdout.readline())))
+            asked = active
+            time.sleep(0.05)
+        loop.stdin.close()
+        loop.wait(60)
     finally:
-        stop.touch()
         feeding.set()
         query.stop()
         if loop.poll() is None:
@@ -365,10 +360,11 @@ def batch_durations(spark, work: Path, size_gb: float, batches: int, blocks: int
         begin, end = window(progress)
         return any(a < end and begin < b for a, b in windows)
 
-    without = [seconds(p) for p in quiet if not overlaps(p)]
-    during = [seconds(p) for p in busy if overlaps(p)]
+    measured = with_input(first)[:batches]
+    without = [seconds(p) for p in measured if not overlaps(p)]
+    during = [seconds(p) for p in measured if overlaps(p)]
     return {"without_median_s": statistics.median(without), "during_median_s": statistics.median(during),
-            "savepoints_taken": len(windows), "blocks": blocks, "batches_without": len(without),
+            "savepoints_taken": len(windows), "batches_without": len(without),
             "batches_overlapping_a_savepoint": len(during),
             "savepoint_and_retention_median_s": statistics.median(b - a for a, b in windows), "state_gb": size_gb}
 
@@ -550,8 +546,7 @@ def main() -> int:
             log(f"memory: {figures['memory_mib_above_baseline']}")
         if "live" not in skip:
             spark = spark_session()
-            figures["live"] = batch_durations(spark, work, min(size, 0.25), batches=8 if args.quick else 24,
-                                              blocks=2 if args.quick else 4)
+            figures["live"] = batch_durations(spark, work, min(size, 0.25), batches=12 if args.quick else 40)
             log(f"live: {figures['live']}")
         spark.stop()
     finally:
