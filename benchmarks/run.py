@@ -334,19 +334,20 @@ def batch_durations(spark, work: Path, size_gb: float, batches: int) -> dict:
                 raise RuntimeError(query.exception() or "the live query ran no batch")
             time.sleep(0.2)
         first = query.lastProgress["batchId"] + 1
-        started, asked = 0, False
+        started, active = 0, False
         deadline = time.monotonic() + 60 * (2 + batches)
-        while len(with_input(first)) < batches:
+        while True:  # the trigger's status every 50 ms; the progress log only when a batch ends
             if query.exception() or time.monotonic() > deadline:
                 raise RuntimeError(query.exception() or "the live query did not run enough batches")
-            active = query.status["isTriggerActive"]
-            if active and not asked:
+            was_active, active = active, query.status["isTriggerActive"]
+            if active and not was_active:
                 started += 1
                 if started % 2 == 0:  # every other batch: one savepoint, as the batch starts
                     loop.stdin.write("go\n")
                     loop.stdin.flush()
                     windows.append(tuple(json.loads(loop.stdout.readline())))
-            asked = active
+            elif was_active and not active and len(with_input(first)) >= batches:
+                break
             time.sleep(0.05)
         loop.stdin.close()
         loop.wait(60)
