@@ -338,6 +338,15 @@ return Array.from(doc.querySelectorAll('tr.savepoint')).map(
 """
 
 
+def ui_route() -> str:
+    """Where Airflow's UI shows the plugin's external view: 3.3.2 puts the view's ``href`` after the
+    ``url_route`` (``/plugin/savepoints/savepoints/ui``), 3.3.0 and 3.3.1 the ``url_route`` alone."""
+    from airflow import __version__
+    from packaging.version import Version
+
+    return "/plugin/savepoints/savepoints/ui" if Version(__version__) >= Version("3.3.2") else "/plugin/savepoints"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
                     reason="the UI page test needs /usr/bin/chromium and /usr/bin/chromedriver "
@@ -355,7 +364,7 @@ def test_ui_page_lists_the_savepoints_after_login(deployment, tmp_path):
                             f"the savepoints page did not load in the UI's iframe (at {browser.url()})")
         (ARTIFACTS / "plugin-savepoints-page.html").write_text(dom)
         browser.screenshot(ARTIFACTS / "plugin-savepoints-page.png")
-        assert browser.url() == f"{d.cluster.base_url}/plugin/savepoints"
+        assert browser.url() == f"{d.cluster.base_url}{ui_route()}"
         rows = browser.script(IFRAME_ROWS)
     except BaseException:
         print(f"chromedriver log:\n{tail(browser.log, 40)}")

@@ -15,7 +15,7 @@ from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 
 URL_PREFIX = "/savepoints"  # the API server mounts the app here (below [api] base_url's path)
-UI_ROUTE = "savepoints"  # the UI shows the page at <base_url>/plugin/savepoints
+UI_ROUTE = "savepoints"  # the UI opens the page at <base_url>/plugin/savepoints (3.3.2: .../savepoints/ui)
 
 
 class LazySavepointsApp:
