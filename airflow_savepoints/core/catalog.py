@@ -29,7 +29,7 @@ from tenacity import (
     stop_after_attempt,
     stop_after_delay,
     wait_fixed,
-    wait_random_exponential,
+    wait_random,
 )
 
 from airflow_savepoints.core.lease import Lease, owner_id
@@ -372,7 +372,7 @@ class Catalog:
     # --- the lease ----------------------------------------------------------------------------------
     def _acquire(self, timeout: float = 60.0) -> Lease:
         lease = Lease(self.store, CATALOG_LOCK, stale_after=LOCK_STALE_AFTER)
-        retrying = Retrying(stop=stop_after_delay(timeout), wait=wait_random_exponential(multiplier=0.05, max=1),
+        retrying = Retrying(stop=stop_after_delay(timeout), wait=wait_random(0.005, 0.05),  # held for milliseconds
                             retry=retry_if_result(lambda holder: holder is not None),
                             retry_error_callback=lambda state: state.outcome.result())
         holder = retrying(lease.try_acquire)
