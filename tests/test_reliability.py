@@ -123,3 +123,74 @@ def test_3_catalog_updates_from_eight_processes_are_never_lost(tmp_path):
         kept.append(len(Catalog(Store(str(job_dir)), "job").load().pins))
     print(f"\ncatalog updates kept per run: {kept}")
     assert kept == [1200] * len(kept)
+
+
+def _take(checkpoint: Path, root: Path, kind: str) -> Path:
+    return Path(take_savepoint(str(checkpoint), "job", savepoint_dir=str(root), savepoint_type=kind).pointer)
+
+
+def test_2_retention_acts_only_when_folder_metadata_and_record_agree(tmp_path):
+    """A forged copy (a periodic folder whose _metadata names a manual savepoint), a plain `cp -a`
+    backup of a periodic savepoint, and a catalog record edited from manual to periodic: every manual
+    savepoint is kept, the copies are kept as conflicts, only true periodic savepoints are disposed."""
+    import shutil
+
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    root = tmp_path / "sp"
+    p1, p2, p3 = (_take(checkpoint, root, "periodic") for _ in range(3))
+    manual, newest = _take(checkpoint, root, "manual"), _take(checkpoint, root, "periodic")
+    forged = root / "job" / "savepoint-5d5a3b-00000000f0f0"
+    shutil.copytree(p1, forged, symlinks=True)
+    body = json.loads((forged / "_metadata").read_text())
+    body["savepoint_id"] = manual.name
+    (forged / "_metadata").write_text(json.dumps(body))
+    backup = root / "job" / "savepoint-5d5a3b-00000000b0b0"
+    shutil.copytree(p2, backup, symlinks=True)
+    catalog = json.loads((root / "job" / "_catalog.json").read_text())
+    catalog["records"][manual.name]["type"] = "periodic"  # an edited record
+    (root / "job" / "_catalog.json").write_text(json.dumps(catalog))
+
+    code, report = cli("retain", "--job", "job", "--dir", str(root), "--max-periodic", "1")
+    assert code == 0, report
+    assert sorted(report["disposed"]) == sorted([p1.name, p2.name, p3.name])
+    assert manual.exists() and newest.exists() and forged.exists() and backup.exists()
+    conflicts = {d["savepoint_id"] for d in report["decisions"] if d.get("conflict")}
+    assert conflicts == {forged.name, backup.name, manual.name}, report["decisions"]
+    code, again = cli("retain", "--job", "job", "--dir", str(root), "--max-periodic", "1")
+    assert code == 0 and again["disposed"] == [] and manual.exists() and forged.exists() and backup.exists()
+
+
+@pytest.mark.parametrize("garbage", [b"[]", b"null", b'{"token": "t", "heartbeat_at": "soon"}', b""], ids=repr)
+def test_4_garbage_in_a_lease_is_a_clear_error_then_recovers(tmp_path, garbage):
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    root = tmp_path / "sp"
+    (root / "job").mkdir(parents=True)
+    lease = root / "job" / "_inflight.json"
+    lease.write_bytes(garbage)
+    code, out = cli("trigger", str(checkpoint), "--job", "job", "--dir", str(root))
+    assert code == 1 and out["error"]["code"] == "savepoint_in_flight", out
+    code, out = cli("retain", "--job", "job", "--dir", str(root))
+    assert code == 0, out
+    (root / "job" / "_catalog.lock").write_bytes(garbage)
+    for path in (lease, root / "job" / "_catalog.lock"):
+        os.utime(path, (time.time() - 600, time.time() - 600))  # not renewed for 10 minutes
+    code, out = cli("trigger", str(checkpoint), "--job", "job", "--dir", str(root))
+    assert code == 0 and out["batch_id"] == 2, out
+    assert not lease.exists() and not (root / "job" / "_catalog.lock").exists()
+
+
+def test_4_locks_from_the_future_go_stale_after_the_timeout(tmp_path, monkeypatch):
+    from airflow_savepoints.core import catalog as catalog_module
+
+    monkeypatch.setattr(catalog_module, "LOCK_STALE_AFTER", 2.0)  # the timeout under test, shortened
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    root = tmp_path / "sp"
+    (root / "job").mkdir(parents=True)
+    for name in ("_inflight.json", "_catalog.lock"):
+        path = root / "job" / name
+        path.write_text(json.dumps({"token": "future", "owner": "skewed:1", "at": time.time() + 3600}))
+        os.utime(path, (time.time() + 3600, time.time() + 3600))
+    started = time.monotonic()
+    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root), lock_stale_after=2.0)
+    took = time.monotonic() - started
+    assert info.manifest.batch_id == 2 and 1.9 < took < 10, took

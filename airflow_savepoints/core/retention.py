@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from airflow_savepoints.core.catalog import Catalog, SavepointRecord, SavepointState
 from airflow_savepoints.core.dispose import check_no_link, check_under_root, dispose_location
 from airflow_savepoints.core.lock import JobLock
-from airflow_savepoints.core.models import MANIFEST_FILE, SavepointType, validate_job_name
+from airflow_savepoints.core.models import MANIFEST_FILE, SavepointManifest, SavepointType, validate_job_name
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, read_manifest
 from airflow_savepoints.core.settings import configured_option, parse_duration
 from airflow_savepoints.errors import (
@@ -100,6 +100,7 @@ class Decision(BaseModel):
     created_at: datetime | None = None
     action: Action
     reason: str
+    conflict: str | None = None  # identity sources disagree: kept, for a person to inspect
 
 
 class RetentionPlan(BaseModel):
@@ -193,10 +194,17 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
                 completed.append(record)
                 continue
             try:  # complete, but the catalog does not know it (yet)
-                found = SavepointRecord.from_manifest(read_manifest(job_store.child(savepoint_id)), pointer)
+                manifest = read_manifest(job_store.child(savepoint_id))
             except (ManifestCorruptError, ManifestVersionError, IncompleteSavepointError) as exc:
                 decisions.append(_decision(record, savepoint_id, pointer, Action.KEEP,
                                            f"has an unreadable _metadata ({exc.code}): left for a person to inspect"))
+                continue
+            found = SavepointRecord.from_manifest(manifest, pointer)
+            conflict = identity_conflict(savepoint_id, job, manifest, record)
+            if conflict:
+                decisions.append(_decision(record or found.model_copy(update={"savepoint_id": savepoint_id}),
+                                           savepoint_id, pointer, Action.KEEP, f"conflict: {conflict}; never "
+                                           "removed by retention: left for a person to inspect", conflict=conflict))
                 continue
             completed.append(found)
             settle[savepoint_id] = found
@@ -246,7 +254,18 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
         else:
             action, reason = Action.KEEP, (f"periodic #{periodic_rank[record.savepoint_id] + 1} from the newest, "
                                            f"{_human(age)} old: within the policy")
-        decisions.append(_decision(record, record.savepoint_id, pointer, action, reason))
+        conflict = None
+        if action == Action.DISPOSE:  # only when record, _metadata and folder agree
+            try:
+                manifest = read_manifest(job_store.child(record.savepoint_id))
+                conflict = identity_conflict(record.savepoint_id, job, manifest, record)
+            except (ManifestCorruptError, ManifestVersionError) as exc:
+                conflict = f"its _metadata is unreadable ({exc.code})"
+            except IncompleteSavepointError:
+                conflict = None  # gone meanwhile: apply finds it gone
+            if conflict:
+                action, reason = Action.KEEP, f"conflict: {conflict}; never removed by retention"
+        decisions.append(_decision(record, record.savepoint_id, pointer, action, reason, conflict=conflict))
 
     order = {d.savepoint_id: (d.created_at or now, d.savepoint_id) for d in decisions}
     decisions.sort(key=lambda d: order[d.savepoint_id])
@@ -254,9 +273,24 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
                          settle={k: v for k, v in settle.items() if v is not None})
 
 
-def _decision(record: SavepointRecord | None, savepoint_id: str, pointer: str, action: Action, reason: str) -> Decision:
+def identity_conflict(folder: str, job: str, manifest: SavepointManifest, record: SavepointRecord | None) -> str | None:
+    """What disagrees about a savepoint's identity: its folder name (the truth), its job folder,
+    its ``_metadata`` and its catalog record. None when they all agree."""
+    problems = []
+    if manifest.savepoint_id != folder:
+        problems.append(f"folder {folder} holds a _metadata of savepoint {manifest.savepoint_id} (a copy?)")
+    if manifest.job != job:
+        problems.append(f"its _metadata names job {manifest.job!r}, the folder is in job {job!r}")
+    if record is not None and (record.type != manifest.type or record.job != manifest.job):
+        problems.append(f"the catalog says {record.type.value} of job {record.job!r}, the _metadata "
+                        f"{manifest.type.value} of job {manifest.job!r}")
+    return "; ".join(problems) or None
+
+
+def _decision(record: SavepointRecord | None, savepoint_id: str, pointer: str, action: Action, reason: str,
+              conflict: str | None = None) -> Decision:
     return Decision(
-        savepoint_id=savepoint_id, pointer=pointer, action=action, reason=reason,
+        savepoint_id=savepoint_id, pointer=pointer, action=action, reason=reason, conflict=conflict,
         type=record.type.value if record else None,
         state=record.state.value if record else "incomplete",
         batch_id=record.batch_id if record else None,
@@ -279,6 +313,10 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
             location = job_store.child(decision.savepoint_id)
             manifest = read_manifest(location)
             check_under_root(location, manifest, root)
+            if manifest.type in PROTECTED_TYPES or manifest.type.value != decision.type:
+                report.skipped.append({"savepoint_id": decision.savepoint_id, "error": "conflict",
+                                       "message": f"its _metadata now says {manifest.type.value}: kept"})
+                continue
             dispose_location(location, manifest)
             report.disposed.append(decision.savepoint_id)
         except (SavepointNotFoundError, IncompleteSavepointError):
