@@ -194,3 +194,82 @@ def test_4_locks_from_the_future_go_stale_after_the_timeout(tmp_path, monkeypatc
     info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root), lock_stale_after=2.0)
     took = time.monotonic() - started
     assert info.manifest.batch_id == 2 and 1.9 < took < 10, took
+
+
+def _cli_loop(commands: list[list[str]], queue, until: float | None = None) -> None:
+    """Run the CLI commands one after another (again and again until ``until``); report each outcome."""
+    results = []
+    while True:
+        for args in commands:
+            sys.stdout = buffer = io.StringIO()
+            try:
+                code, trace = app(args, standalone_mode=False) or 0, None
+            except SystemExit as exc:
+                code, trace = exc.code, None
+            except BaseException:  # noqa: BLE001 - the finding: a raw traceback
+                code, trace = -1, traceback.format_exc()
+            results.append((code, buffer.getvalue(), trace))
+        if until is None or time.time() > until:
+            break
+    queue.put(results)
+
+
+def test_4_orphan_cleanup_beside_200_triggers_never_removes_a_live_file(tmp_path):
+    """`retain --orphan-timeout 0s` in a loop beside 4 processes x 50 triggers of the job: no trigger
+    crashes (each one completes or says another is in flight), every completed savepoint verifies."""
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    root = tmp_path / "sp"
+    trigger = ["trigger", str(checkpoint), "--job", "job", "--dir", str(root), "--type", "periodic", "--json"]
+    retain = ["retain", "--job", "job", "--dir", str(root), "--orphan-timeout", "0s", "--max-periodic", "5", "--json"]
+    queue = FORK.Queue()
+    workers = [FORK.Process(target=_cli_loop, args=([trigger] * 50, queue)) for _ in range(4)]
+    workers.append(FORK.Process(target=_cli_loop, args=([retain], queue, time.time() + 8)))
+    for w in workers:
+        w.start()
+    results = [r for _ in workers for r in queue.get(timeout=300)]
+    for w in workers:
+        w.join(30)
+    assert [r[2] for r in results if r[2]] == []  # no traceback
+    codes: dict[str, int] = {}
+    for code, stdout, _ in results:
+        body = json.loads(stdout)
+        key = "ok" if code == 0 else body["error"]["code"]
+        codes[key] = codes.get(key, 0) + 1
+    print(f"\n200 triggers beside retention: {codes}")
+    assert set(codes) <= {"ok", "savepoint_in_flight"} and codes["ok"] >= 20
+    for folder in (root / "job").iterdir():
+        if folder.is_dir() and (folder / "_metadata").exists():
+            assert cli("verify", str(folder))[0] == 0
+
+
+def _hold_pin(pointer: str, ready) -> None:
+    from airflow_savepoints.core.pointer import resolve_pointer
+
+    location, manifest = resolve_pointer(pointer)
+    with Catalog(location.parent(), "job").held(location.name, "restore", manifest):
+        ready.set()
+        time.sleep(600)
+
+
+def test_6_the_pin_of_a_killed_process_lapses_after_the_pin_timeout(tmp_path, monkeypatch):
+    import signal
+
+    from airflow_savepoints.core import catalog as catalog_module
+
+    monkeypatch.setattr(catalog_module, "PIN_TTL", 3.0)  # inherited by the forked holder
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    root = tmp_path / "sp"
+    first = _take(checkpoint, root, "manual")
+    _take(checkpoint, root, "manual")
+    ready = FORK.Event()
+    holder = FORK.Process(target=_hold_pin, args=(str(first), ready))
+    holder.start()
+    assert ready.wait(30)
+    time.sleep(2)  # its heartbeat keeps the pin past the 3 s timeout
+    code, out = cli("dispose", str(first), "--dir", str(root))
+    assert code == 1 and out["error"]["code"] == "savepoint_pinned", out
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(10)
+    time.sleep(3.5)
+    code, out = cli("dispose", str(first), "--dir", str(root))
+    assert code == 0 and not first.exists(), out

@@ -14,9 +14,11 @@ pin and a disposal never both succeed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
@@ -56,6 +58,7 @@ CATALOG_LOCK = "_catalog.lock"
 CATALOG_FORMAT = "airflow-savepoints/catalog"
 CATALOG_VERSION = 1
 LOCK_STALE_AFTER = 30.0  # seconds; the lease is held for one read and one write
+PIN_TTL = 120.0  # seconds a pin lives without its holder's heartbeat (the savepoint lease's stale time)
 T = TypeVar("T")
 
 
@@ -351,6 +354,38 @@ class Catalog:
 
     def unpin(self, pin_id: str) -> None:
         self.update(lambda d: d.pins.pop(pin_id, None))
+
+    @contextlib.contextmanager
+    def held(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None) -> Iterator[str]:
+        """Pin ``savepoint_id`` for the block with a short pin (``PIN_TTL``) renewed by a heartbeat:
+        the pin of a process that dies lapses after ``PIN_TTL`` seconds, not hours."""
+        ttl = timedelta(seconds=PIN_TTL)
+        pin_id = self.pin(savepoint_id, ttl=ttl, purpose=purpose, manifest=manifest)
+        stop = threading.Event()
+
+        def extend(document: CatalogDocument) -> None:
+            pin = document.pins.get(pin_id)
+            if pin is not None:
+                document.pins[pin_id] = pin.model_copy(update={"expires_at": datetime.now(UTC) + ttl})
+
+        def beat() -> None:
+            while not stop.wait(PIN_TTL / 4):
+                try:
+                    self.update(extend)
+                except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                    log.warning("could not extend the pin on %s (%s)", savepoint_id, exc)
+
+        thread = threading.Thread(target=beat, name=f"pin-{savepoint_id}", daemon=True)
+        thread.start()
+        try:
+            yield pin_id
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+            try:
+                self.unpin(pin_id)
+            except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
+                log.warning("could not release the pin on %s (%s); it lapses after %.0fs", savepoint_id, exc, PIN_TTL)
 
     def begin_dispose(self, savepoint_id: str) -> None:
         """Mark a savepoint "disposing"; refused while a live pin holds it."""

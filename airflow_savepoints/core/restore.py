@@ -227,18 +227,16 @@ def pinned(location: Store, manifest: SavepointManifest) -> Iterator[None]:
         return
     catalog = Catalog(location.parent(), manifest.job)
     try:
-        pin_id: str | None = catalog.pin(location.name)
+        holding = catalog.held(location.name, "restore", manifest)
+        holding.__enter__()
     except (StoragePermissionError, CredentialsError) as exc:
         log.warning("restoring %s without pinning it (%s): retention could remove it meanwhile", location.url, exc.message)
-        pin_id = None
+        holding = None
     try:
         yield
     finally:
-        if pin_id is not None:
-            try:
-                catalog.unpin(pin_id)
-            except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
-                log.warning("could not release the pin on %s (%s); it lapses by itself", location.url, exc)
+        if holding is not None:
+            holding.__exit__(None, None, None)
 
 
 def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool,

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airflow_savepoints.core.catalog import Catalog, SavepointRecord, SavepointState
 from airflow_savepoints.core.dispose import check_no_link, check_under_root, dispose_location
+from airflow_savepoints.core.lease import store_now
 from airflow_savepoints.core.lock import JobLock
 from airflow_savepoints.core.models import MANIFEST_FILE, SavepointManifest, SavepointType, validate_job_name
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, read_manifest
@@ -180,6 +181,13 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
 
     decisions: list[Decision] = []
     completed: list[SavepointRecord] = []
+    clock: list[datetime] = []
+
+    def store_clock() -> datetime:
+        if not clock:
+            clock.append(datetime.fromtimestamp(store_now(job_store), UTC))
+        return clock[0]
+
     settle: dict[str, SavepointRecord | None] = {}  # catalog corrections the plan relies on
     for savepoint_id in sorted(set(folders) | set(document.records)):
         record = document.records.get(savepoint_id)
@@ -218,7 +226,7 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
                 newest = job_store.stat(savepoint_id).modified
             except (FileNotFoundError, SavepointError):
                 newest = None
-        age = _age(newest, now)
+        age = _age(newest, store_clock())  # the store's mtime against the store's clock
         missing = "its _metadata is missing" if record is not None and record.state != SavepointState.IN_PROGRESS \
             else "no _metadata"
         if age is not None and age < policy.orphan_timeout_seconds:
@@ -347,21 +355,27 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
     return report
 
 
-_TEMP_FILE = re.compile(r"^\.(_catalog\.json|_inflight\.json|_run\.json|_catalog\.lock)\.[0-9a-f]{32}\.tmp$")
+_TEMP_FILE = re.compile(
+    r"^\.(_catalog\.json|_inflight\.json|_run\.json|_catalog\.lock|_clock|_inflight\.json\.break|_catalog\.lock\.break)"
+    r"\.[0-9a-f]{32}\.tmp$")
+TEMP_FILE_FLOOR = 300.0  # seconds: longer than any lease's stale time; a live writer's temp file lives for milliseconds
 
 
 def _remove_stale_temp_files(job_store: Store, plan: RetentionPlan) -> list[str]:
-    """Temporary files of an atomic write in the job folder whose writer was killed, older than the orphan timeout."""
+    """Temporary files of an atomic write in the job folder whose writer was killed: older, on the
+    store's clock, than the orphan timeout and at least ``TEMP_FILE_FLOOR`` (never a live writer's)."""
     removed = []
-    for name in job_store.listdir():
-        if not _TEMP_FILE.match(name):
-            continue
+    names = [n for n in job_store.listdir() if _TEMP_FILE.match(n)]
+    if not names:
+        return removed
+    now = store_now(job_store)
+    timeout = max(plan.policy.orphan_timeout_seconds, TEMP_FILE_FLOOR)
+    for name in names:
         try:
             modified = job_store.stat(name).modified
         except (FileNotFoundError, SavepointError):
             continue
-        age = _age(modified, plan.planned_at)
-        if age is not None and age >= plan.policy.orphan_timeout_seconds:
+        if modified is not None and now - modified >= timeout:
             job_store.remove_file(name)
             removed.append(name)
     return removed

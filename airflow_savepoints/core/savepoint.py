@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -193,24 +193,22 @@ def _previous_savepoint(job_store: Store, job: str, source: Store, enabled: bool
         yield None
         return
     catalog = Catalog(job_store, job)
-    latest, pin_id = None, None
+    latest, holding = None, None
     try:
         latest = catalog.latest()
         if latest is not None and latest.manifest.checkpoint == source.url:
-            pin_id = catalog.pin(latest.manifest.savepoint_id, ttl=timedelta(hours=6), purpose="incremental savepoint",
-                                 manifest=latest.manifest)
+            holding = catalog.held(latest.manifest.savepoint_id, "incremental savepoint", latest.manifest)
+            holding.__enter__()
     except Exception as exc:  # noqa: BLE001 - reuse only saves work; without it every file is copied
         log.info("not reusing the previous savepoint of %s (%s): copying every file", job, exc)
-    if latest is None or pin_id is None:
+        holding = None
+    if latest is None or holding is None:
         yield None
         return
     try:
         yield _Previous(job_store.child(latest.manifest.savepoint_id), latest.manifest)
     finally:
-        try:
-            catalog.unpin(pin_id)
-        except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
-            log.warning("could not release the pin on %s (%s); it lapses by itself", latest.pointer, exc)
+        holding.__exit__(None, None, None)
 
 
 def _take_with_retries(source, job_store, job, lock, savepoint_type, reason, request_id, spark_version,
