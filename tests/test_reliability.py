@@ -273,3 +273,66 @@ def test_6_the_pin_of_a_killed_process_lapses_after_the_pin_timeout(tmp_path, mo
     time.sleep(3.5)
     code, out = cli("dispose", str(first), "--dir", str(root))
     assert code == 0 and not first.exists(), out
+
+
+def test_5_symlinks_in_a_checkpoint_are_refused_by_name(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "secret").write_text("not the checkpoint's")
+    (outside / "dir" / "1.delta").write_bytes(b"x")
+    for name, link_to in (("state/0/0/3.delta", outside / "secret"), ("state/0/1/extra", outside / "dir")):
+        checkpoint = write_checkpoint(tmp_path / f"checkpoint-{len(name)}", batches=3)
+        link = checkpoint / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(link_to)
+        root = tmp_path / f"sp-{len(name)}"
+        code, out = cli("trigger", str(checkpoint), "--job", "job", "--dir", str(root))
+        assert code == 1 and out["error"]["code"] == "symlink_refused" and name in out["error"]["message"], out
+        assert not (root / "job").exists() or not [p for p in (root / "job").iterdir() if p.name.startswith("savepoint-")]
+
+
+def test_5_listings_never_walk_into_a_linked_folder(tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "f").write_text("x")
+    (tmp_path / "tree" / "a").mkdir(parents=True)
+    (tmp_path / "tree" / "a" / "g").write_text("y")
+    (tmp_path / "tree" / "linked").symlink_to(tmp_path / "outside")
+    store = Store(str(tmp_path / "tree"))
+    assert "linked/f" not in store.list_files() and "a/g" in store.list_files()
+    assert store.symlinks() == ["linked"]
+
+
+def test_5_a_savepoint_with_a_symlink_is_never_verified_restored_or_disposed(tmp_path):
+    import crc32c
+
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    root = tmp_path / "sp"
+    location = _take(checkpoint, root, "manual")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"outside the savepoint")
+    (location / "state" / "0" / "evil").symlink_to(outside)
+    manifest = json.loads((location / "_metadata").read_text())
+    manifest["files"].append({"path": "state/0/evil/secret", "size": 21,
+                              "checksum": format(crc32c.crc32c(b"outside the savepoint"), "08x")})
+    (location / "_metadata").write_text(json.dumps(manifest))
+    for args in (["verify", str(location)], ["restore", str(location), "--to", str(tmp_path / "target")],
+                 ["dispose", str(location), "--dir", str(root)]):
+        code, out = cli(*args)
+        assert code == 1 and out["error"]["code"] == "symlink_refused" and "state/0/evil" in out["error"]["message"], out
+    assert not (tmp_path / "target").exists() and location.exists() and (outside / "secret").exists()
+
+
+def test_5_dir_and_to_are_resolved_before_they_are_checked(tmp_path):
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    (tmp_path / "into-checkpoint").symlink_to(checkpoint / "state")
+    code, out = cli("trigger", str(checkpoint), "--job", "job", "--dir", str(tmp_path / "into-checkpoint"))
+    assert code == 1 and out["error"]["code"] == "invalid_input" and "overlap" in out["error"]["message"], out
+    assert not (checkpoint / "state" / "job").exists()
+    location = _take(checkpoint, tmp_path / "sp", "manual")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "into-savepoint").symlink_to(location / "state")
+    for target in ("dangling", "into-savepoint"):
+        code, out = cli("restore", str(location), "--to", str(tmp_path / target))
+        assert code == 1 and out["error"]["code"] in {"target_not_empty", "invalid_input"}, out
+    assert not (tmp_path / "nowhere").exists()

@@ -33,7 +33,7 @@ from airflow_savepoints.core.models import (
     RestoreResult,
     SavepointManifest,
 )
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, resolve_pointer
+from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, refuse_symlinks, resolve_pointer
 from airflow_savepoints.errors import (
     CredentialsError,
     InvalidInputError,
@@ -63,6 +63,7 @@ def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None
                      parallelism: int = 8) -> tuple[Store, SavepointManifest]:
     """Check every file of the savepoint against its manifest; raise naming the bad files."""
     location, manifest = resolve_pointer(pointer, storage_options)
+    refuse_symlinks(location, "savepoint")
     listing = location.list_files()
     problems = [f"{e.path}: missing" for e in manifest.files if e.path not in listing]
     present = [e for e in manifest.files if e.path in listing]
@@ -138,8 +139,17 @@ def restore_savepoint(
     if copy_mode not in MODES:
         raise InvalidInputError(f"unknown copy mode {copy_mode!r}", "use one of: " + ", ".join(MODES))
     location, manifest = resolve_pointer(pointer, storage_options)
+    refuse_symlinks(location, "savepoint")
     destination = Store(target, target_storage_options)
-    if location.contains(destination) or destination.contains(location):
+    if destination.protocol == "file" and os.path.islink(destination.root):
+        raise TargetNotEmptyError(
+            f"the restore target {destination.url} is a symbolic link (to {os.readlink(destination.root)})",
+            "give the real path of a new, empty checkpoint location",
+        )
+    real_location = Store(location.real_path(), _fs=location.fs)
+    real_destination = Store(destination.real_path(), _fs=destination.fs)
+    if location.contains(destination) or destination.contains(location) or \
+            real_location.contains(real_destination) or real_destination.contains(real_location):
         raise InvalidInputError(
             f"the restore target {destination.url} overlaps the savepoint {location.url}",
             "restore into a new checkpoint location outside the savepoint directory",

@@ -32,7 +32,7 @@ from airflow_savepoints.core.models import (
     StateStoreSettings,
     validate_job_name,
 )
-from airflow_savepoints.core.pointer import new_savepoint_id, savepoint_info
+from airflow_savepoints.core.pointer import new_savepoint_id, refuse_symlinks, savepoint_info
 from airflow_savepoints.core.settings import resolve_savepoint_dir
 from airflow_savepoints.errors import (
     CheckpointNotFoundError,
@@ -53,7 +53,10 @@ def _as_store(location: str | Store, storage_options: dict[str, Any] | None) -> 
 
 def check_apart(checkpoint: Store, root: Store) -> None:
     """Savepoints never live inside the live checkpoint, nor the checkpoint inside the savepoint root."""
-    if root.contains(checkpoint) or checkpoint.contains(root):
+    real_root, real_checkpoint = (Store(root.real_path(), root.storage_options, _fs=root.fs),
+                                  Store(checkpoint.real_path(), checkpoint.storage_options, _fs=checkpoint.fs))
+    if root.contains(checkpoint) or checkpoint.contains(root) or \
+            real_root.contains(real_checkpoint) or real_checkpoint.contains(real_root):
         raise InvalidInputError(
             f"the savepoint directory {root.url} and the checkpoint {checkpoint.url} overlap",
             "keep savepoints in their own directory, outside the query's checkpointLocation",
@@ -115,6 +118,7 @@ def take_savepoint(
         savepoint_dir if isinstance(savepoint_dir, Store) else Store(resolve_savepoint_dir(savepoint_dir), storage_options)
     )
     check_apart(source, root)
+    refuse_symlinks(source, "checkpoint")
     notify = on_event or (lambda event, data: None)
     job_store = root.child(job)
 

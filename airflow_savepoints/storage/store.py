@@ -349,6 +349,32 @@ class Store:
             return {p: listing[p] for p in paths if p in listing}
         return LazyLocalListing(self.root, list(paths), self._raise_translated).present()
 
+    def symlinks(self, rel: str = "", limit: int = 10) -> list[str]:
+        """Symbolic links below ``rel`` on a local disk, up to ``limit``; never follows one (``rel``
+        itself may be a link, like a savepoint root). Object stores have no links: always empty."""
+        if self.protocol != "file":
+            return []
+        base = self.path_of(rel)
+        found: list[str] = []
+        pending = [(base, "")]
+        while pending and len(found) < limit:
+            folder, prefix = pending.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                if entry.is_symlink():
+                    found.append(prefix + entry.name)
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, prefix + entry.name + "/"))
+        return sorted(found)[:limit]
+
+    def real_path(self, rel: str = "") -> str:
+        """Locally, the path with every symbolic link resolved; elsewhere the path itself."""
+        path = self.path_of(rel)
+        return os.path.realpath(path) if self.protocol == "file" else path
+
     def exists(self, rel: str = "") -> bool:
         self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
@@ -647,7 +673,7 @@ def _scan_local_names(base: str) -> list[str]:
             continue
         for entry in entries:
             try:
-                is_dir = entry.is_dir()
+                is_dir = entry.is_dir(follow_symlinks=False)  # a linked folder is never walked into
             except FileNotFoundError:
                 continue  # removed since the folder was read
             if is_dir:
