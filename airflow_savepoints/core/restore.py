@@ -146,8 +146,7 @@ def restore_savepoint(
             f"the restore target {destination.url} is a symbolic link (to {os.readlink(destination.root)})",
             "give the real path of a new, empty checkpoint location",
         )
-    real_location = Store(location.real_path(), _fs=location.fs)
-    real_destination = Store(destination.real_path(), _fs=destination.fs)
+    real_location, real_destination = location.resolved(), destination.resolved()
     if location.contains(destination) or destination.contains(location) or \
             real_location.contains(real_destination) or real_destination.contains(real_location):
         raise InvalidInputError(

@@ -53,8 +53,7 @@ def _as_store(location: str | Store, storage_options: dict[str, Any] | None) -> 
 
 def check_apart(checkpoint: Store, root: Store) -> None:
     """Savepoints never live inside the live checkpoint, nor the checkpoint inside the savepoint root."""
-    real_root, real_checkpoint = (Store(root.real_path(), root.storage_options, _fs=root.fs),
-                                  Store(checkpoint.real_path(), checkpoint.storage_options, _fs=checkpoint.fs))
+    real_root, real_checkpoint = root.resolved(), checkpoint.resolved()
     if root.contains(checkpoint) or checkpoint.contains(root) or \
             real_root.contains(real_checkpoint) or real_checkpoint.contains(real_root):
         raise InvalidInputError(

@@ -370,10 +370,9 @@ class Store:
                     pending.append((entry.path, prefix + entry.name + "/"))
         return sorted(found)[:limit]
 
-    def real_path(self, rel: str = "") -> str:
-        """Locally, the path with every symbolic link resolved; elsewhere the path itself."""
-        path = self.path_of(rel)
-        return os.path.realpath(path) if self.protocol == "file" else path
+    def resolved(self) -> Store:
+        """Locally, this store with every symbolic link in its root resolved; elsewhere itself."""
+        return self._with_root(os.path.realpath(self.root)) if self.protocol == "file" else self
 
     def exists(self, rel: str = "") -> bool:
         self._invalidate(rel)
