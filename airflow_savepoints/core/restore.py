@@ -69,7 +69,10 @@ def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None
     present = [e for e in manifest.files if e.path in listing]
 
     def check(entry: FileEntry) -> str | None:
-        size, crc = checksum_of(location, entry.path)
+        try:
+            size, crc = checksum_of(location, entry.path)
+        except FileNotFoundError:
+            return f"{entry.path}: missing (removed while it was verified)"
         return _mismatch(entry, size, crc)
 
     with ThreadPoolExecutor(max_workers=workers_for((location,), parallelism, len(present))) as pool:
@@ -264,7 +267,7 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
         try:
             copied = copy_many(location, destination, [e.path for e in body], parallelism, stats=listing,
                                mode=copy_mode)
-        except SourceChangedError as exc:
+        except (SourceChangedError, FileNotFoundError) as exc:
             raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
                                     "nothing was restored; retry, or use another savepoint of the job") from exc
         _raise_if([_mismatch(e, copied[e.path].size, copied[e.path].crc) for e in body], location)
