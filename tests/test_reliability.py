@@ -336,3 +336,27 @@ def test_5_dir_and_to_are_resolved_before_they_are_checked(tmp_path):
         code, out = cli("restore", str(location), "--to", str(tmp_path / target))
         assert code == 1 and out["error"]["code"] in {"target_not_empty", "invalid_input"}, out
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_6_damaged_manifests_and_catalog_records_answer_with_a_code(tmp_path):
+    """A duplicate file entry, a manifest listing itself, a catalog record keyed '../../../etc':
+    clear error codes under --json (or the record ignored), never a traceback."""
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    root = tmp_path / "sp"
+    good, location = _take(checkpoint, root, "manual"), _take(checkpoint, root, "manual")
+    original = json.loads((location / "_metadata").read_text())
+    for change in ("duplicate", "itself"):
+        manifest = json.loads(json.dumps(original))
+        extra = dict(manifest["files"][0]) if change == "duplicate" else {**manifest["files"][0], "path": "_metadata"}
+        manifest["files"].append(extra)
+        (location / "_metadata").write_text(json.dumps(manifest))
+        for args in (["verify", str(location)], ["restore", str(location), "--to", str(tmp_path / f"t-{change}")]):
+            code, out = cli(*args)
+            assert code == 1 and out["error"]["code"] == "manifest_corrupt", out
+    catalog = json.loads((root / "job" / "_catalog.json").read_text())
+    catalog["records"]["../../../etc"] = dict(catalog["records"][good.name], savepoint_id="../../../etc")
+    (root / "job" / "_catalog.json").write_text(json.dumps(catalog))
+    code, out = cli("list", "--job", "job", "--dir", str(root))
+    assert code == 0 and good.name in {s["savepoint_id"] for s in out["savepoints"]}, out
+    code, out = cli("retain", "--job", "job", "--dir", str(root))
+    assert code == 0 and good.exists(), out

@@ -181,6 +181,13 @@ class Catalog:
             return None
         if document.format_version > CATALOG_VERSION:
             return None  # written by a newer release: read the _metadata files instead of guessing
+        from airflow_savepoints.core.pointer import SAVEPOINT_NAME
+
+        bad = [k for k, r in document.records.items() if not SAVEPOINT_NAME.match(k) or r.savepoint_id != k]
+        for key in bad:  # a record keyed by anything but its own folder name ('../../etc') is ignored
+            log.warning("catalog %s: ignoring the record keyed %r (not a savepoint folder name)",
+                        self.store.url_of(CATALOG_FILE), key)
+            document.records.pop(key)
         return document
 
     def _with_pointers(self, document: CatalogDocument) -> CatalogDocument:
