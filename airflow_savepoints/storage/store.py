@@ -350,25 +350,13 @@ class Store:
         return LazyLocalListing(self.root, list(paths), self._raise_translated).present()
 
     def symlinks(self, rel: str = "", limit: int = 10) -> list[str]:
-        """Symbolic links below ``rel`` on a local disk, up to ``limit``; never follows one (``rel``
+        """Symbolic links below ``rel`` on a local disk (the first ``limit``); never follows one (``rel``
         itself may be a link, like a savepoint root). Object stores have no links: always empty."""
         if self.protocol != "file":
             return []
-        base = self.path_of(rel)
-        found: list[str] = []
-        pending = [(base, "")]
-        while pending and len(found) < limit:
-            folder, prefix = pending.pop()
-            try:
-                entries = list(os.scandir(folder))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            for entry in entries:
-                if entry.is_symlink():
-                    found.append(prefix + entry.name)
-                elif entry.is_dir(follow_symlinks=False):
-                    pending.append((entry.path, prefix + entry.name + "/"))
-        return sorted(found)[:limit]
+        links: list[str] = []
+        _scan_local_names(self.path_of(rel), links)
+        return sorted(links)[:limit]
 
     def resolved(self) -> Store:
         """Locally, this store with every symbolic link in its root resolved; elsewhere itself."""
@@ -660,8 +648,9 @@ def _create_without_link(target: str, data: bytes) -> bool:
 _NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}
 
 
-def _scan_local_names(base: str) -> list[str]:
-    """The files of a local tree, relative to ``base``, with one ``scandir`` per folder (no stat)."""
+def _scan_local_names(base: str, links: list[str] | None = None) -> list[str]:
+    """The files of a local tree, relative to ``base``, with one ``scandir`` per folder (no stat).
+    A linked folder is never walked into; symbolic links are also added to ``links`` if given."""
     out: list[str] = []
     pending = [(base, "")]
     while pending:
@@ -671,8 +660,10 @@ def _scan_local_names(base: str) -> list[str]:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
+            if links is not None and entry.is_symlink():
+                links.append(prefix + entry.name)
             try:
-                is_dir = entry.is_dir(follow_symlinks=False)  # a linked folder is never walked into
+                is_dir = entry.is_dir(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed since the folder was read
             if is_dir:
