@@ -145,5 +145,13 @@ class TargetNotEmptyError(RestoreError):
     code = "target_not_empty"
 
 
+class TargetClaimedError(TargetNotEmptyError):
+    code = "target_claimed"
+
+
+class SymlinkError(InvalidInputError):
+    code = "symlink_refused"
+
+
 class SinkAheadError(RestoreError):
     code = "sink_ahead"

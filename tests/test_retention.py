@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -166,6 +168,9 @@ def test_orphans_are_removed_after_the_timeout_and_in_flight_locations_are_kept(
     not_a_savepoint.mkdir()
     killed_write = root / JOB / f"._catalog.json.{'ab' * 16}.tmp"  # a catalog update whose writer was killed
     killed_write.write_text("{")
+    os.utime(killed_write, (time.time() - 600, time.time() - 600))  # killed 10 minutes ago
+    live_write = root / JOB / f"._catalog.json.{'cd' * 16}.tmp"  # a writer at work: never removed (floor)
+    live_write.write_text("{")
     not_ours = root / JOB / "._catalog.json.notes.tmp"
     not_ours.write_text("kept")
     try:
@@ -175,6 +180,7 @@ def test_orphans_are_removed_after_the_timeout_and_in_flight_locations_are_kept(
         assert report.removed_orphans == [orphan.name]
         assert not orphan.exists() and in_flight.exists() and not_a_savepoint.exists()
         assert report.removed_temp_files == [killed_write.name] and not killed_write.exists() and not_ours.exists()
+        assert live_write.exists()
         assert young.removed_temp_files == []
         reason = next(d.reason for d in report.plan.decisions if d.savepoint_id == in_flight.name)
         assert "lease" in reason

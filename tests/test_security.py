@@ -216,7 +216,9 @@ def test_an_old_orphan_that_is_a_link_is_not_removed_and_retention_reports_it(si
     assert tree_snapshot(outside) == before
 
 
-def test_links_inside_a_savepoint_are_removed_not_followed_and_the_catalog_link_is_replaced(site):
+def test_a_savepoint_with_links_inside_is_refused_and_the_catalog_link_is_replaced(site):
+    from airflow_savepoints.errors import SymlinkError
+
     root, pointer, outside = site["root"], site["pointer"], site["outside"]
     (pointer / "state" / "escape").symlink_to(outside / "precious", target_is_directory=True)
     (pointer / "state" / "data.bin").symlink_to(outside / "precious" / "data.bin")
@@ -226,6 +228,11 @@ def test_links_inside_a_savepoint_are_removed_not_followed_and_the_catalog_link_
     catalog.unlink()
     catalog.symlink_to(decoy)
     before = tree_snapshot(outside)
+    with pytest.raises(SymlinkError, match="state/data.bin"):  # issue 14: never disposed, verified or restored
+        dispose_savepoint(str(pointer), savepoint_dir=str(root))
+    assert pointer.exists() and tree_snapshot(outside) == before
+    (pointer / "state" / "escape").unlink()
+    (pointer / "state" / "data.bin").unlink()
     dispose_savepoint(str(pointer), savepoint_dir=str(root))
     assert not pointer.exists()
     assert tree_snapshot(outside) == before  # the catalog update replaced the link, never wrote through it

@@ -6,21 +6,19 @@ of truth: a record is offered for restore only after its ``_metadata`` is read, 
 recreates the catalog from them, and ``reconcile`` settles records left "in progress" by a
 process that died.
 
-Updates are read-modify-write under a short lease ``_catalog.lock`` (created exclusively, broken
-when stale). The catalog also holds pins: a restore pins its savepoint so that neither retention
-nor dispose removes it meanwhile; dispose marks a record "disposing" under the same lease, so a
+Updates are read-modify-write under a short lease ``_catalog.lock`` (a :class:`Lease`: created
+complete and exclusively, broken when stale on the store's clock). The catalog also holds pins: a restore pins its
+savepoint so that neither retention nor dispose removes it meanwhile; dispose marks a record "disposing" under the same lease, so a
 pin and a disposal never both succeed.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
-import os
-import socket
-import time
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
@@ -33,9 +31,10 @@ from tenacity import (
     stop_after_attempt,
     stop_after_delay,
     wait_fixed,
-    wait_random_exponential,
+    wait_random,
 )
 
+from airflow_savepoints.core.lease import Lease, owner_id
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
     SavepointInfo,
@@ -59,6 +58,7 @@ CATALOG_LOCK = "_catalog.lock"
 CATALOG_FORMAT = "airflow-savepoints/catalog"
 CATALOG_VERSION = 1
 LOCK_STALE_AFTER = 30.0  # seconds; the lease is held for one read and one write
+PIN_TTL = 120.0  # seconds a pin lives without its holder's heartbeat (the savepoint lease's stale time)
 T = TypeVar("T")
 
 
@@ -156,10 +156,6 @@ def _confirmed_manifest(location: Store) -> SavepointManifest:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 class Catalog:
     """The catalog of one job folder ``<dir>/<job>``."""
 
@@ -185,6 +181,13 @@ class Catalog:
             return None
         if document.format_version > CATALOG_VERSION:
             return None  # written by a newer release: read the _metadata files instead of guessing
+        from airflow_savepoints.core.pointer import SAVEPOINT_NAME
+
+        bad = [k for k, r in document.records.items() if not SAVEPOINT_NAME.match(k) or r.savepoint_id != k]
+        for key in bad:  # a record keyed by anything but its own folder name ('../../etc') is ignored
+            log.warning("catalog %s: ignoring the record keyed %r (not a savepoint folder name)",
+                        self.store.url_of(CATALOG_FILE), key)
+            document.records.pop(key)
         return document
 
     def _with_pointers(self, document: CatalogDocument) -> CatalogDocument:
@@ -230,7 +233,7 @@ class Catalog:
     # --- writing ------------------------------------------------------------------------------------
     def update(self, change: Callable[[CatalogDocument], T]) -> T:
         """Apply ``change`` to the catalog under its lease and write it back atomically."""
-        token = self._acquire()
+        lease = self._acquire()
         try:
             document = self._read() or self._crawl()
             result = change(document)
@@ -238,7 +241,7 @@ class Catalog:
             self.store.write_bytes_atomic(CATALOG_FILE, document.model_dump_json().encode())
             return result
         finally:
-            self._release(token)
+            lease.release()
 
     def rebuild(self) -> CatalogDocument:
         """Recreate the catalog from the ``_metadata`` files; keeps live pins and in-progress records."""
@@ -337,7 +340,7 @@ class Catalog:
         if manifest is None:
             manifest = read_manifest(self.store.child(savepoint_id))  # _metadata first: the source of truth
         now = datetime.now(UTC)
-        pin = Pin(pin_id=uuid.uuid4().hex, savepoint_id=savepoint_id, owner=_owner(), purpose=purpose,
+        pin = Pin(pin_id=uuid.uuid4().hex, savepoint_id=savepoint_id, owner=owner_id(), purpose=purpose,
                   created_at=now, expires_at=now + ttl)
 
         def add(document: CatalogDocument) -> None:
@@ -359,6 +362,38 @@ class Catalog:
     def unpin(self, pin_id: str) -> None:
         self.update(lambda d: d.pins.pop(pin_id, None))
 
+    @contextlib.contextmanager
+    def held(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None) -> Iterator[str]:
+        """Pin ``savepoint_id`` for the block with a short pin (``PIN_TTL``) renewed by a heartbeat:
+        the pin of a process that dies lapses after ``PIN_TTL`` seconds, not hours."""
+        ttl = timedelta(seconds=PIN_TTL)
+        pin_id = self.pin(savepoint_id, ttl=ttl, purpose=purpose, manifest=manifest)
+        stop = threading.Event()
+
+        def extend(document: CatalogDocument) -> None:
+            pin = document.pins.get(pin_id)
+            if pin is not None:
+                document.pins[pin_id] = pin.model_copy(update={"expires_at": datetime.now(UTC) + ttl})
+
+        def beat() -> None:
+            while not stop.wait(PIN_TTL / 4):
+                try:
+                    self.update(extend)
+                except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                    log.warning("could not extend the pin on %s (%s)", savepoint_id, exc)
+
+        thread = threading.Thread(target=beat, name=f"pin-{savepoint_id}", daemon=True)
+        thread.start()
+        try:
+            yield pin_id
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+            try:
+                self.unpin(pin_id)
+            except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
+                log.warning("could not release the pin on %s (%s); it lapses after %.0fs", savepoint_id, exc, PIN_TTL)
+
     def begin_dispose(self, savepoint_id: str) -> None:
         """Mark a savepoint "disposing"; refused while a live pin holds it."""
         def mark(document: CatalogDocument) -> None:
@@ -377,40 +412,17 @@ class Catalog:
         self.update(mark)
 
     # --- the lease ----------------------------------------------------------------------------------
-    def _acquire(self, timeout: float = 60.0) -> str:
-        token = uuid.uuid4().hex
-        body = json.dumps({"token": token, "owner": _owner(), "at": time.time()}).encode()
-
-        def attempt() -> bool:
-            if self.store.create_exclusive(CATALOG_LOCK, body):
-                return True
-            self._break_if_stale()
-            return False
-
-        retrying = Retrying(stop=stop_after_delay(timeout), wait=wait_random_exponential(multiplier=0.05, max=1),
-                            retry=retry_if_result(lambda ok: not ok), retry_error_callback=lambda state: False)
-        if retrying(attempt):
-            return token
+    def _acquire(self, timeout: float = 60.0) -> Lease:
+        lease = Lease(self.store, CATALOG_LOCK, stale_after=LOCK_STALE_AFTER)
+        retrying = Retrying(stop=stop_after_delay(timeout), wait=wait_random(0.005, 0.05),  # held for milliseconds
+                            retry=retry_if_result(lambda holder: holder is not None),
+                            retry_error_callback=lambda state: state.outcome.result())
+        holder = retrying(lease.try_acquire)
+        if holder is None:
+            return lease
         raise SavepointInFlightError(
-            f"the catalog of job '{self.job}' stayed locked for {timeout:.0f}s ({self.store.url_of(CATALOG_LOCK)})",
-            f"retry; if no process holds it, delete {CATALOG_LOCK} (it is broken automatically after {LOCK_STALE_AFTER:.0f}s)",
+            f"the catalog of job '{self.job}' stayed locked for {timeout:.0f}s ({self.store.url_of(CATALOG_LOCK)}, "
+            f"owner {holder.owner or 'unknown'})",
+            f"retry; if no process holds it, delete {CATALOG_LOCK} (it is broken automatically once it has not "
+            f"changed for {LOCK_STALE_AFTER:.0f}s)",
         )
-
-    def _break_if_stale(self) -> None:
-        try:
-            raw = json.loads(self.store.read_bytes(CATALOG_LOCK))
-            at = float(raw.get("at", 0))
-        except FileNotFoundError:
-            return
-        except (ValueError, TypeError, AttributeError):
-            at = 0.0
-        if time.time() - at > LOCK_STALE_AFTER:
-            self.store.remove_file(CATALOG_LOCK)
-
-    def _release(self, token: str) -> None:
-        try:
-            raw = json.loads(self.store.read_bytes(CATALOG_LOCK))
-        except (FileNotFoundError, ValueError):
-            return
-        if raw.get("token") == token:
-            self.store.remove_file(CATALOG_LOCK)

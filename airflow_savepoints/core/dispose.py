@@ -16,7 +16,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 
 from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.models import MANIFEST_FILE, SavepointInfo, SavepointManifest
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, resolve_pointer, savepoint_info
+from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, refuse_symlinks, resolve_pointer, savepoint_info
 from airflow_savepoints.core.settings import configured_savepoint_dir
 from airflow_savepoints.errors import (
     CredentialsError,
@@ -51,6 +51,7 @@ def check_under_root(location: Store, manifest: SavepointManifest, root: Store |
             "pass --dir with the savepoint directory that holds it",
         )
     check_no_link(location, root.root if root is not None else job_folder.parent().root)
+    refuse_symlinks(location, "savepoint")
 
 
 def check_no_link(location: Store, root: str) -> None:

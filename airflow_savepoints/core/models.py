@@ -96,6 +96,19 @@ class SavepointManifest(BaseModel):
     def _job_name(cls, value: str) -> str:
         return validate_job_name(value)
 
+    @field_validator("files")
+    @classmethod
+    def _distinct_plain_files(cls, value: list[FileEntry]) -> list[FileEntry]:
+        """Each file once, never the manifest itself (a forged or damaged manifest is refused)."""
+        seen: set[str] = set()
+        for entry in value:
+            if entry.path in seen:
+                raise ValueError(f"file {entry.path!r} is listed twice")
+            if entry.path == MANIFEST_FILE:
+                raise ValueError(f"{MANIFEST_FILE} lists itself among the files")
+            seen.add(entry.path)
+        return value
+
     def age_seconds(self, now: datetime | None = None) -> float:
         return ((now or datetime.now(UTC)) - self.created_at).total_seconds()
 

@@ -28,6 +28,7 @@ from airflow_savepoints.errors import (
     MissingBackendError,
     SavepointNotFoundError,
     StorageError,
+    SymlinkError,
     UnknownSchemeError,
 )
 from airflow_savepoints.storage import Store
@@ -105,6 +106,17 @@ def resolve_pointer(pointer: str, storage_options: dict[str, Any] | None = None)
             "point at the savepoint-<id>-<random> directory or its _metadata file",
         )
     return store, read_manifest(store)
+
+
+def refuse_symlinks(store: Store, what: str) -> None:
+    """A savepoint is self-contained: no symbolic link goes into one, none comes out of one."""
+    links = store.symlinks()
+    if links:
+        named = ", ".join(store.url_of(link) for link in links[:5])
+        raise SymlinkError(
+            f"the {what} {store.url} contains symbolic links, which are refused: {named}",
+            "savepoints hold only regular files; replace each link by the file itself (or remove it) and retry",
+        )
 
 
 def savepoint_info(location: Store, manifest: SavepointManifest) -> SavepointInfo:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import posixpath
+import re
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,19 +26,21 @@ import crc32c
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.copier import MODES, checksum_of, copy_many, workers_for
+from airflow_savepoints.core.lease import Lease
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
     FileEntry,
     RestoreResult,
     SavepointManifest,
 )
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, resolve_pointer
+from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, refuse_symlinks, resolve_pointer
 from airflow_savepoints.errors import (
     CredentialsError,
     InvalidInputError,
     SinkAheadError,
     StorageError,
     StoragePermissionError,
+    TargetClaimedError,
     TargetNotEmptyError,
     VerificationError,
 )
@@ -58,12 +63,16 @@ def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None
                      parallelism: int = 8) -> tuple[Store, SavepointManifest]:
     """Check every file of the savepoint against its manifest; raise naming the bad files."""
     location, manifest = resolve_pointer(pointer, storage_options)
+    refuse_symlinks(location, "savepoint")
     listing = location.list_files()
     problems = [f"{e.path}: missing" for e in manifest.files if e.path not in listing]
     present = [e for e in manifest.files if e.path in listing]
 
     def check(entry: FileEntry) -> str | None:
-        size, crc = checksum_of(location, entry.path)
+        try:
+            size, crc = checksum_of(location, entry.path)
+        except FileNotFoundError:
+            return f"{entry.path}: missing (removed while it was verified)"
         return _mismatch(entry, size, crc)
 
     with ThreadPoolExecutor(max_workers=workers_for((location,), parallelism, len(present))) as pool:
@@ -133,24 +142,26 @@ def restore_savepoint(
     if copy_mode not in MODES:
         raise InvalidInputError(f"unknown copy mode {copy_mode!r}", "use one of: " + ", ".join(MODES))
     location, manifest = resolve_pointer(pointer, storage_options)
+    refuse_symlinks(location, "savepoint")
     destination = Store(target, target_storage_options)
-    if location.contains(destination) or destination.contains(location):
+    if destination.protocol == "file" and os.path.islink(destination.root):
+        raise TargetNotEmptyError(
+            f"the restore target {destination.url} is a symbolic link (to {os.readlink(destination.root)})",
+            "give the real path of a new, empty checkpoint location",
+        )
+    real_location, real_destination = location.resolved(), destination.resolved()
+    if location.contains(destination) or destination.contains(location) or \
+            real_location.contains(real_destination) or real_destination.contains(real_location):
         raise InvalidInputError(
             f"the restore target {destination.url} overlaps the savepoint {location.url}",
             "restore into a new checkpoint location outside the savepoint directory",
         )
     if destination.isfile():
         raise TargetNotEmptyError(f"the restore target {destination.url} is a file", "choose a new folder")
-    existing = destination.list_files()
-    if existing:
-        raise TargetNotEmptyError(
-            f"the restore target {destination.url} is not empty ({len(existing)} files, e.g. "
-            f"{sorted(existing)[0]})",
-            "restore into a new, empty checkpoint location; nothing was changed",
-        )
+    _check_empty(destination)
     if sink_path:
         check_sink(manifest, sink_path, sink_storage_options)
-    with pinned(location, manifest):
+    with claimed(destination), pinned(location, manifest):
         secondary = _usable_secondary(manifest, secondary_storage_options) if prefer_secondary else None
         if secondary is not None:
             try:
@@ -161,6 +172,45 @@ def restore_savepoint(
                             secondary.url, getattr(exc, "message", exc), location.url)
         result = _restore_pinned(location, manifest, destination, new_query_id, parallelism, copy_mode)
         return result.model_copy(update={"restored_from": location.url})
+
+
+CLAIM_FILE = "_restore.lease"
+_HELPER_FILE = re.compile(r"^(\._clock\.[0-9a-f]{32}\.tmp|\._restore\.lease(\.break)?\.[0-9a-f]{32}\.tmp|_restore\.lease\.break)$")
+CLAIM_STALE_AFTER = 60.0
+
+
+def _check_empty(destination: Store, claim: Lease | None = None) -> None:
+    """Refuse a target holding any file but a restore's claim and its helpers."""
+    existing = sorted(p for p in destination.list_files() if p != CLAIM_FILE and not _HELPER_FILE.match(p))
+    if existing:
+        raise TargetNotEmptyError(
+            f"the restore target {destination.url} is not empty ({len(existing)} files, e.g. {existing[0]})",
+            "restore into a new, empty checkpoint location; nothing was changed",
+        )
+
+
+@contextlib.contextmanager
+def claimed(destination: Store) -> Iterator[Lease]:
+    """Claim the target for this restore (the lease ``_restore.lease``, created atomically and
+    exclusively, carrying the restore's id) before anything is written; a second restore into it
+    fails at once. Released when the restore ends, whatever the outcome."""
+    claim = Lease(destination, CLAIM_FILE, token=f"restore-{uuid.uuid4().hex}", stale_after=CLAIM_STALE_AFTER)
+    holder = claim.try_acquire()
+    if holder is not None:
+        raise TargetClaimedError(
+            f"the restore target {destination.url} is claimed by another restore ({holder.token or 'unreadable claim'}, "
+            f"{holder.owner or 'unknown owner'})",
+            "restore into another new, empty checkpoint location; nothing was changed",
+        )
+    try:
+        claim.start_heartbeat()
+        _check_empty(destination)  # a restore that finished just before our claim: its files are there
+        yield claim
+    finally:
+        try:
+            claim.release()
+        except Exception as exc:  # noqa: BLE001 - a claim left behind goes stale by itself
+            log.warning("could not release the claim %s (%s)", destination.url_of(CLAIM_FILE), exc)
 
 
 def _usable_secondary(manifest: SavepointManifest, storage_options: dict[str, Any] | None) -> Store | None:
@@ -189,18 +239,16 @@ def pinned(location: Store, manifest: SavepointManifest) -> Iterator[None]:
         return
     catalog = Catalog(location.parent(), manifest.job)
     try:
-        pin_id: str | None = catalog.pin(location.name)
+        holding = catalog.held(location.name, "restore", manifest)
+        holding.__enter__()
     except (StoragePermissionError, CredentialsError) as exc:
         log.warning("restoring %s without pinning it (%s): retention could remove it meanwhile", location.url, exc.message)
-        pin_id = None
+        holding = None
     try:
         yield
     finally:
-        if pin_id is not None:
-            try:
-                catalog.unpin(pin_id)
-            except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
-                log.warning("could not release the pin on %s (%s); it lapses by itself", location.url, exc)
+        if holding is not None:
+            holding.__exit__(None, None, None)
 
 
 def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool,
@@ -219,7 +267,7 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
         try:
             copied = copy_many(location, destination, [e.path for e in body], parallelism, stats=listing,
                                mode=copy_mode)
-        except SourceChangedError as exc:
+        except (SourceChangedError, FileNotFoundError) as exc:
             raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
                                     "nothing was restored; retry, or use another savepoint of the job") from exc
         _raise_if([_mismatch(e, copied[e.path].size, copied[e.path].crc) for e in body], location)
@@ -235,8 +283,9 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
             query_id = str(uuid.uuid4())
             data = json.dumps({"id": query_id}).encode() + b"\n"
         destination.write_bytes_atomic("metadata", data)  # last: the checkpoint's identity
+        _check_complete(destination, manifest, rewritten)
     except BaseException:
-        _undo(destination)
+        _undo(destination, [e.path for e in manifest.files if e.path != MANIFEST_FILE])
         raise
     return RestoreResult(
         pointer=location.url,
@@ -295,13 +344,33 @@ def _restore_rewritten(location: Store, destination: Store, entry: FileEntry, ma
         destination.write_bytes_atomic(sidecar, json.dumps(old, separators=(",", ":")).encode())
 
 
-def _undo(destination: Store) -> None:
-    """Remove what a failed restore wrote (the target was empty when it started)."""
-    for top in ("metadata", "offsets", "commits", "sources", "state"):
+def _undo(destination: Store, paths: list[str]) -> None:
+    """Remove what this restore wrote (``paths``: the manifest's files), nothing else."""
+    for path in paths:
         try:
-            if top == "metadata":
-                destination.remove_file(top)
-            else:
-                destination.remove_tree(top)
+            destination.remove_file(path)
         except Exception:  # noqa: BLE001 - best effort; the error that caused the undo is raised
             pass
+    if destination.is_local_disk:  # the folders it made, deepest first, if nothing else is in them
+        folders = {posixpath.dirname(p) for p in paths}
+        folders |= {posixpath.dirname(f) for f in list(folders)}
+        for folder in sorted({f for p in folders for f in _ancestors(p)}, key=lambda f: -f.count("/")):
+            with contextlib.suppress(OSError):
+                os.rmdir(destination.path_of(folder))
+
+
+def _ancestors(folder: str) -> list[str]:
+    parts = folder.split("/") if folder else []
+    return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _check_complete(destination: Store, manifest: SavepointManifest, rewritten: list[str]) -> None:
+    """The target holds every file of the savepoint at its size (rewritten files: present)."""
+    listing = destination.list_files()
+    problems = [e.path for e in manifest.files if e.path != MANIFEST_FILE and (
+        e.path not in listing or (e.path not in rewritten and e.path != "metadata" and listing[e.path].size != e.size))]
+    if problems:
+        raise VerificationError(
+            f"the restore target {destination.url} is incomplete after the copy: {', '.join(problems[:10])}",
+            "nothing usable was restored; retry into a new, empty checkpoint location",
+        )

@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airflow_savepoints.core.catalog import Catalog, SavepointRecord, SavepointState
 from airflow_savepoints.core.dispose import check_no_link, check_under_root, dispose_location
+from airflow_savepoints.core.lease import store_now
 from airflow_savepoints.core.lock import JobLock
-from airflow_savepoints.core.models import MANIFEST_FILE, SavepointType, validate_job_name
+from airflow_savepoints.core.models import MANIFEST_FILE, SavepointManifest, SavepointType, validate_job_name
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, read_manifest
 from airflow_savepoints.core.settings import configured_option, parse_duration
 from airflow_savepoints.errors import (
@@ -100,6 +101,7 @@ class Decision(BaseModel):
     created_at: datetime | None = None
     action: Action
     reason: str
+    conflict: str | None = None  # identity sources disagree: kept, for a person to inspect
 
 
 class RetentionPlan(BaseModel):
@@ -179,6 +181,13 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
 
     decisions: list[Decision] = []
     completed: list[SavepointRecord] = []
+    clock: list[datetime] = []
+
+    def store_clock() -> datetime:
+        if not clock:
+            clock.append(datetime.fromtimestamp(store_now(job_store), UTC))
+        return clock[0]
+
     settle: dict[str, SavepointRecord | None] = {}  # catalog corrections the plan relies on
     for savepoint_id in sorted(set(folders) | set(document.records)):
         record = document.records.get(savepoint_id)
@@ -193,10 +202,17 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
                 completed.append(record)
                 continue
             try:  # complete, but the catalog does not know it (yet)
-                found = SavepointRecord.from_manifest(read_manifest(job_store.child(savepoint_id)), pointer)
+                manifest = read_manifest(job_store.child(savepoint_id))
             except (ManifestCorruptError, ManifestVersionError, IncompleteSavepointError) as exc:
                 decisions.append(_decision(record, savepoint_id, pointer, Action.KEEP,
                                            f"has an unreadable _metadata ({exc.code}): left for a person to inspect"))
+                continue
+            found = SavepointRecord.from_manifest(manifest, pointer)
+            conflict = identity_conflict(savepoint_id, job, manifest, record)
+            if conflict:
+                decisions.append(_decision(record or found.model_copy(update={"savepoint_id": savepoint_id}),
+                                           savepoint_id, pointer, Action.KEEP, f"conflict: {conflict}; never "
+                                           "removed by retention: left for a person to inspect", conflict=conflict))
                 continue
             completed.append(found)
             settle[savepoint_id] = found
@@ -210,7 +226,7 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
                 newest = job_store.stat(savepoint_id).modified
             except (FileNotFoundError, SavepointError):
                 newest = None
-        age = _age(newest, now)
+        age = _age(newest, store_clock())  # the store's mtime against the store's clock
         missing = "its _metadata is missing" if record is not None and record.state != SavepointState.IN_PROGRESS \
             else "no _metadata"
         if age is not None and age < policy.orphan_timeout_seconds:
@@ -246,7 +262,18 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
         else:
             action, reason = Action.KEEP, (f"periodic #{periodic_rank[record.savepoint_id] + 1} from the newest, "
                                            f"{_human(age)} old: within the policy")
-        decisions.append(_decision(record, record.savepoint_id, pointer, action, reason))
+        conflict = None
+        if action == Action.DISPOSE:  # only when record, _metadata and folder agree
+            try:
+                manifest = read_manifest(job_store.child(record.savepoint_id))
+                conflict = identity_conflict(record.savepoint_id, job, manifest, record)
+            except (ManifestCorruptError, ManifestVersionError) as exc:
+                conflict = f"its _metadata is unreadable ({exc.code})"
+            except IncompleteSavepointError:
+                conflict = None  # gone meanwhile: apply finds it gone
+            if conflict:
+                action, reason = Action.KEEP, f"conflict: {conflict}; never removed by retention"
+        decisions.append(_decision(record, record.savepoint_id, pointer, action, reason, conflict=conflict))
 
     order = {d.savepoint_id: (d.created_at or now, d.savepoint_id) for d in decisions}
     decisions.sort(key=lambda d: order[d.savepoint_id])
@@ -254,9 +281,24 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
                          settle={k: v for k, v in settle.items() if v is not None})
 
 
-def _decision(record: SavepointRecord | None, savepoint_id: str, pointer: str, action: Action, reason: str) -> Decision:
+def identity_conflict(folder: str, job: str, manifest: SavepointManifest, record: SavepointRecord | None) -> str | None:
+    """What disagrees about a savepoint's identity: its folder name (the truth), its job folder,
+    its ``_metadata`` and its catalog record. None when they all agree."""
+    problems = []
+    if manifest.savepoint_id != folder:
+        problems.append(f"folder {folder} holds a _metadata of savepoint {manifest.savepoint_id} (a copy?)")
+    if manifest.job != job:
+        problems.append(f"its _metadata names job {manifest.job!r}, the folder is in job {job!r}")
+    if record is not None and (record.type != manifest.type or record.job != manifest.job):
+        problems.append(f"the catalog says {record.type.value} of job {record.job!r}, the _metadata "
+                        f"{manifest.type.value} of job {manifest.job!r}")
+    return "; ".join(problems) or None
+
+
+def _decision(record: SavepointRecord | None, savepoint_id: str, pointer: str, action: Action, reason: str,
+              conflict: str | None = None) -> Decision:
     return Decision(
-        savepoint_id=savepoint_id, pointer=pointer, action=action, reason=reason,
+        savepoint_id=savepoint_id, pointer=pointer, action=action, reason=reason, conflict=conflict,
         type=record.type.value if record else None,
         state=record.state.value if record else "incomplete",
         batch_id=record.batch_id if record else None,
@@ -279,6 +321,10 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
             location = job_store.child(decision.savepoint_id)
             manifest = read_manifest(location)
             check_under_root(location, manifest, root)
+            if manifest.type in PROTECTED_TYPES or manifest.type.value != decision.type:
+                report.skipped.append({"savepoint_id": decision.savepoint_id, "error": "conflict",
+                                       "message": f"its _metadata now says {manifest.type.value}: kept"})
+                continue
             dispose_location(location, manifest)
             report.disposed.append(decision.savepoint_id)
         except (SavepointNotFoundError, IncompleteSavepointError):
@@ -309,21 +355,27 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
     return report
 
 
-_TEMP_FILE = re.compile(r"^\.(_catalog\.json|_inflight\.json|_run\.json|_catalog\.lock)\.[0-9a-f]{32}\.tmp$")
+_TEMP_FILE = re.compile(
+    r"^\.(_catalog\.json|_inflight\.json|_run\.json|_catalog\.lock|_clock|_inflight\.json\.break|_catalog\.lock\.break)"
+    r"\.[0-9a-f]{32}\.tmp$")
+TEMP_FILE_FLOOR = 300.0  # seconds: longer than any lease's stale time; a live writer's temp file lives for milliseconds
 
 
 def _remove_stale_temp_files(job_store: Store, plan: RetentionPlan) -> list[str]:
-    """Temporary files of an atomic write in the job folder whose writer was killed, older than the orphan timeout."""
+    """Temporary files of an atomic write in the job folder whose writer was killed: older, on the
+    store's clock, than the orphan timeout and at least ``TEMP_FILE_FLOOR`` (never a live writer's)."""
     removed = []
-    for name in job_store.listdir():
-        if not _TEMP_FILE.match(name):
-            continue
+    names = [n for n in job_store.listdir() if _TEMP_FILE.match(n)]
+    if not names:
+        return removed
+    now = store_now(job_store)
+    timeout = max(plan.policy.orphan_timeout_seconds, TEMP_FILE_FLOOR)
+    for name in names:
         try:
             modified = job_store.stat(name).modified
         except (FileNotFoundError, SavepointError):
             continue
-        age = _age(modified, plan.planned_at)
-        if age is not None and age >= plan.policy.orphan_timeout_seconds:
+        if modified is not None and now - modified >= timeout:
             job_store.remove_file(name)
             removed.append(name)
     return removed

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -32,7 +32,7 @@ from airflow_savepoints.core.models import (
     StateStoreSettings,
     validate_job_name,
 )
-from airflow_savepoints.core.pointer import new_savepoint_id, savepoint_info
+from airflow_savepoints.core.pointer import new_savepoint_id, refuse_symlinks, savepoint_info
 from airflow_savepoints.core.settings import resolve_savepoint_dir
 from airflow_savepoints.errors import (
     CheckpointNotFoundError,
@@ -53,7 +53,9 @@ def _as_store(location: str | Store, storage_options: dict[str, Any] | None) -> 
 
 def check_apart(checkpoint: Store, root: Store) -> None:
     """Savepoints never live inside the live checkpoint, nor the checkpoint inside the savepoint root."""
-    if root.contains(checkpoint) or checkpoint.contains(root):
+    real_root, real_checkpoint = root.resolved(), checkpoint.resolved()
+    if root.contains(checkpoint) or checkpoint.contains(root) or \
+            real_root.contains(real_checkpoint) or real_checkpoint.contains(real_root):
         raise InvalidInputError(
             f"the savepoint directory {root.url} and the checkpoint {checkpoint.url} overlap",
             "keep savepoints in their own directory, outside the query's checkpointLocation",
@@ -115,6 +117,7 @@ def take_savepoint(
         savepoint_dir if isinstance(savepoint_dir, Store) else Store(resolve_savepoint_dir(savepoint_dir), storage_options)
     )
     check_apart(source, root)
+    refuse_symlinks(source, "checkpoint")
     notify = on_event or (lambda event, data: None)
     job_store = root.child(job)
 
@@ -126,16 +129,25 @@ def take_savepoint(
     first = _plan_listed(source)  # fail on bad input before anything is written; the first attempt uses it
 
     lock = JobLock(job_store, request_id=request_id, stale_after=lock_stale_after)
-    deadline = time.monotonic() + wait_for_same_request
+    started = time.monotonic()
     while (holder := lock.try_acquire()) is not None:
-        if not request_id or holder.request_id != request_id or time.monotonic() > deadline:
+        same_request = bool(request_id) and holder.request_id == request_id
+        # a lease from the future has no age on the store's clock: it goes stale once seen unchanged
+        # for lock_stale_after seconds, so wait that long for it rather than fail
+        waited = time.monotonic() - started
+        if not ((same_request and waited <= wait_for_same_request)
+                or (holder.age_s is None and waited <= lock_stale_after + 5)):
+            since = "" if holder.started_at is None else \
+                f", started {datetime.fromtimestamp(holder.started_at, UTC).isoformat()}"
             raise SavepointInFlightError(
                 f"a savepoint of job '{job}' is already in progress (request {holder.request_id!r}, "
-                f"location {holder.savepoint_id!r}, owner {holder.owner}, started "
-                f"{datetime.fromtimestamp(holder.started_at, UTC).isoformat()})",
-                "wait for it to finish, or retry with the same request id to get its result",
+                f"location {holder.savepoint_id!r}, owner {holder.owner}{since})",
+                "wait for it to finish, or retry with the same request id to get its result "
+                f"(a holder that died is broken after {lock_stale_after:.0f}s)",
             )
-        time.sleep(1.0)  # the same request is in flight elsewhere: wait for its result
+        time.sleep(1.0 if same_request else 0.5)  # the same request is in flight elsewhere: wait for its result
+        if not same_request:
+            continue
         done = find_by_request_id(root, job, request_id)
         if done is not None:
             return done
@@ -184,24 +196,22 @@ def _previous_savepoint(job_store: Store, job: str, source: Store, enabled: bool
         yield None
         return
     catalog = Catalog(job_store, job)
-    latest, pin_id = None, None
+    latest, holding = None, None
     try:
         latest = catalog.latest()
         if latest is not None and latest.manifest.checkpoint == source.url:
-            pin_id = catalog.pin(latest.manifest.savepoint_id, ttl=timedelta(hours=6), purpose="incremental savepoint",
-                                 manifest=latest.manifest)
+            holding = catalog.held(latest.manifest.savepoint_id, "incremental savepoint", latest.manifest)
+            holding.__enter__()
     except Exception as exc:  # noqa: BLE001 - reuse only saves work; without it every file is copied
         log.info("not reusing the previous savepoint of %s (%s): copying every file", job, exc)
-    if latest is None or pin_id is None:
+        holding = None
+    if latest is None or holding is None:
         yield None
         return
     try:
         yield _Previous(job_store.child(latest.manifest.savepoint_id), latest.manifest)
     finally:
-        try:
-            catalog.unpin(pin_id)
-        except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
-            log.warning("could not release the pin on %s (%s); it lapses by itself", latest.pointer, exc)
+        holding.__exit__(None, None, None)
 
 
 def _take_with_retries(source, job_store, job, lock, savepoint_type, reason, request_id, spark_version,

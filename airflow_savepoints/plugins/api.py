@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_savepoints.core.dispose import check_no_link
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, list_jobs, list_savepoints, read_manifest
 from airflow_savepoints.errors import (
@@ -125,7 +126,9 @@ class SavepointRoot:
                 f"no job '{job}' under the savepoint root {self.store.url}",
                 "list the jobs (GET .../savepoints/api/jobs); names are case-sensitive",
             )
-        return self.store.child(job)
+        job_store = self.store.child(job)
+        check_no_link(job_store, self.store.root)  # a job folder linked into another root is not served
+        return job_store
 
 
 def _json(data: Any, scrub: Scrubber, status: int = 200) -> JSONResponse:

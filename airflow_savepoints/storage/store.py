@@ -349,6 +349,19 @@ class Store:
             return {p: listing[p] for p in paths if p in listing}
         return LazyLocalListing(self.root, list(paths), self._raise_translated).present()
 
+    def symlinks(self, rel: str = "", limit: int = 10) -> list[str]:
+        """Symbolic links below ``rel`` on a local disk (the first ``limit``); never follows one (``rel``
+        itself may be a link, like a savepoint root). Object stores have no links: always empty."""
+        if self.protocol != "file":
+            return []
+        links: list[str] = []
+        _scan_local_names(self.path_of(rel), links)
+        return sorted(links)[:limit]
+
+    def resolved(self) -> Store:
+        """Locally, this store with every symbolic link in its root resolved; elsewhere itself."""
+        return self._with_root(os.path.realpath(self.root)) if self.protocol == "file" else self
+
     def exists(self, rel: str = "") -> bool:
         self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
@@ -438,19 +451,29 @@ class Store:
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         """Create ``rel`` holding ``data`` only if it does not exist yet. True if this call created it.
 
-        Local files use O_EXCL and S3 a conditional PUT (If-None-Match), both atomic. Other stores fall
-        back to check-then-write, which two processes can race; docs/concepts.md says so.
+        The file is complete the moment it becomes visible: locally a temp file is written, then
+        hard-linked as ``rel`` (``link`` fails if ``rel`` exists); S3 uses a conditional PUT
+        (If-None-Match). Other stores fall back to check-then-write, which two processes can race;
+        docs/concepts.md says so.
         """
         target = self.path_of(rel)
         with self.translate_errors(self.url_of(rel)):
             if self.protocol == "file":
-                os.makedirs(posixpath.dirname(target), exist_ok=True)
+                parent = posixpath.dirname(target)
+                os.makedirs(parent, exist_ok=True)
+                tmp = posixpath.join(parent, f".{posixpath.basename(target)}.{uuid.uuid4().hex}.tmp")
+                with open(tmp, "wb") as handle:  # no fsync: after a crash a lease is judged by its mtime
+                    handle.write(data)
                 try:
-                    fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                    os.link(tmp, target)
                 except FileExistsError:
                     return False
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
+                except OSError as exc:
+                    if exc.errno not in _NO_LINK_ERRNOS:
+                        raise
+                    return _create_without_link(target, data)  # a filesystem without hard links
+                finally:
+                    os.unlink(tmp)
                 return True
             if self.protocol == "s3":
                 return self._s3_put_if_absent(target, data)
@@ -610,11 +633,24 @@ class _Translated:
             self._handle.close()
 
 
+def _create_without_link(target: str, data: bytes) -> bool:
+    """O_EXCL create, then write: for local filesystems that refuse hard links (readers may see it
+    empty for a moment; a lease judges an unreadable file by its mtime, so that is not fatal)."""
+    try:
+        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    return True
+
+
 _NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}
 
 
-def _scan_local_names(base: str) -> list[str]:
-    """The files of a local tree, relative to ``base``, with one ``scandir`` per folder (no stat)."""
+def _scan_local_names(base: str, links: list[str] | None = None) -> list[str]:
+    """The files of a local tree, relative to ``base``, with one ``scandir`` per folder (no stat).
+    A linked folder is never walked into; symbolic links are also added to ``links`` if given."""
     out: list[str] = []
     pending = [(base, "")]
     while pending:
@@ -624,8 +660,10 @@ def _scan_local_names(base: str) -> list[str]:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
+            if links is not None and entry.is_symlink():
+                links.append(prefix + entry.name)
             try:
-                is_dir = entry.is_dir()
+                is_dir = entry.is_dir(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed since the folder was read
             if is_dir:
