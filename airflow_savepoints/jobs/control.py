@@ -325,12 +325,15 @@ class RunHandle:
             "only one run of a job may write its sink: stop the other run first, or let this one end",
         )
 
+    def _beat_facts(self, state: str, facts: dict[str, Any]) -> dict[str, Any]:
+        return {**self.facts, **facts, "run_id": self.run_id, "state": state, "interval_s": self.heartbeat_interval,
+                "timeout_s": self.lease_timeout}
+
     def beat(self, state: str = "running", **facts: Any) -> RunLeaseHolder | None | bool:
         """Write a heartbeat and renew the lease. Returns None while this run holds the lease; the
         other holder (or True: not renewed for longer than the lease timeout) when it is fenced off."""
         try:
-            self.control.beat(run_id=self.run_id, state=state, interval_s=self.heartbeat_interval,
-                              timeout_s=self.lease_timeout, **{**self.facts, **facts})
+            self.control.beat(**self._beat_facts(state, facts))
             holder = self.lease.renew(self.run_id, self.facts)
         except Exception as exc:  # noqa: BLE001 - the store is unreachable: fenced once the lease may have lapsed
             log.warning("heartbeat of run %s failed: %s", self.run_id, exc)
@@ -342,8 +345,7 @@ class RunHandle:
     def end(self, state: str, **facts: Any) -> None:
         """The last heartbeat (``stopped``, ``failed``, ``fenced``), then the lease is released."""
         try:
-            self.control.beat(run_id=self.run_id, state=state, interval_s=self.heartbeat_interval,
-                              timeout_s=self.lease_timeout, **{**self.facts, **facts})
+            self.control.beat(**self._beat_facts(state, facts))
             self.lease.release(self.run_id)
         except Exception as exc:  # noqa: BLE001 - the lease lapses by itself
             log.warning("could not end run %s cleanly: %s", self.run_id, exc)
