@@ -202,7 +202,9 @@ def test_a_stale_driver_writes_nothing_and_a_fenced_run_stops_within_two_heartbe
     try:
         # a second driver started by hand on the same checkpoint with a stale run id
         conf = run_conf(ctx.folder.url, run_id="stale-run", checkpoint=str(checkpoint))
-        stale = subprocess.run(spark_submit_command(ctx.job, str(checkpoint), conf), capture_output=True, text=True,
+        command = spark_submit_command(ctx.job, str(checkpoint), conf)
+        command[0] = str(Path(sys.executable).parent / "spark-submit")  # the venv's, as the launcher finds it
+        stale = subprocess.run(command, capture_output=True, text=True,
                                timeout=240, env={**os.environ, "PYSPARK_PYTHON": sys.executable},
                                cwd=ROOT)
         stale_control = JobControl(ctx.folder.child("_control").child("stale-run"))
@@ -283,11 +285,12 @@ def test_the_standalone_runner_stops_a_job_without_the_helper_through_the_master
 
 @pytest.fixture
 def slow_s3(s3, s3_endpoint, stopped_checkpoint):
-    """A bucket with the real checkpoint in it, and a proxy that delays every GET by 0.15 s."""
+    """A bucket with the real checkpoint in it, and a proxy that delays each write into a savepoint
+    location (the copies are server-side, PUTs) by 0.2 s."""
     direct = Store(f"s3://{s3}/checkpoint")
     direct.fs.put(str(stopped_checkpoint), direct.root, recursive=True)
     proxy = FaultProxy(s3_endpoint).start()
-    proxy.set_rules(Rule(action="delay", seconds=0.15, methods={"GET"}))
+    proxy.set_rules(Rule(action="delay", seconds=0.2, methods={"PUT"}, path="/savepoint-"))
     yield s3, {"endpoint_url": proxy.url}
     proxy.stop()
 
@@ -319,7 +322,7 @@ def test_a_stop_waits_for_the_periodic_savepoint_in_flight_then_takes_its_own(sl
 
     def take_periodic() -> None:
         periodic["info"] = take_savepoint(job.checkpoint, "orders", savepoint_dir=ctx.root, savepoint_type="periodic",
-                                          checkpoint_storage_options=slow)
+                                          checkpoint_storage_options=slow, parallelism=1)
         periodic["done_at"] = time.time()
 
     driver_thread, periodic_thread = threading.Thread(target=the_job), threading.Thread(target=take_periodic)
@@ -331,7 +334,7 @@ def test_a_stop_waits_for_the_periodic_savepoint_in_flight_then_takes_its_own(sl
             time.sleep(0.05)
         assert ctx.folder.exists("_inflight.json"), "the periodic savepoint never started"
         with pytest.raises(SavepointInFlightError, match="the job was not stopped"):
-            lifecycle.stop(ctx, inflight_wait=0.5)
+            lifecycle.stop(ctx, inflight_wait=0.2)
         assert run.control.stop_requested() is None and lifecycle.status(ctx).state == "running"
         assert periodic_thread.is_alive(), "the periodic savepoint ended before the stop: no overlap"
 
