@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,13 @@ from airflow_savepoints.core import list_savepoints, take_savepoint
 from airflow_savepoints.errors import SavepointInFlightError
 from airflow_savepoints.jobs import StreamingJob, lifecycle
 from airflow_savepoints.jobs.control import JobControl, JobFencedError, RunHandle, run_conf
-from airflow_savepoints.jobs.launcher import checkpoint_progress, read_run, spark_submit_command, stop_process
+from airflow_savepoints.jobs.launcher import (
+    checkpoint_progress,
+    process_alive,
+    read_run,
+    spark_submit_command,
+    stop_process,
+)
 from airflow_savepoints.jobs.lifecycle import JobContext, JobRunningError
 from airflow_savepoints.jobs.runlease import RunLease
 from airflow_savepoints.storage import Store
@@ -183,7 +190,7 @@ def newest(checkpoint: Path, folder: str) -> int:
 
 
 @pytest.mark.slow
-def test_a_stale_driver_writes_nothing_and_a_fenced_run_stops_within_two_heartbeats(tmp_path):
+def test_a_stale_driver_writes_nothing_and_a_fenced_run_stops_between_batches_within_two_heartbeats(tmp_path):
     for index in range(2):
         demo.write_events(tmp_path / "input", index)
     ctx = context(tmp_path, heartbeat_interval=1, lease_timeout=20)
@@ -228,15 +235,17 @@ def test_a_stale_driver_writes_nothing_and_a_fenced_run_stops_within_two_heartbe
             time.sleep(0.1)
         fenced = control.fenced()
         assert fenced is not None and fenced["holder"]["run_id"] == "usurper"
-        detected = (Path(ctx.folder.path_of(f"_control/{started['run_id']}/fenced.json")).stat().st_mtime - taken_at)
-        print(f"fenced {detected:.1f}s after the takeover (heartbeat 1 s), between batches: {fenced['between_batches']}")
-        assert detected < 2 * 1 + 3  # two heartbeats, plus the wait for the batch in flight to commit
-        stop_process(read_run(ctx.folder), grace=30)
-        commits_after = [p.name for p in (checkpoint / "commits").iterdir()
-                         if p.name.isdigit() and p.stat().st_mtime > Path(ctx.folder.path_of(
-                             f"_control/{started['run_id']}/fenced.json")).stat().st_mtime]
-        assert commits_after == []  # no batch after it knew
-        assert newest(checkpoint, "offsets") == newest(checkpoint, "commits")  # nor one started and cut short
+        detected = datetime.fromisoformat(fenced["detected_at"]).timestamp() - taken_at
+        ended = Path(ctx.folder.path_of(f"_control/{started['run_id']}/fenced.json")).stat().st_mtime - taken_at
+        print(f"fenced {detected:.1f}s after the takeover (heartbeat 1 s); its query ended {ended:.1f}s after it, "
+              f"between batches: {fenced['between_batches']}")
+        assert detected < 2 * 1 + 1  # within two heartbeats (plus a write's latency on a loaded machine)
+        assert fenced["between_batches"]
+        deadline = time.monotonic() + 60
+        while process_alive(started["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the fenced driver exits by itself (JobFencedError)
+        assert not process_alive(started["pid"])
+        assert newest(checkpoint, "offsets") == newest(checkpoint, "commits")  # no batch started after it stopped
     finally:
         feeding.set()
         if feeder.is_alive():

@@ -413,6 +413,8 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
             next_beat = time.monotonic() + handle.heartbeat_interval
     if fenced_by is not None:
         log.warning("run %s lost its run lease (%s): stopping between batches", handle.run_id, fenced_by)
+        detected_at = _now()
+        handle.control.beat(**handle._beat_facts("fencing", {"last_committed_batch": _last_batch(query)}))
         with _failure_reported(handle):
             idle = _stop_between_batches(query, idle_timeout)
         holder = fenced_by if isinstance(fenced_by, RunLeaseHolder) else None
@@ -421,7 +423,7 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
                "the run lease was released: the run was stopped or cancelled from elsewhere"
                if holder.run_id == RELEASED else "another run holds the job's run lease")
         handle._fence(holder if holder is not None and holder.run_id != RELEASED else None, why,
-                      between_batches=idle, last_committed_batch=_last_batch(query))
+                      between_batches=idle, last_committed_batch=_last_batch(query), detected_at=detected_at)
     log.info("stop requested (%s): stopping between batches", request.get("request_id"))
     handle.beat("stopping", last_committed_batch=_last_batch(query))
     with _failure_reported(handle):

@@ -253,7 +253,7 @@ def status(ctx: JobContext) -> JobState:
                             detail=log_tail(record.log_file if record else None, 10) or None)
         if age is not None and age > timeout:
             return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
-        stopping = beat_state == "stopping" or control.stop_requested() is not None
+        stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
         return JobState(**base, state="stopping" if stopping else "running")
     view = runner.status(target)
     if view.state == "unknown" and not isinstance(runner, LocalRunner) and target.pid:
