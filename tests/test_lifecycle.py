@@ -28,7 +28,6 @@ from airflow_savepoints.errors import SavepointInFlightError
 from airflow_savepoints.jobs import StreamingJob, lifecycle
 from airflow_savepoints.jobs.control import JobControl, JobFencedError, RunHandle, run_conf
 from airflow_savepoints.jobs.launcher import (
-    checkpoint_progress,
     process_alive,
     read_run,
     spark_submit_command,
@@ -286,7 +285,6 @@ def test_the_standalone_runner_stops_a_job_without_the_helper_through_the_master
             killed = {a["id"]: a["state"] for a in cluster.state()["completedapps"]}
             assert killed.get(app_id) == "KILLED"
             assert lifecycle.status(ctx).state == "stopped"
-            _, commits = checkpoint_progress(Store(started["checkpoint"]))
             assert [s.type.value for s in list_savepoints(ctx.root, "demo")] == ["stop"]
         finally:
             stop_process(read_run(ctx.folder), grace=10)
