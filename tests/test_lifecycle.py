@@ -21,8 +21,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import airflow_savepoints.demo.app as demo
+from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints, take_savepoint
 from airflow_savepoints.errors import SavepointInFlightError
 from airflow_savepoints.jobs import StreamingJob, lifecycle
@@ -112,6 +114,15 @@ def test_a_start_is_refused_while_another_run_lives_and_a_lapsed_lease_is_taken_
     assert "run-on-worker-a" in message and socket.gethostname() in message and APP_ID in message
     assert refused.value.code == "job_running" and "stop it first" in refused.value.hint
     assert not (tmp_path / "checkpoint").exists() and ctx.lease.holder().run_id == "run-on-worker-a"
+
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(json.dumps({"jobs": [ctx.job.model_dump(exclude_none=True)]}))
+    result = CliRunner().invoke(cli_app, ["job", "start", "demo", "--fresh", "--jobs-file", str(jobs), "--json"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["error"]["code"] == "job_running"
+    assert "run-on-worker-a" in json.loads(result.stdout)["error"]["message"]
+    result = CliRunner().invoke(cli_app, ["job", "start", "demo", "--fresh", "--from", "x", "--jobs-file", str(jobs)])
+    assert result.exit_code == 1 and "exclude each other" in result.stderr
+    assert not (tmp_path / "checkpoint").exists()
 
     stale = driver(ctx, "an-older-run")  # a driver started by hand with a stale run id
     with pytest.raises(JobFencedError, match="run-on-worker-a"):
