@@ -213,11 +213,14 @@ def status(
         state = lifecycle.status(ctx).model_dump(mode="json")
         payload = {**{k: state[k] for k in STATUS_KEYS}, **state}
         colour = {"running": "green", "failed": "red", "lost": "red", "unknown": "yellow"}.get(state["state"], "cyan")
-        text = (f"job {job}: [{colour}]{state['state']}[/]" + (f" ({state['error']})" if state["error"] else "")
-                + f"\n  run {state['run_id']} on {state['host']}, application {state['application_id']}, pid {state['pid']}"
-                + f"\n  last committed batch {state['last_batch']}, heartbeat {state['heartbeat_age_s']} s ago"
-                + (f"\n  {state['detail']}" if state["detail"] else "")
-                + f"\n  checkpoint {state['checkpoint']}")
+        text = f"job {job}: [{colour}]{state['state']}[/]" + (f" ({state['error']})" if state["error"] else "")
+        if state["run_id"]:
+            beat = f"heartbeat {state['heartbeat_age_s']} s ago" if state["helper"] else "no heartbeats"
+            text += (f"\n  run {state['run_id']} on {state['host']}, application {state['application_id']}, "
+                     f"pid {state['pid']}\n  last committed batch {state['last_batch']}, {beat}"
+                     f"\n  checkpoint {state['checkpoint']}")
+        if state["detail"]:
+            text += f"\n  {state['detail']}"
         return payload, text
 
     _report(as_json, action)
