@@ -16,6 +16,7 @@ source of status for a job without the helper.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -136,12 +137,9 @@ def _signal_group(process: psutil.Process, sig: int) -> None:
             process.send_signal(sig)
 
 
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, value, tb) -> bool:
-        return kind is not None and issubclass(kind, (ProcessLookupError, psutil.Error, OSError))
+def _quiet() -> contextlib.suppress:
+    """The process may be gone by now: nothing to do then."""
+    return contextlib.suppress(psutil.Error, OSError)
 
 
 def master_ui_url(master: str | None, master_ui: str | None = None) -> str | None:
