@@ -366,3 +366,22 @@ def test_a_stop_waits_for_the_periodic_savepoint_in_flight_then_takes_its_own(sl
     saved = list_savepoints(ctx.root, "orders")
     assert sorted((s.type.value, s.state.value) for s in saved) == [("periodic", "completed"), ("stop", "completed")]
     assert lifecycle.status(ctx).state == "stopped"
+
+
+def test_the_local_runner_never_signals_a_reused_pid_nor_another_hosts_process():
+    from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, process_started
+
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        mine = RunTarget(job="j", host=socket.gethostname(), pid=process.pid, pid_started=process_started(process.pid))
+        reused = RunTarget(job="j", host=socket.gethostname(), pid=process.pid, pid_started=mine.pid_started - 100)
+        elsewhere = RunTarget(job="j", host="worker-a", pid=process.pid, pid_started=mine.pid_started)
+        assert LocalRunner().status(reused).state == "ended" and not LocalRunner().kill(reused, 1)["killed"]
+        assert LocalRunner().status(elsewhere).state == "unknown"
+        refused = LocalRunner().kill(elsewhere, 1)
+        assert not refused["killed"] and "runs on worker-a" in refused["detail"]
+        assert process.poll() is None  # neither touched it
+        assert LocalRunner().kill(mine, 5)["killed"] and process.wait(10) is not None
+    finally:
+        process.kill()
+        process.wait()
