@@ -1,0 +1,155 @@
+"""One live run per job: the run lease ``<savepoint dir>/<job>/_lease.json`` on shared storage.
+
+The lease names the run that may write the job's sink: its token is the run id (the fencing
+token), its facts the host, application id, control folder and checkpoint of that run. It is a
+:class:`~airflow_savepoints.core.lease.Lease` (one implementation for every lock of the package):
+taken by an atomic exclusive create whose content is complete when visible, renewed by the run's
+heartbeats, and aged on the store's own clock, so a machine whose clock is minutes off still
+judges it right. A lease not renewed for its run's ``timeout_s`` has lapsed: that run stopped
+renewing it (dead, hung or cut off) and a new run may take it over; breaking a stale lease is
+itself exclusive, so two starts never both take over the same lapsed lease.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from airflow_savepoints.core.lease import Lease, LeaseState, store_now
+from airflow_savepoints.storage import Store
+
+LEASE_FILE = "_lease.json"
+DEFAULT_LEASE_TIMEOUT = 30.0
+RELEASED = "(released)"  # what renew() reports when the lease is gone
+
+
+def age_on_store_clock(folder: Store, rel: str) -> float | None:
+    """Seconds since ``rel`` was last written, by the store's clock; None if it does not exist."""
+    try:
+        modified = folder.stat(rel).modified
+    except FileNotFoundError:
+        return None
+    if modified is None:
+        return None
+    return max(0.0, store_now(folder) - modified)
+
+
+class RunLeaseHolder(BaseModel):
+    """What the lease says of the run holding it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    run_id: str
+    host: str | None = None
+    application_id: str | None = None
+    pid: int | None = None
+    control: str | None = None
+    runner: str | None = None
+    master: str | None = None
+    checkpoint: str | None = None
+    driver_pod: str | None = None  # Kubernetes cluster mode
+    timeout_s: float = DEFAULT_LEASE_TIMEOUT
+    age_s: float | None = None  # set when read: seconds since the last renewal, on the store's clock
+    stale: bool = False  # judged without an age (an mtime in the store's future, seen unchanged too long)
+
+    @property
+    def lapsed(self) -> bool:
+        return self.stale if self.age_s is None else self.age_s > self.timeout_s
+
+    def facts(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"age_s", "stale"})
+
+    def describe(self) -> str:
+        return (f"run {self.run_id} on host {self.host or 'unknown'}, application {self.application_id or 'unknown'}"
+                + (f", pid {self.pid}" if self.pid else ""))
+
+    @classmethod
+    def of(cls, state: LeaseState) -> RunLeaseHolder:
+        """The holder a lease file names; a garbage lease is held by run ``?`` (lapsed once old)."""
+        facts = {k: v for k, v in state.facts.items() if k in cls.model_fields and k not in ("age_s", "stale")}
+        try:
+            holder = cls.model_validate({**facts, "run_id": state.token or "?"})
+        except ValidationError:
+            holder = cls(run_id=state.token or "?")
+        return holder.model_copy(update={"age_s": state.age_s, "stale": state.stale})
+
+
+class RunLease:
+    """The run lease of the job whose savepoint folder is ``job_folder``."""
+
+    def __init__(self, job_folder: Store) -> None:
+        self.folder = job_folder
+        self._leases: dict[str, Lease] = {}
+
+    @classmethod
+    def at(cls, lease_url: str, storage_options: dict[str, Any] | None = None) -> RunLease:
+        store = Store(lease_url, storage_options)
+        if store.name != LEASE_FILE:
+            raise ValueError(f"{lease_url} is not a run lease ({LEASE_FILE})")
+        return cls(store.parent())
+
+    @property
+    def url(self) -> str:
+        return self.folder.url_of(LEASE_FILE)
+
+    def _lease(self, run_id: str, timeout: float | None = None) -> Lease:
+        lease = self._leases.get(run_id)
+        if lease is None:
+            lease = self._leases[run_id] = Lease(self.folder, LEASE_FILE, token=run_id,
+                                                 stale_after=timeout or DEFAULT_LEASE_TIMEOUT)
+        return lease
+
+    def _state(self) -> LeaseState | None:
+        return Lease(self.folder, LEASE_FILE, stale_after=DEFAULT_LEASE_TIMEOUT).read()
+
+    def holder(self) -> RunLeaseHolder | None:
+        """The current holder with its age; None if there is no lease."""
+        state = self._state()
+        return None if state is None else RunLeaseHolder.of(state)
+
+    def acquire(self, run_id: str, facts: dict[str, Any], *, may_take_over: Any = None) -> RunLeaseHolder | None:
+        """Take the lease for ``run_id``. Returns None on success, else the holder that keeps it.
+
+        A lease held by ``run_id`` already is renewed with ``facts``. A lapsed lease is taken over
+        if ``may_take_over(holder)`` (default: always) agrees; one taker per lapsed lease wins."""
+        timeout = float(facts.get("timeout_s") or DEFAULT_LEASE_TIMEOUT)
+        lease = self._lease(run_id, timeout)
+        for _ in range(3):
+            current = self.holder()
+            if current is not None and current.run_id != run_id and (
+                    not current.lapsed or (may_take_over is not None and not may_take_over(current))):
+                return current
+            lease.facts = {**(current.facts() if current is not None and current.run_id == run_id else {}),
+                           **facts, "run_id": run_id, "timeout_s": timeout}
+            lease.stale_after = current.timeout_s if current is not None and current.run_id != run_id else timeout
+            try:
+                taken = lease.try_acquire()
+            finally:
+                lease.stale_after = timeout
+            if taken is None:
+                if current is not None and current.run_id == run_id:
+                    lease.renew()  # ours already: with the new facts
+                return None
+            if not RunLeaseHolder.of(taken).lapsed:
+                return RunLeaseHolder.of(taken)
+        return self.holder()
+
+    def renew(self, run_id: str, facts: dict[str, Any]) -> RunLeaseHolder | None:
+        """Renew the lease if ``run_id`` holds it, merging ``facts``. Returns None if renewed, else
+        the holder now (a run that finds another holder, or none, has been fenced off)."""
+        lease = self._lease(run_id)
+        state = lease.read()
+        if state is None:  # released by a stop or cancel that judged this run ended: it must not go on
+            return RunLeaseHolder(run_id=RELEASED)
+        if state.token != run_id:
+            return RunLeaseHolder.of(state)
+        lease.facts = {**state.facts, **facts, "run_id": run_id}
+        if lease.renew():
+            return None
+        state = lease.read()
+        return RunLeaseHolder.of(state) if state is not None else RunLeaseHolder(run_id=RELEASED)
+
+    def release(self, run_id: str) -> bool:
+        """Remove the lease if ``run_id`` holds it; True if it did."""
+        return self._lease(run_id).release()
