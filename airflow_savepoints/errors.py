@@ -147,3 +147,7 @@ class TargetNotEmptyError(RestoreError):
 
 class SinkAheadError(RestoreError):
     code = "sink_ahead"
+
+
+class SavepointDirNotFoundError(InvalidInputError):
+    code = "savepoint_dir_not_found"

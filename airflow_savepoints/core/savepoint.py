@@ -285,7 +285,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         paths = [f.path for f in plan.files if f.group == group]
         try:
             copied.update(copy_many(source, location, paths, parallelism, stats=listing, mode=options["copy_mode"],
-                                    known=known))
+                                    known=known, on_file=lambda c: notify("file_done", {"path": c.path, "bytes": c.size})))
         except FileNotFoundError as exc:
             raise CheckpointRaceError(f"a planned file vanished during the copy: {exc}") from exc
         except SourceChangedError as exc:
