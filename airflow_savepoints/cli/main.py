@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
@@ -105,9 +106,9 @@ def _command(fn):
             if as_json:
                 sys.stdout.write(json.dumps({"error": exc.to_dict()}, indent=2) + "\n")
             else:
-                err.print(f"[bold red]error:[/] {exc.message}")
+                err.print(f"[bold red]error:[/] {escape(exc.message)}")  # escape: "[spark]" is not markup
                 if exc.hint:
-                    err.print(f"[yellow]how to fix:[/] {exc.hint}")
+                    err.print(f"[yellow]how to fix:[/] {escape(exc.hint)}")
             raise typer.Exit(1) from None
 
     return wrapper
@@ -229,10 +230,12 @@ def show(
         _emit(True, {"pointer": location.url, "manifest": manifest.model_dump(mode="json")})
         return
     summary = core.SavepointInfo(pointer=location.url, manifest=manifest).summary()
+    humane = {"bytes": f"{summary['bytes']} ({_human_size(summary['bytes'])})",
+              "created_at": f"{summary['created_at']} ({_human_age(manifest.created_at)} ago)"}
     for key, value in summary.items():
-        out.print(f"{key:26} {value}")
-    out.print(f"{'checkpoint':26} {manifest.checkpoint}")
-    out.print(f"{'state store':26} {manifest.state_store.model_dump()}")
+        out.print(f"{key:26} {escape(str(humane.get(key, value)))}")
+    out.print(f"{'checkpoint':26} {escape(manifest.checkpoint)}")
+    out.print(f"{'state store':26} {escape(str(manifest.state_store.model_dump()))}")
 
 
 @app.command()
@@ -307,7 +310,8 @@ def status(
     if run is None:
         text = f"job {job}: no run recorded in {job_folder.url} (start it with restore_from_savepoint)"
     else:
-        at = state["last_progress_at"] or "never"
+        at = (f"{state['last_progress_at']} ({_human_age(datetime.fromisoformat(state['last_progress_at']))} ago)"
+              if state["last_progress_at"] else "never")
         text = (f"job {job}: {'[green]running[/]' if state['running'] else '[red]not running[/]'} "
                 f"(pid {state['pid']}, application {state['application_id'] or 'unknown'})\n"
                 f"  checkpoint {state['checkpoint']}\n  last committed batch {state['last_committed_batch']} at {at}\n"
@@ -352,7 +356,7 @@ def retain(
         out.print(f"{verb} {len(report.plan.of('dispose'))} savepoints and {len(report.plan.of('remove_orphan'))} orphans; "
                   f"kept {len(report.plan.of('keep'))}")
         for problem in report.skipped + report.failed:
-            err.print(f"[yellow]{problem['savepoint_id']}[/]: {problem['error']}: {problem['message']}")
+            err.print(f"[yellow]{problem['savepoint_id']}[/]: {problem['error']}: {escape(problem['message'])}")
     if report.failed:
         raise typer.Exit(1)
 
@@ -409,11 +413,13 @@ def demo(
     interval: Annotated[float, typer.Option(min=0, help="Seconds between them.")] = 2.0,
 ) -> None:
     """Run the end-to-end demo: the example DAGs on a local Airflow and Spark (needs the [spark] extra)."""
-    import importlib.util
+    from importlib.metadata import PackageNotFoundError, distribution
 
-    if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyspark.sql.session") is None:
-        raise SavepointError("the demo runs Spark, and pyspark is not installed",
-                             "pip install 'airflow-savepoints[spark]' (and Java 17 or newer)")
+    try:
+        distribution("pyspark")  # the full pyspark (with Spark's jars), not only the Spark provider's pyspark-client
+    except PackageNotFoundError:
+        raise SavepointError("the demo runs Spark locally, and pyspark (with Spark's jars) is not installed",
+                             "pip install 'airflow-savepoints[spark]' (and Java 17 or newer)") from None
     from airflow_savepoints.demo.__main__ import run as run_demo
 
     raise typer.Exit(run_demo(workdir.resolve(), rounds, interval))
