@@ -144,3 +144,11 @@ def test_cli_with_conn_id_lands_where_the_operator_with_that_connection_puts_it(
 
     missing = runner.invoke(app, ["list", "--job", "orders", "--conn-id", "nope", "--json"])
     assert missing.exit_code == 1 and "'nope' is not defined" in json.loads(missing.stdout)["error"]["message"]
+
+
+@pytest.mark.parametrize("url,extra", [("gs://bucket/sp", "gcs"), ("abfs://container/sp", "azure")])
+def test_a_missing_backend_names_the_package_extra(url, extra):
+    result = runner.invoke(app, ["list", "--job", "j", "--dir", url, "--json"])
+    assert result.exit_code == 1
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "missing_backend" and f"pip install 'airflow-savepoints[{extra}]'" in error["hint"]
