@@ -97,16 +97,18 @@ def run_on_a_terminal(*args: str, cwd: Path) -> tuple[int, str]:
 
 
 def test_progress_bar_on_a_terminal_and_not_with_quiet_or_json(checkpoint, tmp_path):
-    code, output = run_on_a_terminal("trigger", str(checkpoint), "--job", "j", "--dir", str(tmp_path / "sp"), cwd=ROOT)
+    no_conn = ("--conn-id", "")  # no connection lookup: the commands start without Airflow
+    code, output = run_on_a_terminal("trigger", str(checkpoint), "--job", "j", "--dir", str(tmp_path / "sp"), *no_conn,
+                                     cwd=ROOT)
     assert code == 0, output
     assert "savepoint" in output and "━" in output and "files" in output and "savepoint completed" in output
-    code, output = run_on_a_terminal("trigger", str(checkpoint), "--job", "j", "--dir", str(tmp_path / "sp"),
+    code, output = run_on_a_terminal("trigger", str(checkpoint), "--job", "j", "--dir", str(tmp_path / "sp"), *no_conn,
                                      "--quiet", cwd=ROOT)
     assert code == 0 and "━" not in output and "savepoint completed" in output
-    code, output = run_on_a_terminal("verify", str(next((tmp_path / "sp" / "j").glob("savepoint-*"))), "--json",
-                                     cwd=ROOT)
+    pointer = str(next((tmp_path / "sp" / "j").glob("savepoint-*")))
+    code, output = run_on_a_terminal("verify", pointer, *no_conn, "--json", cwd=ROOT)
     assert code == 0 and "━" not in output and json.loads(output)["ok"] is True
-    code, output = run_on_a_terminal("verify", str(next((tmp_path / "sp" / "j").glob("savepoint-*"))), cwd=ROOT)
+    code, output = run_on_a_terminal("verify", pointer, *no_conn, cwd=ROOT)
     assert code == 0 and "━" in output and "ok" in output
 
 

@@ -1,7 +1,7 @@
 """The package as a user gets it: the built wheel installed into fresh virtualenvs, away from the checkout.
 
-One wheel is built per session. uv makes the virtualenvs (seconds, from its cache); pyspark's wheel is
-taken from pip's cache (``pip wheel``) so that uv need not build pyspark's sdist again.
+One wheel is built per session (``uv build``). uv makes the virtualenvs (seconds, from its cache); pyspark's
+wheel is taken from pip's cache (``pip wheel``) so that uv need not build pyspark's sdist again.
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ def run(*command: str | Path, env: dict[str, str] | None = None, cwd: Path | Non
 def wheelhouse(tmp_path_factory) -> Path:
     """The package's wheel, and pyspark's wheel (the release [spark] pins) from pip's cache."""
     folder = tmp_path_factory.mktemp("wheelhouse")
-    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", folder]
-    run(*pip, ROOT)
-    run(*pip, f"pyspark=={version('pyspark')}")
+    run(UV, "build", "--wheel", "--quiet", "--out-dir", folder, ROOT)
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", folder, f"pyspark=={version('pyspark')}")
     return folder
 
 

@@ -77,7 +77,7 @@ DirOption = Annotated[
 ConnOption = Annotated[
     str | None,
     typer.Option("--conn-id", help="Airflow connection (type savepoints) giving the directory and credentials, as the "
-                                   "operators use it (default: savepoints_default if it exists)."),
+                                   "operators use it (default: savepoints_default if it exists; '' for none: no Airflow start-up)."),
 ]
 
 

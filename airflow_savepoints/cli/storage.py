@@ -7,7 +7,7 @@ storage options. Without a connection: ``--dir``, else the configured directory,
 configuration (environment variables, ``~/.config/fsspec``).
 
 Connections are looked up as the ``airflow`` CLI does: environment variables (``AIRFLOW_CONN_*``),
-the configured secrets backend, then the metadata database.
+the configured secrets backend, then the metadata database. ``--conn-id ''`` skips connections.
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ def _as_airflow_cli():
 
 
 def storage_hook(conn_id: str | None):
-    """The hook of ``conn_id`` (or of ``savepoints_default`` if it exists); None: no connection applies."""
+    """The hook of ``conn_id`` (or of ``savepoints_default`` if it exists); None: no connection applies.
+
+    ``conn_id == ""`` (``--conn-id ''``): no connection, and Airflow is not even imported (a faster start).
+    """
+    if conn_id == "":
+        return None
     if not airflow_importable():
         if conn_id:
             raise InvalidInputError(f"--conn-id {conn_id}: Airflow is not installed here, so there are no connections",
