@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP) browser faketime
+	$(BIN)/pip check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

@@ -155,3 +155,7 @@ class SymlinkError(InvalidInputError):
 
 class SinkAheadError(RestoreError):
     code = "sink_ahead"
+
+
+class SavepointDirNotFoundError(InvalidInputError):
+    code = "savepoint_dir_not_found"

@@ -21,6 +21,9 @@ def get_provider_info() -> dict:
                                              "airflow_savepoints.operators.retention"]}],
         "sensors": [{"integration-name": integration, "python-modules": ["airflow_savepoints.sensors.savepoint"]}],
         "triggers": [{"integration-name": integration, "python-modules": ["airflow_savepoints.triggers.savepoint"]}],
+        # a job's savepoints are announced as events of the asset x-savepoints://<job> (x-: no normalisation)
+        "asset-uris": [{"schemes": ["x-savepoints"], "handler": None,
+                        "factory": "airflow_savepoints.operators.savepoint.savepoint_asset"}],
         "plugins": [{"name": "savepoints", "plugin-class": "airflow_savepoints.plugins.savepoints.SavepointsPlugin"}],
         "connection-types": [
             {

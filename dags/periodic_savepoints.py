@@ -41,6 +41,7 @@ with DAG(
     tags=["savepoints"],
     doc_md=__doc__,
 ) as dag:
+    # [START howto_periodic_savepoints]
     for job in JOBS.values():
         task = job.name.replace("-", "_")
         CheckJobOperator(task_id=f"check_{task}", job=job.name, jobs_file=str(JOBS_FILE)) >> TriggerSavepointOperator(
@@ -58,3 +59,4 @@ with DAG(
             max_periodic=job.retention.max_periodic,
             max_age=job.retention.max_age,
         )
+    # [END howto_periodic_savepoints]

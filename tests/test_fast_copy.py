@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import crc32c
+import google_crc32c
 import pytest
 
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
@@ -32,7 +32,7 @@ SHM = Path("/dev/shm")
 
 
 def crc_of(path: Path) -> int:
-    return crc32c.crc32c(path.read_bytes())
+    return google_crc32c.value(path.read_bytes())
 
 
 def entries(info) -> dict[str, object]:

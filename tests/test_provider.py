@@ -26,6 +26,14 @@ def test_airflow_lists_the_provider_its_hook_and_config():
     assert airflow_cli("config", "get-value", "savepoints", "max_periodic_savepoints").strip() == "10"
 
 
+def test_the_savepoints_asset_scheme_is_registered():
+    from airflow.providers_manager import ProvidersManager
+
+    manager = ProvidersManager()
+    assert "x-savepoints" in manager.asset_uri_handlers
+    assert manager.asset_factories["x-savepoints"]("orders").uri == "x-savepoints://orders"
+
+
 def test_connection_form_fields_are_declared():
     from airflow.providers_manager import ProvidersManager
 

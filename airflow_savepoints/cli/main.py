@@ -1,44 +1,84 @@
 """``airflow-savepoints``: take, list, show, verify, restore and dispose savepoints from a terminal.
 
-Every command takes ``--json``. Errors print what went wrong and how to fix it, and exit 1
-(usage errors exit 2). Storage options (S3 endpoint, keys) come from fsspec's configuration
-(``FSSPEC_S3_ENDPOINT_URL``, ``~/.config/fsspec``) or the usual environment variables.
+Every command takes ``--json``: its answer, an error and a usage error are then one JSON document on
+stdout. Exit status: 0 done, 1 an error (what went wrong and how to fix it), 2 a usage error (bad or
+missing option). Storage is reached as the operators reach it (``--conn-id``, see cli/storage.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
+import threading
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
+
+try:  # recent typer carries its own copy of click
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - older typer on click
+    from click.exceptions import UsageError
 
 from airflow_savepoints import __version__, core
 from airflow_savepoints.cli.job import app as job_commands
+from airflow_savepoints.cli.storage import open_root, storage_options
+from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.restore import verify_savepoint
-from airflow_savepoints.core.settings import resolve_savepoint_dir
 from airflow_savepoints.errors import SavepointError
-from airflow_savepoints.storage import Store
+
+
+class JsonAwareGroup(TyperGroup):
+    """With ``--json`` anywhere on the command line, a usage error is a JSON document too (exit 2)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        argv = list(sys.argv[1:] if args is None else args)
+        if "--json" not in argv or not standalone_mode:
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except UsageError as exc:
+            command = exc.ctx.command_path.split(" ")[1:] if exc.ctx else []
+            hint = " ".join(["see: airflow-savepoints", *command, "--help"])
+            sys.stdout.write(json.dumps({"error": {"code": "usage_error", "message": exc.format_message(),
+                                                   "hint": hint}}, indent=2) + "\n")
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
     name="airflow-savepoints",
+    cls=JsonAwareGroup,
     help="Flink-style savepoints for Spark Structured Streaming checkpoints.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain: "[savepoints]" is an Airflow config section, not markup
 )
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # pipes and CI logs: no truncation
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text.")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text (errors too).")]
+QuietFlag = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 DirOption = Annotated[
     str | None,
-    typer.Option("--dir", help="Savepoint directory (default: AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR or airflow.cfg)."),
+    typer.Option("--dir", help="Savepoint directory (default: the connection's host, else [savepoints] savepoint_dir "
+                               "from AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR or airflow.cfg)."),
+]
+ConnOption = Annotated[
+    str | None,
+    typer.Option("--conn-id", help="Airflow connection (type savepoints) giving the directory and credentials, as the "
+                                   "operators use it (default: savepoints_default if it exists; '' for none: no Airflow start-up)."),
 ]
 
 
@@ -67,12 +107,39 @@ def _command(fn):
             if as_json:
                 sys.stdout.write(json.dumps({"error": exc.to_dict()}, indent=2) + "\n")
             else:
-                err.print(f"[bold red]error:[/] {exc.message}")
+                err.print(f"[bold red]error:[/] {escape(exc.message)}")  # escape: "[spark]" is not markup
                 if exc.hint:
-                    err.print(f"[yellow]how to fix:[/] {exc.hint}")
+                    err.print(f"[yellow]how to fix:[/] {escape(exc.hint)}")
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def progress_bar(action: str, *, enabled: bool):
+    """A progress bar (bytes) fed by the core's on_event callback; only when stdout is a terminal."""
+    if not (enabled and out.is_terminal):
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    columns = (TextColumn(action), BarColumn(), DownloadColumn(), TextColumn("{task.fields[files]} files"),
+               TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=out, transient=True) as progress:
+        task = progress.add_task(action, total=None, files="")
+        counted = {"done": 0, "total": 0}
+        lock = threading.Lock()  # files finish on the copying threads
+
+        def on_event(event: str, data: dict[str, Any]) -> None:
+            with lock:
+                if event == "planned":  # again on a retry: start over
+                    counted.update(done=0, total=data["files"])
+                    progress.reset(task, total=data["bytes"], files=f"0/{data['files']}")
+                elif event == "file_done":
+                    counted["done"] += 1
+                    progress.update(task, advance=data["bytes"], files=f"{counted['done']}/{counted['total']}")
+
+        yield on_event
 
 
 def _human_size(n: int) -> str:
@@ -98,18 +165,25 @@ def trigger(
     checkpoint: Annotated[str, typer.Argument(help="The live checkpoint location of the query.")],
     job: Annotated[str, typer.Option("--job", help="Job name: the folder of its savepoints.")],
     savepoint_dir: DirOption = None,
-    savepoint_type: Annotated[TriggerType, typer.Option("--type")] = TriggerType.manual,
+    conn_id: ConnOption = None,
+    savepoint_type: Annotated[TriggerType, typer.Option("--type", help="manual (kept by retention), periodic (subject "
+                                                                        "to retention) or stop (of a job stopped by other means).")]
+    = TriggerType.manual,
     reason: Annotated[str | None, typer.Option(help="Why it is taken (kept in the manifest).")] = None,
     request_id: Annotated[str | None, typer.Option(help="Idempotency key: a retry returns the same savepoint.")] = None,
-    max_attempts: Annotated[int, typer.Option(min=1, max=100)] = 5,
-    parallelism: Annotated[int, typer.Option(min=1, max=256)] = 8,
+    max_attempts: Annotated[int, typer.Option(min=1, max=100, help="Attempts when the checkpoint moves during the copy.")] = 5,
+    parallelism: Annotated[int, typer.Option(min=1, max=256, help="Files copied at once.")] = 8,
+    quiet: QuietFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Take a savepoint of the newest committed batch of CHECKPOINT."""
-    info = core.take_savepoint(
-        checkpoint, job, savepoint_dir=savepoint_dir, savepoint_type=savepoint_type.value, reason=reason,
-        request_id=request_id, max_attempts=max_attempts, parallelism=parallelism,
-    )
+    validate_job_name(job)  # a bad name is reported before the storage is opened
+    root = open_root(conn_id, savepoint_dir)
+    with progress_bar("savepoint", enabled=not (quiet or as_json)) as on_event:
+        info = core.take_savepoint(
+            checkpoint, job, savepoint_dir=root, savepoint_type=savepoint_type.value, reason=reason,
+            request_id=request_id, max_attempts=max_attempts, parallelism=parallelism, on_event=on_event,
+        )
     s = info.summary()
     _emit(as_json, s, f"[green]savepoint completed[/]: {s['pointer']}\n"
                       f"  batch {s['batch_id']}, {s['files']} files, {_human_size(s['bytes'])}, query {s['query_id']}")
@@ -120,10 +194,11 @@ def trigger(
 def list_(
     job: Annotated[str, typer.Option("--job", help="Job name.")],
     savepoint_dir: DirOption = None,
+    conn_id: ConnOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """List a job's savepoints from its catalog, oldest first (completed, in progress, failed, disposing)."""
-    root = Store(resolve_savepoint_dir(savepoint_dir))
+    root = open_root(conn_id, savepoint_dir, must_exist=True)
     records = core.list_savepoints(root, job)
     rows = [r.summary() for r in records]
     if as_json:
@@ -147,28 +222,34 @@ def list_(
 @_command
 def show(
     pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
+    conn_id: ConnOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Show a savepoint's manifest."""
-    location, manifest = core.resolve_pointer(pointer)
+    location, manifest = core.resolve_pointer(pointer, storage_options(conn_id))
     if as_json:
         _emit(True, {"pointer": location.url, "manifest": manifest.model_dump(mode="json")})
         return
     summary = core.SavepointInfo(pointer=location.url, manifest=manifest).summary()
+    humane = {"bytes": f"{summary['bytes']} ({_human_size(summary['bytes'])})",
+              "created_at": f"{summary['created_at']} ({_human_age(manifest.created_at)} ago)"}
     for key, value in summary.items():
-        out.print(f"{key:26} {value}")
-    out.print(f"{'checkpoint':26} {manifest.checkpoint}")
-    out.print(f"{'state store':26} {manifest.state_store.model_dump()}")
+        out.print(f"{key:26} {escape(str(humane.get(key, value)))}")
+    out.print(f"{'checkpoint':26} {escape(manifest.checkpoint)}")
+    out.print(f"{'state store':26} {escape(str(manifest.state_store.model_dump()))}")
 
 
 @app.command()
 @_command
 def verify(
     pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
+    conn_id: ConnOption = None,
+    quiet: QuietFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Check every file of a savepoint against the sizes and checksums in its manifest."""
-    location, manifest = verify_savepoint(pointer)
+    with progress_bar("verify", enabled=not (quiet or as_json)) as on_event:
+        location, manifest = verify_savepoint(pointer, storage_options(conn_id), on_event=on_event)
     _emit(as_json, {"pointer": location.url, "ok": True, "files": len(manifest.files), "bytes": manifest.total_bytes},
           f"[green]ok[/]: {location.url}: {len(manifest.files)} files, {_human_size(manifest.total_bytes)} verified")
 
@@ -182,10 +263,14 @@ def restore(
     sink_path: Annotated[
         str | None, typer.Option(help="The job's file sink output path: refuse if it is past the savepoint.")
     ] = None,
+    conn_id: ConnOption = None,
+    quiet: QuietFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
-    result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, sink_path=sink_path)
+    with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
+        result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, sink_path=sink_path,
+                                        storage_options=storage_options(conn_id), on_event=on_event)
     confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
     _emit(as_json, result.model_dump(mode="json"),
           f"[green]restored[/] batch {result.batch_id} into {result.checkpoint} (query {result.query_id})\n"
@@ -197,10 +282,13 @@ def restore(
 def dispose(
     pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
     savepoint_dir: DirOption = None,
+    conn_id: ConnOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Delete a savepoint (only a complete savepoint inside the savepoint directory)."""
-    info = core.dispose_savepoint(pointer, savepoint_dir=savepoint_dir)
+    root = open_root(conn_id, savepoint_dir, required=False)
+    info = core.dispose_savepoint(pointer, savepoint_dir=root.url if root else None,
+                                  storage_options=root.storage_options if root else storage_options(conn_id))
     _emit(as_json, {"disposed": info.pointer, "savepoint_id": info.manifest.savepoint_id},
           f"disposed {info.pointer}")
 
@@ -210,20 +298,21 @@ def dispose(
 def status(
     job: Annotated[str, typer.Option("--job", help="Job name.")],
     savepoint_dir: DirOption = None,
+    conn_id: ConnOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Show whether the job's recorded run is alive, its application id and its last committed batch."""
-    from airflow_savepoints.core.models import validate_job_name
     from airflow_savepoints.jobs.launcher import job_status, read_run
 
-    job_folder = Store(resolve_savepoint_dir(savepoint_dir)).child(validate_job_name(job))
+    job_folder = open_root(conn_id, savepoint_dir).child(validate_job_name(job))
     state = job_status(job, job_folder).model_dump(mode="json")
     run = read_run(job_folder)
     state.update(checkpoint=run.checkpoint if run else None, log_file=run.log_file if run else None)
     if run is None:
         text = f"job {job}: no run recorded in {job_folder.url} (start it with restore_from_savepoint)"
     else:
-        at = state["last_progress_at"] or "never"
+        at = (f"{state['last_progress_at']} ({_human_age(datetime.fromisoformat(state['last_progress_at']))} ago)"
+              if state["last_progress_at"] else "never")
         text = (f"job {job}: {'[green]running[/]' if state['running'] else '[red]not running[/]'} "
                 f"(pid {state['pid']}, application {state['application_id'] or 'unknown'})\n"
                 f"  checkpoint {state['checkpoint']}\n  last committed batch {state['last_committed_batch']} at {at}\n"
@@ -236,6 +325,7 @@ def status(
 def retain(
     job: Annotated[str, typer.Option("--job", help="Job name.")],
     savepoint_dir: DirOption = None,
+    conn_id: ConnOption = None,
     max_periodic: Annotated[int | None, typer.Option(help="Periodic savepoints to keep (default: [savepoints] "
                                                           "max_periodic_savepoints, else 10).")] = None,
     max_age: Annotated[str | None, typer.Option(help="Dispose periodic savepoints older than this (7d, 12h; "
@@ -250,7 +340,7 @@ def retain(
     from airflow_savepoints.core.retention import retain as run_retention
 
     policy = RetentionPolicy.resolve(max_periodic, max_age, orphan_timeout)
-    report = run_retention(Store(resolve_savepoint_dir(savepoint_dir)), job, policy, dry_run=dry_run)
+    report = run_retention(open_root(conn_id, savepoint_dir, must_exist=True), job, policy, dry_run=dry_run)
     summary = report.summary()
     if as_json:
         _emit(True, summary)
@@ -267,7 +357,7 @@ def retain(
         out.print(f"{verb} {len(report.plan.of('dispose'))} savepoints and {len(report.plan.of('remove_orphan'))} orphans; "
                   f"kept {len(report.plan.of('keep'))}")
         for problem in report.skipped + report.failed:
-            err.print(f"[yellow]{problem['savepoint_id']}[/]: {problem['error']}: {problem['message']}")
+            err.print(f"[yellow]{problem['savepoint_id']}[/]: {problem['error']}: {escape(problem['message'])}")
     if report.failed:
         raise typer.Exit(1)
 
@@ -277,14 +367,14 @@ def retain(
 def catalog(
     job: Annotated[str, typer.Option("--job", help="Job name.")],
     savepoint_dir: DirOption = None,
+    conn_id: ConnOption = None,
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Recreate the catalog from the _metadata files.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Show (or --rebuild) the job's savepoint catalog; _metadata files are the source of truth."""
     from airflow_savepoints.core.catalog import Catalog
-    from airflow_savepoints.core.models import validate_job_name
 
-    store = Store(resolve_savepoint_dir(savepoint_dir)).child(validate_job_name(job))
+    store = open_root(conn_id, savepoint_dir, must_exist=True).child(validate_job_name(job))
     document = Catalog(store, job).rebuild() if rebuild else Catalog(store, job).load()
     states: dict[str, int] = {}
     for record in document.records.values():
@@ -302,6 +392,61 @@ app.add_typer(job_commands, name="job")
 def version() -> None:
     """Print the version."""
     out.print(__version__)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"airflow-savepoints {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print the version and exit.")] = False,
+) -> None:
+    """Flink-style savepoints for Spark Structured Streaming checkpoints."""
+
+
+@app.command()
+@_command
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Work folder (emptied first): Airflow home, DAGs, input, output, "
+                                               "checkpoints, savepoints.")] = Path("demo-run"),
+    rounds: Annotated[int, typer.Option(min=1, max=100, help="Runs of periodic_savepoints.")] = 4,
+    interval: Annotated[float, typer.Option(min=0, help="Seconds between them.")] = 2.0,
+) -> None:
+    """Run the end-to-end demo: the example DAGs on a local Airflow and Spark (needs the [spark] extra)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("pyspark")  # the full pyspark (with Spark's jars), not only the Spark provider's pyspark-client
+    except PackageNotFoundError:
+        raise SavepointError("the demo runs Spark locally, and pyspark (with Spark's jars) is not installed",
+                             "pip install 'airflow-savepoints[spark]' (and Java 17 or newer)") from None
+    from airflow_savepoints.demo.__main__ import run as run_demo
+
+    raise typer.Exit(run_demo(workdir.resolve(), rounds, interval))
+
+
+dags_app = typer.Typer(help="The example DAGs shipped in the package.", no_args_is_help=True)
+app.add_typer(dags_app, name="dags")
+
+
+@dags_app.command("install")
+@_command
+def dags_install(
+    folder: Annotated[Path, typer.Argument(help="Your Airflow DAGs folder ([core] dags_folder).")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace files of the same names.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Copy the example DAGs and their jobs.yaml into FOLDER."""
+    from airflow_savepoints.demo import install_example_dags
+
+    written = install_example_dags(folder, overwrite=overwrite)
+    _emit(as_json, {"folder": str(folder.expanduser().resolve()), "files": [str(p) for p in written]},
+          f"copied {len(written)} files into {folder.expanduser().resolve()}: " + ", ".join(p.name for p in written)
+          + "\nedit jobs.yaml to describe your streaming jobs")
 
 
 def main() -> None:  # console script entry point

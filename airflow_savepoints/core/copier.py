@@ -10,7 +10,7 @@ Per file, the first way that applies:
 * ``server_copy``: source and target are on S3 (one endpoint): ``CopyObject`` with
   ``ChecksumAlgorithm=CRC32C`` and ``CopySourceIfMatch`` = the listed ETag. No payload passes
   through the worker; the store computes the CRC32C of the object it wrote.
-* ``stream``: read into one fixed buffer per thread, CRC32C, write. Never a whole-file read.
+* ``stream``: read 1 MiB at a time, CRC32C, write. Never a whole-file read.
 
 A ``KnownChecksum`` (from the previous savepoint of the job, for a file proven to be the same)
 spares the read: the file is linked or server-copied from that savepoint and its recorded CRC32C is
@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import os
 import posixpath
-import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import crc32c
+import google_crc32c
 
 from airflow_savepoints.storage import FileStat, Store
 from airflow_savepoints.storage.store import SERVER_COPY_MAX, SourceChangedError, local_version
 
-CHUNK = 1024 * 1024  # one buffer per thread; 1 MiB stays in cache and keeps memory flat
+CHUNK = 1024 * 1024  # one chunk at a time per thread: 1 MiB stays in cache and keeps memory flat
 MODES = ("auto", "stream")
 
 # how a file was copied
@@ -40,14 +39,6 @@ LINK, SERVER_COPY, STREAM = "link", "server_copy", "stream"
 # where its checksum came from
 READ, STORE, PREVIOUS = "read", "store", "previous"
 
-_buffers = threading.local()
-
-
-def _buffer() -> bytearray:
-    buf = getattr(_buffers, "buf", None)
-    if buf is None:
-        buf = _buffers.buf = bytearray(CHUNK)
-    return buf
 
 
 @dataclass(frozen=True)
@@ -76,36 +67,34 @@ class CopiedFile:
         return format(self.crc, "08x")
 
 
-def _read_crc(handle, buf: bytearray) -> tuple[int, int]:
-    view = memoryview(buf)
+def _read_crc(handle) -> tuple[int, int]:
+    # google-crc32c takes bytes only (not a bytearray view): one CHUNK at a time keeps memory flat
     crc, size = 0, 0
-    while n := handle.readinto(buf):
-        crc = crc32c.crc32c(view[:n], crc)
-        size += n
+    while chunk := handle.read(CHUNK):
+        crc = google_crc32c.extend(crc, chunk)
+        size += len(chunk)
     return size, crc
 
 
 def _hash_local(path: str) -> tuple[int, int, str]:
-    """(size, CRC32C, version token) of a local file, read through one fixed buffer."""
+    """(size, CRC32C, version token) of a local file, read 1 MiB at a time."""
     with open(path, "rb", buffering=0) as handle:
         version = local_version(os.fstat(handle.fileno()))
-        size, crc = _read_crc(handle, _buffer())
+        size, crc = _read_crc(handle)
     return size, crc, version
 
 
 def checksum_of(store: Store, rel: str) -> tuple[int, int]:
-    """(size, CRC32C) of one file, read in chunks into a fixed buffer."""
+    """(size, CRC32C) of one file, read 1 MiB at a time."""
     if store.protocol == "file":
         with store.translate_errors(store.url_of(rel)):
             size, crc, _ = _hash_local(store.path_of(rel))
         return size, crc
     with store.open_read(rel, block_size=8 * CHUNK) as src:
-        return _read_crc(src, _buffer())
+        return _read_crc(src)
 
 
 def _stream(src: Store, src_rel: str, dst: Store, dst_rel: str) -> CopiedFile:
-    buf = _buffer()
-    view = memoryview(buf)
     crc, size, version = 0, 0, None
     if src.protocol == "file":
         with src.translate_errors(src.url_of(src_rel)):
@@ -114,10 +103,9 @@ def _stream(src: Store, src_rel: str, dst: Store, dst_rel: str) -> CopiedFile:
     else:
         reader = src.open_read(src_rel, block_size=8 * CHUNK)
     with reader, dst.open_write(dst_rel) as writer:
-        while n := reader.readinto(buf):
-            chunk = view[:n]
-            crc = crc32c.crc32c(chunk, crc)
-            size += n
+        while chunk := reader.read(CHUNK):
+            crc = google_crc32c.extend(crc, chunk)
+            size += len(chunk)
             writer.write(chunk)
     return CopiedFile(src_rel, size, crc, STREAM, READ, version)
 
@@ -191,8 +179,10 @@ def workers_for(stores: tuple[Store, ...], parallelism: int, jobs: int) -> int:
 
 
 def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, stats: Mapping[str, FileStat] | None = None,
-              mode: str = "auto", known: dict[str, KnownChecksum] | None = None) -> dict[str, CopiedFile]:
+              mode: str = "auto", known: dict[str, KnownChecksum] | None = None,
+              on_file: Callable[[CopiedFile], None] | None = None) -> dict[str, CopiedFile]:
     """Copy ``paths`` (same relative path on both sides) in parallel; the first failure is raised.
+    ``on_file`` is called (from the copying thread) with each file copied, for progress reports.
 
     Between local stores, the folders are made first, and files whose checksum is known are linked
     from the previous savepoint in this thread (a link is one system call; a thread pool would cost
@@ -213,10 +203,18 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, sta
             reused = _reuse(hint, dst, path, path, stats.get(path), parent_ready=True) if hint is not None else None
             if reused is not None:
                 done[path] = reused
+                if on_file is not None:
+                    on_file(reused)
             else:
                 rest.append(path)
 
     def one(path: str) -> CopiedFile:
+        copied = copy_one(path)
+        if on_file is not None:
+            on_file(copied)
+        return copied
+
+    def copy_one(path: str) -> CopiedFile:
         if not local:
             return copy_file(src, path, dst, stat=stats.get(path), mode=mode, known=known.get(path))
         if dst.link_from(src, path, path, parent_ready=True) is None:  # another filesystem

@@ -17,11 +17,11 @@ import os
 import posixpath
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import crc32c
+import google_crc32c
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.catalog import Catalog
@@ -60,19 +60,25 @@ def _mismatch(entry: FileEntry, size: int, crc: int) -> str | None:
 
 
 def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None,
-                     parallelism: int = 8) -> tuple[Store, SavepointManifest]:
-    """Check every file of the savepoint against its manifest; raise naming the bad files."""
+                     parallelism: int = 8, on_event: Callable[[str, dict[str, Any]], None] | None = None
+                     ) -> tuple[Store, SavepointManifest]:
+    """Check every file of the savepoint against its manifest; raise naming the bad files.
+
+    ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress."""
     location, manifest = resolve_pointer(pointer, storage_options)
     refuse_symlinks(location, "savepoint")
     listing = location.list_files()
     problems = [f"{e.path}: missing" for e in manifest.files if e.path not in listing]
     present = [e for e in manifest.files if e.path in listing]
+    notify = on_event or (lambda event, data: None)
+    notify("planned", {"files": len(present), "bytes": sum(e.size for e in present)})
 
     def check(entry: FileEntry) -> str | None:
         try:
             size, crc = checksum_of(location, entry.path)
         except FileNotFoundError:
             return f"{entry.path}: missing (removed while it was verified)"
+        notify("file_done", {"path": entry.path, "bytes": size})
         return _mismatch(entry, size, crc)
 
     with ThreadPoolExecutor(max_workers=workers_for((location,), parallelism, len(present))) as pool:
@@ -128,6 +134,7 @@ def restore_savepoint(
     copy_mode: str = "auto",
     prefer_secondary: bool = True,
     secondary_storage_options: dict[str, Any] | None = None,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> RestoreResult:
     """Materialise the savepoint at ``pointer`` into the fresh, empty checkpoint location ``target``.
 
@@ -138,7 +145,9 @@ def restore_savepoint(
 
     If the savepoint has a secondary copy (``take_savepoint(secondary_dir=...)``) that exists here
     and is the same savepoint, it is restored from instead, every file checked against the
-    primary's manifest; any problem with it falls back to the primary."""
+    primary's manifest; any problem with it falls back to the primary.
+
+    ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress."""
     if copy_mode not in MODES:
         raise InvalidInputError(f"unknown copy mode {copy_mode!r}", "use one of: " + ", ".join(MODES))
     location, manifest = resolve_pointer(pointer, storage_options)
@@ -165,12 +174,12 @@ def restore_savepoint(
         secondary = _usable_secondary(manifest, secondary_storage_options) if prefer_secondary else None
         if secondary is not None:
             try:
-                result = _restore_pinned(secondary, manifest, destination, new_query_id, parallelism, copy_mode)
+                result = _restore_pinned(secondary, manifest, destination, new_query_id, parallelism, copy_mode, on_event)
                 return result.model_copy(update={"pointer": location.url, "restored_from": secondary.url})
             except (VerificationError, FileNotFoundError, StorageError) as exc:
                 log.warning("the secondary copy %s is not usable (%s); restoring from the primary %s",
                             secondary.url, getattr(exc, "message", exc), location.url)
-        result = _restore_pinned(location, manifest, destination, new_query_id, parallelism, copy_mode)
+        result = _restore_pinned(location, manifest, destination, new_query_id, parallelism, copy_mode, on_event)
         return result.model_copy(update={"restored_from": location.url})
 
 
@@ -252,7 +261,8 @@ def pinned(location: Store, manifest: SavepointManifest) -> Iterator[None]:
 
 
 def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool,
-                    parallelism: int, copy_mode: str = "auto") -> RestoreResult:
+                    parallelism: int, copy_mode: str = "auto",
+                    on_event: Callable[[str, dict[str, Any]], None] | None = None) -> RestoreResult:
     listing = location.list_files()
     missing = [e.path for e in manifest.files if e.path not in listing]
     if missing:
@@ -264,9 +274,11 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
     rewritten: list[str] = []
     try:
         body = [e for e in manifest.files if e.path not in ("metadata", MANIFEST_FILE) and not _rewritable(e.path)]
+        notify = on_event or (lambda event, data: None)
+        notify("planned", {"files": len(body), "bytes": sum(e.size for e in body)})
         try:
             copied = copy_many(location, destination, [e.path for e in body], parallelism, stats=listing,
-                               mode=copy_mode)
+                               mode=copy_mode, on_file=lambda c: notify("file_done", {"path": c.path, "bytes": c.size}))
         except (SourceChangedError, FileNotFoundError) as exc:
             raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
                                     "nothing was restored; retry, or use another savepoint of the job") from exc
@@ -278,7 +290,7 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
         query_id = manifest.query_id
         metadata_entry = next(e for e in manifest.files if e.path == "metadata")
         data = location.read_bytes("metadata")
-        _raise_if([_mismatch(metadata_entry, len(data), crc32c.crc32c(data))], location)
+        _raise_if([_mismatch(metadata_entry, len(data), google_crc32c.value(data))], location)
         if new_query_id:
             query_id = str(uuid.uuid4())
             data = json.dumps({"id": query_id}).encode() + b"\n"
@@ -331,14 +343,14 @@ def _restore_rewritten(location: Store, destination: Store, entry: FileEntry, ma
     if entry.path.endswith(formats.SPARK_SIDECAR_SUFFIX):
         return  # regenerated together with its main file below
     data = location.read_bytes(entry.path)
-    _raise_if([_mismatch(entry, len(data), crc32c.crc32c(data))], location)
+    _raise_if([_mismatch(entry, len(data), google_crc32c.value(data))], location)
     op = entry.path.split("/")[1]
     new = formats.rewrite_schema_file_paths(data, destination.spark_url_of("state"), op, entry.path)
     destination.write_bytes_atomic(entry.path, new)
     sidecar = entry.path + formats.SPARK_SIDECAR_SUFFIX
     if any(e.path == sidecar for e in manifest.files):
         old = json.loads(location.read_bytes(sidecar))
-        crc = crc32c.crc32c(new)
+        crc = google_crc32c.value(new)
         old["value"] = crc - (1 << 32) if crc >= (1 << 31) else crc  # Spark stores a signed int32
         old["mainFileSize"] = len(new)
         destination.write_bytes_atomic(sidecar, json.dumps(old, separators=(",", ":")).encode())

@@ -66,6 +66,11 @@ def find_by_request_id(root: Store, job: str, request_id: str) -> SavepointInfo 
     return Catalog(root.child(job), job).find_request(request_id)
 
 
+# A Spark checkpoint does not record the Spark version that wrote it, and the worker's pyspark need not be the
+# job's: the manifest says "unknown" unless the caller knows (spark_version=).
+UNKNOWN_SPARK_VERSION = "unknown"
+
+
 def take_savepoint(
     checkpoint: str | Store,
     job: str,
@@ -295,7 +300,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         paths = [f.path for f in plan.files if f.group == group]
         try:
             copied.update(copy_many(source, location, paths, parallelism, stats=listing, mode=options["copy_mode"],
-                                    known=known))
+                                    known=known, on_file=lambda c: notify("file_done", {"path": c.path, "bytes": c.size})))
         except FileNotFoundError as exc:
             raise CheckpointRaceError(f"a planned file vanished during the copy: {exc}") from exc
         except SourceChangedError as exc:
@@ -321,7 +326,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         request_id=request_id,
         created_at=datetime.now(UTC),
         tool_version=__version__,
-        spark_version=spark_version or _local_spark_version(),
+        spark_version=spark_version or UNKNOWN_SPARK_VERSION,
         checkpoint=source.url,
         offset_log_version=plan.offset_log_version,
         commit_log_version=plan.commit_log_version,
@@ -432,12 +437,3 @@ def _check_unchanged(plan: CheckpointPlan, copied: dict[str, CopiedFile], source
             raise CheckpointRaceError(f"{planned.path} was deleted during the copy")
         if (now.size, now.version) != (planned.size, planned.version):
             raise CheckpointRaceError(f"{planned.path} was replaced during the copy")
-
-
-def _local_spark_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("pyspark")
-    except Exception:  # noqa: BLE001
-        return None

@@ -1,8 +1,9 @@
 """``python -m airflow_savepoints.demo``: the example DAGs, on a real Airflow, against a local streaming job.
 
-1. a fresh Airflow (SQLite metadata database) in the work folder; the DAGs are the repository's
-   ``dags/``, the job is ``demo-dedup`` from ``dags/jobs.yaml`` (stateful de-duplication of click
-   events into a JSON file sink) on local Spark;
+1. a fresh Airflow (SQLite metadata database) in the work folder; the example DAGs (the
+   repository's ``dags/``, shipped in the wheel) are copied to ``<work folder>/dags``; the job is
+   ``demo-dedup`` from their ``jobs.yaml`` (stateful de-duplication of click events into a JSON file
+   sink) on local Spark;
 2. ``restore_from_savepoint`` (fresh start) starts the job detached and waits for its progress;
 3. ``periodic_savepoints`` runs a few times while events arrive; the savepoints are listed;
 4. ``stop_job_with_savepoint`` stops it between two batches with a final savepoint;
@@ -27,19 +28,11 @@ from rich.console import Console
 from rich.table import Table
 
 import airflow_savepoints.demo.app as app
+from airflow_savepoints.demo import example_dags_folder, install_example_dags
 
 JOB = "demo-dedup"
 TASK = JOB.replace("-", "_")
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
-
-
-def dags_folder() -> Path:
-    folder = Path(__file__).resolve().parents[2] / "dags"
-    if not (folder / "jobs.yaml").is_file():
-        console.print(f"[red]error:[/] the example DAGs are not at {folder}\n"
-                      "how to fix: run the demo from a checkout of the repository (make demo)")
-        raise SystemExit(1)
-    return folder
 
 
 def airflow_environment(workdir: Path, dags: Path) -> dict[str, str]:
@@ -112,13 +105,14 @@ def print_savepoints(workdir: Path) -> list:
 
 
 def run(workdir: Path, rounds: int, interval: float) -> int:
-    dags = dags_folder()
     shutil.rmtree(workdir, ignore_errors=True)
     (workdir / "airflow").mkdir(parents=True)
+    dags = workdir / "dags"
+    install_example_dags(dags)
     os.environ.update(airflow_environment(workdir, dags))
     log_file = workdir / "airflow-tasks.log"
     console.rule("[bold]airflow-savepoints demo")
-    console.print(f"work folder: {workdir}; DAGs: {dags}")
+    console.print(f"work folder: {workdir}; DAGs: {dags} (from {example_dags_folder()})")
 
     from airflow.utils import db
 

@@ -35,7 +35,8 @@ class SavepointStorageHook(BaseHook):
         super().__init__(**kwargs)
         self.savepoints_conn_id = savepoints_conn_id
 
-    def _connection(self):
+    def connection(self):
+        """The connection; None when none is named or the default one does not exist."""
         if not self.savepoints_conn_id:
             return None
         try:
@@ -47,7 +48,7 @@ class SavepointStorageHook(BaseHook):
 
     def storage_options(self) -> dict[str, Any]:
         """fsspec storage options from the connection; secret values are masked in task logs."""
-        connection = self._connection()
+        connection = self.connection()
         if connection is None:
             return {}
         extra = connection.extra or "{}"
@@ -72,7 +73,7 @@ class SavepointStorageHook(BaseHook):
         """The savepoint directory: ``override``, else the connection's host, else configuration."""
         if override:
             return override
-        connection = self._connection()
+        connection = self.connection()
         if connection is not None and connection.host:
             return connection.host
         configured = conf.get(SECTION, DIR_OPTION, fallback="") or ""

@@ -32,6 +32,9 @@ from airflow_savepoints.errors import (
     UnknownSchemeError,
 )
 
+# fsspec protocol -> the package extra that installs its backend (pyproject.toml)
+EXTRA_OF_PROTOCOL = {"s3": "s3", "gcs": "gcs", "abfs": "azure", "az": "azure", "adl": "azure", "hdfs": "hdfs"}
+
 # URL scheme -> fsspec protocol. s3a/s3n name the same objects as s3 (Hadoop's names for them).
 SCHEME_ALIASES = {
     "s3a": "s3",
@@ -122,6 +125,9 @@ def _make_filesystem(protocol: str, storage_options: dict[str, Any] | None):
         cls = fsspec.get_filesystem_class(protocol)
     except ImportError as exc:
         hint = known_implementations.get(protocol, {}).get("err") or str(exc)
+        extra = EXTRA_OF_PROTOCOL.get(protocol)
+        if extra:
+            hint = f"pip install 'airflow-savepoints[{extra}]' ({hint})"
         raise MissingBackendError(
             f"no fsspec backend is installed for '{protocol}://'", f"{hint}; then try again"
         ) from exc

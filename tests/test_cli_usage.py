@@ -1,0 +1,156 @@
+"""The CLI as a finished tool: --version, JSON for usage errors, a missing directory, help texts, the
+progress bar on a terminal, and storage reached through the same Airflow connection as the operators."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from airflow_savepoints.cli.main import app
+from tests.conftest import ROOT
+
+runner = CliRunner()
+SCRIPT = Path(sys.executable).parent / "airflow-savepoints"
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.strip() == f"airflow-savepoints {version('airflow-savepoints')}"
+
+
+USAGE_ERRORS = [
+    (["list", "--json"], "Missing option '--job'"),
+    (["trigger", "/x", "--job", "j", "--max-attempts", "0", "--json"], "--max-attempts"),
+    (["show", "--json"], "Missing argument 'pointer'"),
+    (["list", "--job", "j", "--colour", "--json"], "No such option: --colour"),
+    (["bogus", "--json"], "No such command 'bogus'"),
+    (["trigger", "/x", "--job", "j", "--type", "weekly", "--json"], "weekly"),
+]
+
+
+@pytest.mark.parametrize("args,words", USAGE_ERRORS, ids=[" ".join(a[:2]) for a, _ in USAGE_ERRORS])
+def test_usage_errors_answer_json_with_exit_2(args, words):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "usage_error" and words in error["message"] and error["hint"].endswith("--help")
+    assert not result.stderr
+
+
+def test_usage_error_without_json_is_text_on_stderr():
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 2 and "Missing option '--job'" in result.stderr and not result.stdout
+
+
+@pytest.mark.parametrize("command", ["list", "retain", "catalog"])
+def test_a_missing_directory_is_an_error_not_an_empty_list(command, tmp_path):
+    missing = tmp_path / "no-such-dir"
+    result = runner.invoke(app, [command, "--job", "j", "--dir", str(missing), "--json"])
+    assert result.exit_code == 1
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "savepoint_dir_not_found" and str(missing) in error["message"]
+    assert not missing.exists()
+    text = runner.invoke(app, [command, "--job", "j", "--dir", str(missing)])
+    assert text.exit_code == 1 and "does not exist" in " ".join(text.stderr.split())
+
+
+def test_every_option_has_help_and_config_sections_show_literally():
+    from typer.main import get_command
+
+    group = get_command(app)
+    commands = dict(group.commands)
+    commands.update({f"dags {n}": c for n, c in commands.pop("dags").commands.items()})
+    for name, command in commands.items():
+        assert command.help, name
+        for param in command.params:
+            if param.param_type_name == "option":
+                assert param.help, f"{name} {param.opts}"
+    result = runner.invoke(app, ["retain", "--help"], terminal_width=200)
+    assert "[savepoints] max_periodic_savepoints" in result.stdout
+
+
+def run_on_a_terminal(*args: str, cwd: Path) -> tuple[int, str]:
+    """Run the console script with a pseudo-terminal as its stdout and stderr; return its exit code and output."""
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
+    proc = subprocess.Popen([str(SCRIPT), *args], stdin=terminal, stdout=terminal, stderr=terminal, cwd=cwd, env=env)
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            data = os.read(controller, 65536)
+        except OSError:  # the terminal closed: the process ended
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(controller)
+    return proc.wait(timeout=60), b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_bar_on_a_terminal_and_not_with_quiet_or_json(checkpoint, tmp_path):
+    no_conn = ("--conn-id", "")  # no connection lookup: the commands start without Airflow
+    code, output = run_on_a_terminal("trigger", str(checkpoint), "--job", "j", "--dir", str(tmp_path / "sp"), *no_conn,
+                                     cwd=ROOT)
+    assert code == 0, output
+    assert "savepoint" in output and "━" in output and "files" in output and "savepoint completed" in output
+    code, output = run_on_a_terminal("trigger", str(checkpoint), "--job", "j", "--dir", str(tmp_path / "sp"), *no_conn,
+                                     "--quiet", cwd=ROOT)
+    assert code == 0 and "━" not in output and "savepoint completed" in output
+    pointer = str(next((tmp_path / "sp" / "j").glob("savepoint-*")))
+    code, output = run_on_a_terminal("verify", pointer, *no_conn, "--json", cwd=ROOT)
+    assert code == 0 and "━" not in output and json.loads(output)["ok"] is True
+    code, output = run_on_a_terminal("verify", pointer, *no_conn, cwd=ROOT)
+    assert code == 0 and "━" in output and "ok" in output
+
+
+@pytest.mark.s3
+def test_cli_with_conn_id_lands_where_the_operator_with_that_connection_puts_it(s3, s3_endpoint, checkpoint,
+                                                                                monkeypatch):
+    import fsspec
+
+    from airflow_savepoints.operators.savepoint import TriggerSavepointOperator
+
+    # only the connection knows the endpoint and the keys: no fsspec configuration, no AWS variables
+    for var in ("FSSPEC_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    fsspec.config.conf.pop("s3", None)
+    fsspec.get_filesystem_class("s3").clear_instance_cache()
+    conn = {"conn_type": "savepoints", "host": f"s3://{s3}/team-savepoints", "login": "testing",
+            "password": "testing", "extra": json.dumps({"endpoint_url": s3_endpoint})}
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_S3", json.dumps(conn))
+
+    result = runner.invoke(app, ["trigger", str(checkpoint), "--job", "orders", "--conn-id", "team_s3", "--json"])
+    assert result.exit_code == 0, result.output
+    by_cli = json.loads(result.stdout)
+    by_operator = TriggerSavepointOperator(task_id="t", job="orders", checkpoint=str(checkpoint), request_id="op-1",
+                                           savepoints_conn_id="team_s3", savepoint_type="manual").execute({})
+    folder = f"s3://{s3}/team-savepoints/orders"
+    assert by_cli["pointer"].rsplit("/", 1)[0] == by_operator["pointer"].rsplit("/", 1)[0] == folder
+
+    monkeypatch.setenv("AIRFLOW_CONN_SAVEPOINTS_DEFAULT", json.dumps(conn))  # the default: no --conn-id needed
+    listed = runner.invoke(app, ["list", "--job", "orders", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert sorted(s["pointer"] for s in json.loads(listed.stdout)["savepoints"]) == sorted(
+        [by_cli["pointer"], by_operator["pointer"]])
+    shown = runner.invoke(app, ["verify", by_cli["pointer"], "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["ok"] is True
+
+    missing = runner.invoke(app, ["list", "--job", "orders", "--conn-id", "nope", "--json"])
+    assert missing.exit_code == 1 and "'nope' is not defined" in json.loads(missing.stdout)["error"]["message"]
+
+
+@pytest.mark.parametrize("url,extra", [("gs://bucket/sp", "gcs"), ("abfs://container/sp", "azure")])
+def test_a_missing_backend_names_the_package_extra(url, extra):
+    result = runner.invoke(app, ["list", "--job", "j", "--dir", url, "--json"])
+    assert result.exit_code == 1
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "missing_backend" and f"pip install 'airflow-savepoints[{extra}]'" in error["hint"]
