@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from airflow_savepoints.core.settings import resolve_savepoint_dir
+from airflow_savepoints.cli.storage import open_root
+from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.jobs import lifecycle, load_jobs
 from airflow_savepoints.jobs.launcher import spark_submit_command
@@ -52,31 +53,21 @@ def _options(text: str | None, what: str) -> dict[str, Any] | None:
     return value
 
 
-def _connection_options(conn_id: str) -> tuple[dict[str, Any], str | None]:
-    from airflow_savepoints.hooks.savepoint import SavepointStorageHook  # Airflow only when a connection is named
-
-    hook = SavepointStorageHook(conn_id)
-    connection = hook._connection()
-    return hook.storage_options(), (connection.host if connection is not None else None) or None
-
-
 def context(job_name: str, jobs_file: str, savepoint_dir: str | None, storage_options: str | None,
             checkpoint_storage_options: str | None, conn_id: str | None = None,
             checkpoint_conn_id: str | None = None) -> JobContext:
-    """The job and its storage, as the command line names them."""
+    """The job and its storage, as the command line names them (connections as every command resolves them)."""
     jobs = load_jobs(jobs_file)
     if job_name not in jobs:
         raise InvalidInputError(f"no job named {job_name!r} in {jobs_file}", f"use one of: {', '.join(sorted(jobs))}")
     job = jobs[job_name]
-    options = _options(storage_options, "--storage-options") or {}
-    conn_dir = None
-    if conn_id:
-        conn_options, conn_dir = _connection_options(conn_id)
-        options = {**conn_options, **options}
-    root = Store(savepoint_dir or job.savepoint_dir or conn_dir or resolve_savepoint_dir(None), options)
+    root = open_root(conn_id, savepoint_dir or job.savepoint_dir)
+    extra = _options(storage_options, "--storage-options")
+    if extra:
+        root = Store(root.url, {**root.storage_options, **extra})
     checkpoint = _options(checkpoint_storage_options, "--checkpoint-storage-options")
     if checkpoint is None and checkpoint_conn_id:
-        checkpoint, _ = _connection_options(checkpoint_conn_id)
+        checkpoint = connection_storage_options(checkpoint_conn_id)
     if checkpoint is None:
         from airflow_savepoints.storage import split_url
 
