@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench bench-full clean browser browser-deps
+.PHONY: install test test-fast demo bench bench-full clean browser browser-deps testbed testbed-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) browser
+test: $(STAMP) browser testbed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
@@ -31,6 +31,17 @@ browser:
 browser-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+
+# Postgres, Redis and libfaketime for the distributed test bed (tests/support/distributed.py), the same way;
+# without them the distributed tests are skipped with the reason.
+testbed:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ -x /usr/bin/redis-server ] && [ -x /usr/bin/faketime ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then $(MAKE) --no-print-directory testbed-deps; \
+	else echo "note: no Postgres/Redis/faketime and no root apt: the distributed tests will be skipped"; fi
+
+testbed-deps:
+	DEBIAN_FRONTEND=noninteractive apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 postgresql redis-server faketime
 
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)
