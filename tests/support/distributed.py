@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,10 +79,10 @@ def missing_parts() -> str | None:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
+def postgres_server(work: Path) -> Iterator[str]:
     """A throw-away Postgres cluster on 127.0.0.1 (trust auth, no fsync); yields the SQLAlchemy URL
-    of an empty ``airflow`` database. The folder is in the system temp dir (the ``postgres`` user must
-    reach it), removed at exit."""
+    of an empty ``airflow`` database. The cluster lives in the system temp dir (the ``postgres`` user
+    must reach it) and is removed at exit; its log (lock waits included) is kept in ``work``."""
     bindir, user = postgres_bin(), pwd.getpwnam("postgres")
     folder = Path(tempfile.mkdtemp(prefix="testbed-postgres-"))
     os.chown(folder, user.pw_uid, user.pw_gid)
@@ -99,7 +100,8 @@ def postgres_server() -> Iterator[str]:
         as_postgres(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         as_postgres(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(folder / "postgres.log"), "-w", "-t", "60",
                     "-o", f"-h 127.0.0.1 -p {port} -k {folder} -c fsync=off -c synchronous_commit=off "
-                          "-c full_page_writes=off -c max_connections=200", "start")
+                          "-c full_page_writes=off -c max_connections=200 -c log_lock_waits=on "
+                          "-c deadlock_timeout=2s", "start")
         started = True
         as_postgres(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "airflow")
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/airflow"
@@ -107,6 +109,9 @@ def postgres_server() -> Iterator[str]:
         if started:
             with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
                 as_postgres(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "30", "stop", timeout=60)
+        with contextlib.suppress(OSError):
+            work.mkdir(parents=True, exist_ok=True)
+            shutil.copy(folder / "postgres.log", work / "postgres.log")
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -166,13 +171,26 @@ class Testbed:
     database_url: str
     broker_url: str
     workers: dict[str, Worker] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds each part took to start
 
     # ---- workers ----------------------------------------------------------------------------------
 
-    def start_worker(self, name: str, clock_offset: str | None = None, timeout: float = 120) -> Worker:
-        """Start a Celery worker in new PID, mount and UTS namespaces with hostname ``name``, serving
-        the queue ``name`` with one slot; ``clock_offset`` (libfaketime syntax, e.g. ``"+5m"``) shifts
-        its clock and that of everything it starts. Returns when the worker reports ready."""
+    def start_workers(self, *names: str, clock_offset: str | None = None, timeout: float = 120) -> list[Worker]:
+        """Start a Celery worker per name in new PID, mount and UTS namespaces with hostname ``name``,
+        serving the queue ``name`` with one slot; ``clock_offset`` (libfaketime syntax, e.g. ``"+5m"``)
+        shifts their clocks and those of everything they start. Returns when all report ready."""
+        started = [self._launch_worker(name, clock_offset) for name in names]
+        deadline = time.monotonic() + timeout
+        for worker in started:
+            log = self.airflow.log_dir / f"{worker.name}.log"
+            while f"celery@{worker.name} ready" not in log.read_text(errors="replace"):
+                if worker.process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"worker {worker.name} did not become ready (exit code "
+                                         f"{worker.process.poll()}):\n{tail(log, 60)}")
+                time.sleep(0.5)
+        return started
+
+    def _launch_worker(self, name: str, clock_offset: str | None) -> Worker:
         airflow = str(Path(sys.executable).parent / "airflow")
         command = [airflow, "celery", "worker", "--queues", name, "--concurrency", "1", "--skip-serve-logs",
                    "--pid", str(self.airflow.home / f"{name}.pid"), "--without-gossip", "--without-mingle"]
@@ -184,12 +202,6 @@ class Testbed:
                 "sh", "-c", 'hostname "$0" && exec "$@"', name, *command]
         process = self.airflow.start_process(name, argv, env)
         worker = self.workers[name] = Worker(name, process, clock_offset)
-        log = self.airflow.log_dir / f"{name}.log"
-        deadline = time.monotonic() + timeout
-        while f"celery@{name} ready" not in log.read_text(errors="replace"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"worker {name} did not become ready (exit code {process.poll()}):\n{tail(log, 60)}")
-            time.sleep(0.5)
         return worker
 
     def kill_worker(self, name: str) -> None:
@@ -290,6 +302,19 @@ class Testbed:
         return f"{self.airflow.diagnostics()}\n===== spark\n{self.spark.log_tails()}"
 
 
+@contextlib.contextmanager
+def timed(timings: dict[str, float], part: str) -> Iterator[None]:
+    """Record in ``timings`` how many seconds the body took."""
+    started = time.monotonic()
+    yield
+    timings[part] = round(time.monotonic() - started, 1)
+
+
+def timed_call(timings: dict[str, float], part: str, call: Any) -> Any:
+    with timed(timings, part):
+        return call()
+
+
 def run_path(dag_id: str, run_id: str) -> str:
     return f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
 
@@ -306,10 +331,24 @@ def distributed_testbed(work: Path, s3_endpoint: str, workers: tuple[str, ...] =
         raise RuntimeError(reason)
     shared = work / "shared"
     shared.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
-        database_url = stack.enter_context(postgres_server())
-        broker_url = stack.enter_context(redis_server(work / "redis"))
-        spark = stack.enter_context(standalone_cluster(work / "spark"))
+        with timed(timings, "postgres"):
+            database_url = stack.enter_context(postgres_server(work / "postgres"))
+        with timed(timings, "redis"):
+            broker_url = stack.enter_context(redis_server(work / "redis"))
+        # the Spark cluster starts in a thread while Airflow migrates its database and starts
+        spark_port, spark_web = free_port(), free_port()
+        spark_start = standalone_cluster(work / "spark", port=spark_port, web_port=spark_web)
+        pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="spark-start"))
+        spark_started = pool.submit(timed_call, timings, "spark", spark_start.__enter__)
+
+        def stop_spark(*_exc_info: object) -> bool:
+            if spark_started.exception() is None:  # waits for the start; a failed start cleaned up itself
+                spark_start.__exit__(None, None, None)
+            return False
+
+        stack.push(stop_spark)
         celery = {
             "AIRFLOW__CELERY__BROKER_URL": broker_url,
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{database_url}",
@@ -322,16 +361,18 @@ def distributed_testbed(work: Path, s3_endpoint: str, workers: tuple[str, ...] =
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": "127.0.0.1",
             "TESTBED_SHARED": str(shared),
-            "TESTBED_SPARK_MASTER": spark.master_url,
-            "TESTBED_SPARK_WEB": spark.web_url,
+            "TESTBED_SPARK_MASTER": f"spark://127.0.0.1:{spark_port}",
+            "TESTBED_SPARK_WEB": f"http://127.0.0.1:{spark_web}",
             "TESTBED_S3_ENDPOINT": s3_endpoint,
         }
-        cluster = stack.enter_context(airflow_cluster(work / "airflow", dags_folder, {**celery, **(env or {})},
-                                                      executor=CELERY_EXECUTOR, database_url=database_url))
-        bed = Testbed(cluster, spark, shared, s3_endpoint, database_url, broker_url)
+        with timed(timings, "airflow"):
+            cluster = stack.enter_context(airflow_cluster(work / "airflow", dags_folder, {**celery, **(env or {})},
+                                                          executor=CELERY_EXECUTOR, database_url=database_url))
+        spark = spark_started.result()
+        bed = Testbed(cluster, spark, shared, s3_endpoint, database_url, broker_url, timings=timings)
         try:
-            for name in workers:
-                bed.start_worker(name)
+            with timed(timings, "workers"):
+                bed.start_workers(*workers)
             yield bed
         except BaseException:
             print(f"===== spark\n{spark.log_tails()}")  # the Airflow parts print theirs on the way out
