@@ -12,10 +12,9 @@ import pytest
 import airflow_savepoints.demo.app as demo
 from airflow_savepoints.core import list_savepoints
 from airflow_savepoints.jobs.control import CONTROL_CONF, JobControl
+from airflow_savepoints.jobs import StreamingJob
 from airflow_savepoints.jobs.launcher import (
     JobRun,
-    found_failed,
-    handle_failed_run,
     new_control_folder,
     process_alive,
     read_run,
@@ -23,6 +22,7 @@ from airflow_savepoints.jobs.launcher import (
     stop_process,
     wait_for_commit,
 )
+from airflow_savepoints.jobs.lifecycle import JobContext, found_failed, handle_failure, status
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
 
@@ -77,13 +77,15 @@ def test_each_policy_on_a_failed_job(failed_job, tmp_path, policy, kept):
     run = JobRun.model_validate({**original.model_dump(), "checkpoint": str(checkpoint)})
     job_folder.write_bytes_atomic("_run.json", run.model_dump_json().encode())
 
-    outcome = handle_failed_run(JOB, job_folder, Store(str(tmp_path / "savepoints")), policy)
+    ctx = JobContext(StreamingJob(name=JOB, application=demo.__file__, checkpoint=str(checkpoint)),
+                     Store(str(tmp_path / "savepoints")))
+    outcome = handle_failure(ctx, status(ctx), policy)
     assert outcome["termination"] == "failed" and "bad record" in outcome["reason"]
     assert checkpoint.exists() == kept and outcome["action"] == ("retained" if kept else "deleted")
     saved = list_savepoints(Store(str(tmp_path / "savepoints")), JOB)
     assert [s.type.value for s in saved] == (["retained_checkpoint"] if kept else [])
     assert read_run(job_folder).ended == "failed"
-    assert handle_failed_run(JOB, job_folder, Store(str(tmp_path / "savepoints")), policy) is None  # once
+    assert handle_failure(ctx, status(ctx), policy) is None  # once
     assert (failed_job / "checkpoint").exists()  # the original is untouched
 
 

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from airflow_savepoints import __version__, core
+from airflow_savepoints.cli.job import app as job_commands
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.core.settings import resolve_savepoint_dir
 from airflow_savepoints.errors import SavepointError
@@ -292,6 +293,9 @@ def catalog(
                "states": states, "pins": [p.model_dump(mode="json") for p in document.pins.values()]}
     _emit(as_json, payload, f"{'rebuilt ' if rebuild else ''}{payload['catalog']}: {len(document.records)} records "
                             f"{states}, {len(document.pins)} pins")
+
+
+app.add_typer(job_commands, name="job")
 
 
 @app.command()

@@ -91,9 +91,10 @@ def main(argv: list[str]) -> None:
     from pyspark.sql import SparkSession
 
     input_dir, checkpoint, output = argv[1:4]
-    from airflow_savepoints.jobs.control import run_until_stopped
+    from airflow_savepoints.jobs.control import claim_run, run_until_stopped
 
     spark = SparkSession.builder.appName("airflow-savepoints-demo").getOrCreate()
+    claim_run(spark)  # before the query starts: a stale run (another run holds the job's lease) writes nothing
     run_until_stopped(build_query(spark, input_dir, checkpoint, output), spark)  # stops cleanly when Airflow asks
     spark.stop()
 

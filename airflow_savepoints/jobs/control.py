@@ -1,18 +1,26 @@
-"""The control channel between Airflow and a running job: a clean stop, between two batches.
+"""The control channel between Airflow and a running job: heartbeats, the run lease, a clean stop.
 
-The launcher gives each run a control folder (``<savepoint dir>/<job>/_control/<run>/``) and passes
-its URL to the job as the Spark conf ``spark.savepoints.control``. A job that cooperates calls
+Each run has a control folder (``<savepoint dir>/<job>/_control/<run id>/``) on shared storage,
+passed to the job as Spark conf (see :func:`run_conf`). A job that cooperates calls
 :func:`run_until_stopped` instead of ``query.awaitTermination()``; it then
 
-1. announces itself (``job.json``: application id, driver pid, query id),
-2. watches for ``stop-request.json``; when one appears, lets the batch in flight commit and starts
-   no other (so the stop savepoint is of the last committed batch, exactly),
-3. acknowledges with ``stopped.json`` (last committed batch) and returns;
-4. if the query fails, writes ``failed.json`` (the error) before failing as ``awaitTermination()`` does.
+1. claims the job's run lease (``<savepoint dir>/<job>/_lease.json``) for its run id, or stops at
+   once (:class:`JobFencedError`) when another live run holds it, and announces itself (``job.json``),
+2. every ``spark.savepoints.heartbeatInterval`` seconds writes ``heartbeat.json`` (run id,
+   application id, last committed batch, host, time) and renews the lease; when another run owns
+   the lease (or it could not renew it for longer than the lease timeout) it stops its query
+   between two batches and fails with :class:`JobFencedError`, so two drivers never both write
+   the sink,
+3. watches for ``stop-request.json``; when one appears, lets the batch in flight commit and starts
+   no other (so the stop savepoint is of the last committed batch, exactly), acknowledges with
+   ``stopped.json`` and releases the lease,
+4. if the query fails, writes ``failed.json`` (the error) and releases the lease before failing as
+   ``awaitTermination()`` does.
 
-A job that does not cooperate never announces itself, and is stopped with signals instead
-(crash-consistent). The channel uses the job's own credentials for the store; nothing secret is
-passed on the command line.
+A job that does not cooperate never announces itself: its runner (local process, standalone
+master, cluster manager) says what it can, and it is stopped through that runner
+(crash-consistent). This module and the storage layer are all a driver imports: no Airflow.
+The channel uses the job's own credentials for the store; nothing secret is passed in the conf.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -27,13 +36,36 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, LEASE_FILE, RELEASED, RunLease, RunLeaseHolder
 from airflow_savepoints.storage import Store
 
-CONTROL_CONF = "spark.savepoints.control"
+CONTROL_CONF = "spark.savepoints.control"  # the run's control folder URL
+JOB_FOLDER_CONF = "spark.savepoints.jobFolder"  # <savepoint dir>/<job>: without a control folder, one is made here
+RUN_ID_CONF = "spark.savepoints.runId"  # the fencing token; default: the control folder's name
+LEASE_CONF = "spark.savepoints.lease"  # the run lease URL; default: _lease.json of the job folder
+HEARTBEAT_CONF = "spark.savepoints.heartbeatInterval"  # seconds between heartbeats (default 5)
+LEASE_TIMEOUT_CONF = "spark.savepoints.leaseTimeout"  # seconds without a heartbeat before the run counts as lost (30)
+CHECKPOINT_CONF = "spark.savepoints.checkpoint"  # the run's checkpoint location, recorded in its lease
+CONTROL_FOLDER = "_control"
 ANNOUNCE_FILE = "job.json"
+HEARTBEAT_FILE = "heartbeat.json"
 STOP_REQUEST_FILE = "stop-request.json"
 STOPPED_FILE = "stopped.json"
 FAILED_FILE = "failed.json"
+FENCED_FILE = "fenced.json"
+DEFAULT_HEARTBEAT_INTERVAL = 5.0
+
+
+class JobFencedError(SavepointError):
+    """Another run of the job holds its run lease: this driver stopped its query and must not write."""
+
+    code = "job_fenced"
+
+
+def new_run_id() -> str:
+    """A fresh run id: sortable by start time, unique, safe as a folder name."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +82,12 @@ class JobControl:
 
     def _read(self, name: str) -> dict[str, Any] | None:
         try:
-            return json.loads(self.folder.read_bytes(name))
+            value = json.loads(self.folder.read_bytes(name))
         except FileNotFoundError:
             return None
+        except ValueError:  # a foreign or damaged file: as good as none
+            return None
+        return value if isinstance(value, dict) else None
 
     def _write(self, name: str, value: dict[str, Any]) -> None:
         self.folder.write_bytes_atomic(name, json.dumps(value, indent=1).encode())
@@ -69,6 +104,18 @@ class JobControl:
 
     def report_failure(self, error: BaseException) -> None:
         self._write(FAILED_FILE, {"error": f"{type(error).__name__}: {str(error)[:2000]}", "failed_at": _now()})
+
+    def beat(self, **facts: Any) -> None:
+        self._write(HEARTBEAT_FILE, {**facts, "time": _now()})
+
+    def heartbeat(self) -> dict[str, Any] | None:
+        return self._read(HEARTBEAT_FILE)
+
+    def report_fenced(self, holder: RunLeaseHolder | None, **facts: Any) -> None:
+        self._write(FENCED_FILE, {"holder": holder.facts() if holder else None, **facts, "fenced_at": _now()})
+
+    def fenced(self) -> dict[str, Any] | None:
+        return self._read(FENCED_FILE)
 
     # Airflow's side
     def failure(self) -> dict[str, Any] | None:
@@ -202,42 +249,193 @@ def _stop_between_batches(query, timeout: float) -> bool:
     return safe
 
 
+def run_conf(job_folder: str, *, run_id: str | None = None, checkpoint: str | None = None,
+             heartbeat_interval: float | None = None, lease_timeout: float | None = None) -> dict[str, str]:
+    """The Spark conf that lets a job take part: its control folder, run id and run lease.
+
+    ``job_folder`` is ``<savepoint dir>/<job>``. Without ``run_id`` the driver makes its own (a job
+    started by another tool, e.g. the Spark provider's SparkSubmitOperator, with a conf fixed at
+    DAG parse time)."""
+    conf = {JOB_FOLDER_CONF: job_folder, LEASE_CONF: Store(job_folder).url_of(LEASE_FILE)}
+    if run_id:
+        conf[RUN_ID_CONF] = run_id
+        conf[CONTROL_CONF] = Store(job_folder).child(CONTROL_FOLDER).child(run_id).url
+    if checkpoint:
+        conf[CHECKPOINT_CONF] = checkpoint
+    if heartbeat_interval is not None:
+        conf[HEARTBEAT_CONF] = str(heartbeat_interval)
+    if lease_timeout is not None:
+        conf[LEASE_TIMEOUT_CONF] = str(lease_timeout)
+    return conf
+
+
+class RunHandle:
+    """The driver's side of one run: claims and renews the run lease, writes heartbeats."""
+
+    def __init__(self, control: Store, run_id: str, lease: RunLease, *, run_id_given: bool,
+                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL, lease_timeout: float = DEFAULT_LEASE_TIMEOUT,
+                 facts: dict[str, Any] | None = None) -> None:
+        self.control = JobControl(control)
+        self.run_id = run_id
+        self.lease = lease
+        self.run_id_given = run_id_given
+        self.heartbeat_interval = heartbeat_interval
+        self.lease_timeout = lease_timeout
+        self.facts = {"host": socket.gethostname(), "pid": os.getpid(), "control": control.url,
+                      "timeout_s": lease_timeout, **(facts or {})}
+        self.last_renewed = time.monotonic()
+
+    @classmethod
+    def from_conf(cls, get: Callable[[str], str | None], facts: dict[str, Any] | None = None) -> RunHandle | None:
+        """The run described by a Spark conf (``get(key)``); None when the job was not given a control folder."""
+        control_url, job_folder, run_id = get(CONTROL_CONF), get(JOB_FOLDER_CONF), get(RUN_ID_CONF)
+        if not control_url and not job_folder:
+            return None
+        run_id_given = bool(run_id) or bool(control_url)
+        if not control_url:
+            run_id = run_id or new_run_id()
+            control_url = Store(job_folder).child(CONTROL_FOLDER).child(run_id).url
+        control = Store(control_url)
+        run_id = run_id or control.name
+        lease_url = get(LEASE_CONF) or (Store(job_folder).url_of(LEASE_FILE) if job_folder
+                                        else control.parent().parent().url_of(LEASE_FILE))
+        facts = {**(facts or {}), "checkpoint": get(CHECKPOINT_CONF)}
+        return cls(control, run_id, RunLease.at(lease_url), run_id_given=run_id_given,
+                   heartbeat_interval=float(get(HEARTBEAT_CONF) or DEFAULT_HEARTBEAT_INTERVAL),
+                   lease_timeout=float(get(LEASE_TIMEOUT_CONF) or DEFAULT_LEASE_TIMEOUT), facts=facts)
+
+    def _may_take_over(self, holder: RunLeaseHolder) -> bool:
+        # a run id given at launch was written into the lease by the start that launched it: another
+        # holder came later, so this driver is the stale one, lapsed or not
+        return not self.run_id_given
+
+    def claim(self) -> None:
+        """Take the run lease, or raise :class:`JobFencedError` (after recording why)."""
+        if self.run_id_given and (self.control.stopped() or self.control.failure()):
+            self._fence(None, "this run already ended; start a new run instead of re-running it")
+        holder = self.lease.acquire(self.run_id, self.facts, may_take_over=self._may_take_over)
+        if holder is not None:
+            self._fence(holder, "another run holds the job's run lease")
+        self.last_renewed = time.monotonic()
+
+    def _fence(self, holder: RunLeaseHolder | None, why: str, **facts: Any) -> None:
+        self.control.report_fenced(holder, run_id=self.run_id, reason=why, **facts)
+        raise JobFencedError(
+            f"run {self.run_id} stopped: {why}" + (f" ({holder.describe()})" if holder else ""),
+            "only one run of a job may write its sink: stop the other run first, or let this one end",
+        )
+
+    def _beat_facts(self, state: str, facts: dict[str, Any]) -> dict[str, Any]:
+        return {**self.facts, **facts, "run_id": self.run_id, "state": state, "interval_s": self.heartbeat_interval,
+                "timeout_s": self.lease_timeout}
+
+    def beat(self, state: str = "running", **facts: Any) -> RunLeaseHolder | None | bool:
+        """Write a heartbeat and renew the lease. Returns None while this run holds the lease; the
+        other holder (or True: not renewed for longer than the lease timeout) when it is fenced off."""
+        try:
+            self.control.beat(**self._beat_facts(state, facts))
+            holder = self.lease.renew(self.run_id, self.facts)
+        except Exception as exc:  # noqa: BLE001 - the store is unreachable: fenced once the lease may have lapsed
+            log.warning("heartbeat of run %s failed: %s", self.run_id, exc)
+            return True if time.monotonic() - self.last_renewed > self.lease_timeout else None
+        if holder is None:
+            self.last_renewed = time.monotonic()
+        return holder
+
+    def end(self, state: str, **facts: Any) -> None:
+        """The last heartbeat (``stopped``, ``failed``, ``fenced``), then the lease is released."""
+        try:
+            self.control.beat(**self._beat_facts(state, facts))
+            self.lease.release(self.run_id)
+        except Exception as exc:  # noqa: BLE001 - the lease lapses by itself
+            log.warning("could not end run %s cleanly: %s", self.run_id, exc)
+
+
+def claim_run(spark=None) -> RunHandle | None:
+    """Claim the job's run lease before the query starts (optional: :func:`run_until_stopped`
+    claims it too). Raises :class:`JobFencedError` when another live run holds it, so a stale
+    driver writes nothing at all. None when the job was not started with a control folder."""
+    spark = spark or _active_session()
+    handle = RunHandle.from_conf(lambda key: spark.conf.get(key, None),
+                                 {"application_id": spark.sparkContext.applicationId,
+                                  "master": spark.sparkContext.master})
+    if handle is not None:
+        handle.claim()
+        spark.conf.set(RUN_ID_CONF, handle.run_id)  # a run id made here is the one run_until_stopped uses
+        spark.conf.set(CONTROL_CONF, handle.control.folder.url)
+    return handle
+
+
+def _active_session():
+    from pyspark.sql import SparkSession
+
+    return SparkSession.active()
+
+
+def _last_batch(query) -> int | None:
+    progress = query.lastProgress
+    return progress["batchId"] if progress else None
+
+
 def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_timeout: float = 600) -> None:
-    """Wait for ``query`` like ``awaitTermination()``, but stop it cleanly when Airflow asks.
+    """Wait for ``query`` like ``awaitTermination()``, with heartbeats, fencing and a clean stop
+    when Airflow asks (see the module's description).
 
-    Without a control folder (the job was not started by airflow-savepoints) this is exactly
-    ``query.awaitTermination()``. A failed query raises as ``awaitTermination()`` does.
+    Without a control folder (the job was not started for airflow-savepoints) this is exactly
+    ``query.awaitTermination()``. A failed query raises as ``awaitTermination()`` does; a fenced
+    run raises :class:`JobFencedError` once its query has stopped.
     """
-    if spark is None:
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.active()
-    url = spark.conf.get(CONTROL_CONF, None)
-    if not url:
+    spark = spark or _active_session()
+    handle = RunHandle.from_conf(lambda key: spark.conf.get(key, None),
+                                 {"application_id": spark.sparkContext.applicationId,
+                                  "master": spark.sparkContext.master, "query_id": str(query.id),
+                                  "driver_pod": spark.conf.get("spark.kubernetes.driver.pod.name", None)})
+    if handle is None:
         query.awaitTermination()
         return
-    control = JobControl(Store(url))
+    try:
+        handle.claim()
+    except JobFencedError:
+        query.stop()
+        raise
+    control = handle.control
     control.announce(application_id=spark.sparkContext.applicationId, pid=os.getpid(), host=socket.gethostname(),
-                     query_id=str(query.id), run_id=str(query.runId), query_name=query.name)
-    request = None
-    while request is None:
-        with _failure_reported(control):
+                     query_id=str(query.id), run_id=str(query.runId), query_name=query.name, run=handle.run_id)
+    request, fenced_by, next_beat = None, None, 0.0
+    while request is None and fenced_by is None:
+        with _failure_reported(handle):
             if query.awaitTermination(poll_interval):
+                handle.end("finished", last_committed_batch=_last_batch(query))
                 return
         request = control.stop_requested()
+        if request is None and time.monotonic() >= next_beat:
+            fenced_by = handle.beat(last_committed_batch=_last_batch(query))
+            next_beat = time.monotonic() + handle.heartbeat_interval
+    if fenced_by is not None:
+        log.warning("run %s lost its run lease (%s): stopping between batches", handle.run_id, fenced_by)
+        with _failure_reported(handle):
+            idle = _stop_between_batches(query, idle_timeout)
+        holder = fenced_by if isinstance(fenced_by, RunLeaseHolder) else None
+        handle.end("fenced", last_committed_batch=_last_batch(query))  # frees the lease only if still this run's
+        why = ("the run lease could not be renewed within its timeout" if holder is None else
+               "the run lease was released: the run was stopped or cancelled from elsewhere"
+               if holder.run_id == RELEASED else "another run holds the job's run lease")
+        handle._fence(holder if holder is not None and holder.run_id != RELEASED else None, why,
+                      between_batches=idle, last_committed_batch=_last_batch(query))
     log.info("stop requested (%s): stopping between batches", request.get("request_id"))
-    with _failure_reported(control):
+    handle.beat("stopping", last_committed_batch=_last_batch(query))
+    with _failure_reported(handle):
         idle = _stop_between_batches(query, idle_timeout)
-    progress = query.lastProgress
-    control.acknowledge_stop(request, between_batches=idle,
-                             last_committed_batch=progress["batchId"] if progress else None)
+    control.acknowledge_stop(request, between_batches=idle, last_committed_batch=_last_batch(query))
+    handle.end("stopped", last_committed_batch=_last_batch(query))
 
 
 @contextmanager
-def _failure_reported(control: JobControl) -> Iterator[None]:
-    """A query that fails inside says why in the control folder, then fails as before."""
+def _failure_reported(handle: RunHandle) -> Iterator[None]:
+    """A query that fails inside says why in the control folder and frees the lease, then fails as before."""
     try:
         yield
     except Exception as exc:
-        control.report_failure(exc)
+        handle.control.report_failure(exc)
+        handle.end("failed", error=f"{type(exc).__name__}: {str(exc)[:500]}")
         raise

@@ -42,6 +42,7 @@ class StreamingJob(BaseModel):
     application_args: list[str] = Field(default_factory=list)
     spark_conf: dict[str, str] = Field(default_factory=dict)
     master: str = "local[2]"
+    master_ui: str | None = None  # a standalone master's web UI (default http://<master host>:8080)
     deploy_mode: Literal["client", "cluster"] = "client"
     spark_conn_id: str | None = None
     checkpoint: str
@@ -51,6 +52,8 @@ class StreamingJob(BaseModel):
         "RETAIN_ON_CANCELLATION"  # never delete a live checkpoint unless configured to
     )
     sink: SinkSettings | None = None
+    heartbeat_interval: float | None = Field(default=None, gt=0, le=3600)  # seconds (default 5)
+    lease_timeout: float | None = Field(default=None, gt=0, le=86400)  # seconds without a heartbeat: lost (30)
 
     @field_validator("name")
     @classmethod

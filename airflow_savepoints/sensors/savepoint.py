@@ -13,7 +13,8 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_savepoints.core.pointer import completed_savepoint
 from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
-from airflow_savepoints.jobs.launcher import committed_past, read_run
+from airflow_savepoints.jobs.launcher import read_run
+from airflow_savepoints.jobs.lifecycle import committed_past
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger, SavepointCompletedTrigger
 

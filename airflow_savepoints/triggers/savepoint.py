@@ -11,7 +11,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_savepoints.core.pointer import completed_savepoint
 from airflow_savepoints.errors import SavepointError
-from airflow_savepoints.jobs.launcher import JobRun, committed_past
+from airflow_savepoints.jobs.launcher import JobRun
+from airflow_savepoints.jobs.lifecycle import committed_past
 from airflow_savepoints.storage import Store
 
 

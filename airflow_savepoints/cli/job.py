@@ -1,0 +1,223 @@
+"""``airflow-savepoints job``: start, stop (with a savepoint), cancel and watch streaming jobs.
+
+The same lifecycle code as the job operators (:mod:`airflow_savepoints.jobs.lifecycle`), so it
+works from any machine that reaches the job's storage (and its runner, for a forced stop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from airflow_savepoints.core.settings import resolve_savepoint_dir
+from airflow_savepoints.errors import InvalidInputError
+from airflow_savepoints.jobs import lifecycle, load_jobs
+from airflow_savepoints.jobs.launcher import spark_submit_command
+from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.storage import Store
+
+app = typer.Typer(help="Start, stop (with a savepoint), cancel and watch streaming jobs from a jobs file.",
+                  no_args_is_help=True)
+
+JobArgument = Annotated[str, typer.Argument(help="The job's name in the jobs file.")]
+JobsFile = Annotated[str, typer.Option("--jobs-file", envvar="SAVEPOINTS_JOBS_FILE",
+                                       help="The YAML file of jobs (default: jobs.yaml here, or $SAVEPOINTS_JOBS_FILE).")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text.")]
+DirOption = Annotated[str | None, typer.Option("--dir", help="Savepoint directory (default: the job's "
+                                                              "savepoint_dir, then AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR).")]
+OptionsOption = Annotated[str | None, typer.Option("--storage-options", help="fsspec storage options of the savepoint "
+                                                                             "directory, as JSON.")]
+CheckpointOptions = Annotated[str | None, typer.Option("--checkpoint-storage-options",
+                                                       help="fsspec storage options of the job's checkpoints, as JSON "
+                                                            "(default: the savepoint directory's on the same kind of store).")]
+ConnOption = Annotated[str | None, typer.Option("--conn-id", help="An Airflow 'savepoints' connection for the savepoint "
+                                                                  "directory and its credentials (needs Airflow here).")]
+CheckpointConn = Annotated[str | None, typer.Option("--checkpoint-conn-id", help="An Airflow 'savepoints' connection "
+                                                                                 "whose storage options open the checkpoints.")]
+
+
+def _options(text: str | None, what: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidInputError(f"{what} is not JSON: {exc}", 'give a JSON object, e.g. \'{"endpoint_url": "..."}\'') from exc
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{what} must be a JSON object", 'e.g. \'{"endpoint_url": "..."}\'')
+    return value
+
+
+def _connection_options(conn_id: str) -> tuple[dict[str, Any], str | None]:
+    from airflow_savepoints.hooks.savepoint import SavepointStorageHook  # Airflow only when a connection is named
+
+    hook = SavepointStorageHook(conn_id)
+    connection = hook._connection()
+    return hook.storage_options(), (connection.host if connection is not None else None) or None
+
+
+def context(job_name: str, jobs_file: str, savepoint_dir: str | None, storage_options: str | None,
+            checkpoint_storage_options: str | None, conn_id: str | None = None,
+            checkpoint_conn_id: str | None = None) -> JobContext:
+    """The job and its storage, as the command line names them."""
+    jobs = load_jobs(jobs_file)
+    if job_name not in jobs:
+        raise InvalidInputError(f"no job named {job_name!r} in {jobs_file}", f"use one of: {', '.join(sorted(jobs))}")
+    job = jobs[job_name]
+    options = _options(storage_options, "--storage-options") or {}
+    conn_dir = None
+    if conn_id:
+        conn_options, conn_dir = _connection_options(conn_id)
+        options = {**conn_options, **options}
+    root = Store(savepoint_dir or job.savepoint_dir or conn_dir or resolve_savepoint_dir(None), options)
+    checkpoint = _options(checkpoint_storage_options, "--checkpoint-storage-options")
+    if checkpoint is None and checkpoint_conn_id:
+        checkpoint, _ = _connection_options(checkpoint_conn_id)
+    if checkpoint is None:
+        from airflow_savepoints.storage import split_url
+
+        checkpoint = root.storage_options if split_url(job.checkpoint)[1] == root.protocol else None
+    return JobContext(job, root, checkpoint, log=lambda message: _main().err.print(message, markup=False))
+
+
+def _main():
+    from airflow_savepoints.cli import main  # imported late: main registers this group
+
+    return main
+
+
+def _report(as_json: bool, action) -> None:
+    """Run ``action() -> (payload, text)`` and print it; errors as every command reports them."""
+    main = _main()
+
+    @main._command
+    def run(as_json: bool = False) -> None:
+        payload, text = action()
+        return payload, text
+
+    _report(as_json, action)
+
+
+def _submit_command(ctx: JobContext):
+    if ctx.job.spark_conn_id:  # a Spark connection is Airflow's: build the command as the operators do
+        from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
+
+        return SparkStreamingJobHook(ctx.job).submit_command
+    return lambda checkpoint, conf: spark_submit_command(ctx.job, checkpoint, conf)
+
+
+@app.command()
+def start(
+    job: JobArgument,
+    pointer: Annotated[str | None, typer.Option("--from", help="A savepoint to start from (default: the newest).")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start with EMPTY state in the job's (empty) checkpoint.")] = False,
+    max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="The new checkpoint location (default <checkpoint>-<UTC time>).")] = None,
+    wait_timeout: Annotated[float, typer.Option(help="Seconds to wait for the first committed batch.")] = 300,
+    log_dir: Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the driver's log goes "
+                                                 "(default: $TMPDIR/airflow-savepoints-jobs).")] = None,
+    jobs_file: JobsFile = "jobs.yaml",
+    savepoint_dir: DirOption = None,
+    storage_options: OptionsOption = None,
+    checkpoint_storage_options: CheckpointOptions = None,
+    conn_id: ConnOption = None,
+    checkpoint_conn_id: CheckpointConn = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start JOB from a savepoint (or --fresh); refused while another run of JOB lives anywhere."""
+    def action():
+        if pointer and fresh:
+            raise InvalidInputError("--from and --fresh exclude each other", "give one of them")
+        ctx = context(job, jobs_file, savepoint_dir, storage_options, checkpoint_storage_options, conn_id,
+                      checkpoint_conn_id)
+        logs = log_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "airflow-savepoints-jobs"
+        result = lifecycle.start(ctx, submit_command=_submit_command(ctx), log_dir=logs, pointer=pointer,
+                                 fresh=fresh, max_age=max_age, target_checkpoint=to, wait_timeout=wait_timeout)
+        return result, (f"[green]started[/] job {job}: run {result['run_id']} (pid {result['pid']} on {result['host']}), "
+                        f"first batch {result['first_batch']}\n  checkpoint {result['checkpoint']}\n  log {result['log_file']}")
+
+    _report(as_json, action)
+
+
+@app.command()
+def stop(
+    job: JobArgument,
+    grace: Annotated[float, typer.Option(help="Seconds for the job to stop between batches before it is forced.")] = 60,
+    inflight_wait: Annotated[float, typer.Option(help="Seconds to wait for a savepoint in flight before stopping.")] = 300,
+    jobs_file: JobsFile = "jobs.yaml",
+    savepoint_dir: DirOption = None,
+    storage_options: OptionsOption = None,
+    checkpoint_storage_options: CheckpointOptions = None,
+    conn_id: ConnOption = None,
+    checkpoint_conn_id: CheckpointConn = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Stop JOB with a final ``stop`` savepoint of its last committed batch."""
+    def action():
+        ctx = context(job, jobs_file, savepoint_dir, storage_options, checkpoint_storage_options, conn_id,
+                      checkpoint_conn_id)
+        result = lifecycle.stop(ctx, grace=grace, inflight_wait=inflight_wait)
+        return result, (f"[green]stopped[/] job {job} ({result['stop_method']}); {result['consistency']} stop "
+                        f"savepoint of batch {result['batch_id']}: {result['pointer']}")
+
+    _report(as_json, action)
+
+
+@app.command()
+def cancel(
+    job: JobArgument,
+    policy: Annotated[str | None, typer.Option(help="RETAIN_ON_CANCELLATION, RETAIN_ON_FAILURE or "
+                                                    "NEVER_RETAIN_AFTER_TERMINATION (default: the job's).")] = None,
+    grace: Annotated[float, typer.Option(help="Seconds for the job to answer before it is forced.")] = 60,
+    jobs_file: JobsFile = "jobs.yaml",
+    savepoint_dir: DirOption = None,
+    storage_options: OptionsOption = None,
+    checkpoint_storage_options: CheckpointOptions = None,
+    conn_id: ConnOption = None,
+    checkpoint_conn_id: CheckpointConn = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cancel JOB without a savepoint, then apply its checkpoint retention policy."""
+    def action():
+        ctx = context(job, jobs_file, savepoint_dir, storage_options, checkpoint_storage_options, conn_id,
+                      checkpoint_conn_id)
+        result = lifecycle.cancel(ctx, policy=policy, grace=grace)
+        return result, (f"[yellow]cancelled[/] job {job} ({result['stop_method']}); checkpoint {result['checkpoint']} "
+                        f"{result['action']} ({result['policy']})")
+
+    _report(as_json, action)
+
+
+STATUS_KEYS = ("job", "state", "run_id", "host", "application_id", "last_batch", "heartbeat_age_s")
+
+
+@app.command()
+def status(
+    job: JobArgument,
+    jobs_file: JobsFile = "jobs.yaml",
+    savepoint_dir: DirOption = None,
+    storage_options: OptionsOption = None,
+    checkpoint_storage_options: CheckpointOptions = None,
+    conn_id: ConnOption = None,
+    checkpoint_conn_id: CheckpointConn = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show JOB's state (starting, running, stopping, stopped, failed, lost, unknown, not_started)."""
+    def action():
+        ctx = context(job, jobs_file, savepoint_dir, storage_options, checkpoint_storage_options, conn_id,
+                      checkpoint_conn_id)
+        state = lifecycle.status(ctx).model_dump(mode="json")
+        payload = {**{k: state[k] for k in STATUS_KEYS}, **state}
+        colour = {"running": "green", "failed": "red", "lost": "red", "unknown": "yellow"}.get(state["state"], "cyan")
+        text = (f"job {job}: [{colour}]{state['state']}[/]" + (f" ({state['error']})" if state["error"] else "")
+                + f"\n  run {state['run_id']} on {state['host']}, application {state['application_id']}, pid {state['pid']}"
+                + f"\n  last committed batch {state['last_batch']}, heartbeat {state['heartbeat_age_s']} s ago"
+                + (f"\n  {state['detail']}" if state["detail"] else "")
+                + f"\n  checkpoint {state['checkpoint']}")
+        return payload, text
+
+    _report(as_json, action)

@@ -1,0 +1,573 @@
+"""The lifecycle of a streaming job across machines: start, stop with a savepoint, cancel, status.
+
+Everything goes through shared storage, so any Airflow worker (or a terminal) may call any of
+these, wherever the driver runs:
+
+* ``<savepoint dir>/<job>/_lease.json``: the run lease, one live run per job
+  (:mod:`airflow_savepoints.jobs.runlease`);
+* ``<savepoint dir>/<job>/_control/<run id>/``: the run's control folder (heartbeats, stop
+  requests and answers; :mod:`airflow_savepoints.jobs.control`);
+* ``<savepoint dir>/<job>/_run.json``: the run a start launched (pid, host, log, command);
+* the runner back ends (:mod:`airflow_savepoints.jobs.runners`) for what storage cannot say.
+
+States: ``not_started`` (no run recorded), ``starting`` (lease taken, no heartbeat yet),
+``running``, ``stopping`` (a stop was asked for), ``stopped``, ``failed`` (with the error),
+``lost`` (heartbeats lapsed: the driver died, hangs or is cut off; a new start may take over),
+``unknown`` (a job without the helper whose runner cannot tell from here). A heartbeat's age is
+measured on the store's clock, never this machine's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from airflow_savepoints.core import SavepointType, resolve_pointer, restore_savepoint, take_savepoint
+from airflow_savepoints.core.lock import JobLock
+from airflow_savepoints.core.pointer import latest_savepoint
+from airflow_savepoints.core.settings import parse_duration
+from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
+from airflow_savepoints.errors import InvalidInputError, SavepointError, SavepointInFlightError
+from airflow_savepoints.jobs.control import (
+    CONTROL_FOLDER,
+    HEARTBEAT_FILE,
+    JobControl,
+    new_run_id,
+    run_conf,
+)
+from airflow_savepoints.jobs.launcher import (
+    JobFailedError,
+    JobRun,
+    application_id_from_log,
+    checkpoint_progress,
+    log_tail,
+    read_run,
+    record_end,
+    start_detached,
+    write_run,
+)
+from airflow_savepoints.jobs.model import StreamingJob
+from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, RunLease, RunLeaseHolder, age_on_store_clock
+from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, runner_for
+from airflow_savepoints.storage import Store
+
+LIVE_STATES = ("starting", "running", "stopping", "unknown")
+State = Literal["not_started", "starting", "running", "stopping", "stopped", "failed", "lost", "unknown"]
+
+
+class NoSavepointError(SavepointError):
+    code = "no_savepoint"
+
+
+class JobRunningError(InvalidInputError):
+    """A start refused: another run of the job lives (it would write the same sink)."""
+
+    code = "job_running"
+
+
+class JobNotStoppedError(SavepointError):
+    """A stop or cancel could not end the run from here (and its lease did not lapse)."""
+
+    code = "job_not_stopped"
+
+
+class JobState(BaseModel):
+    """A job's state as seen from storage (and its runner)."""
+
+    job: str
+    state: State
+    run_id: str | None = None
+    host: str | None = None
+    application_id: str | None = None
+    last_batch: int | None = None  # the last committed batch (the heartbeat's, else the checkpoint's)
+    heartbeat_age_s: float | None = None  # on the store's clock
+    error: str | None = None
+    detail: str | None = None  # why this state (the runner's words, the fencing, ...)
+    pid: int | None = None
+    checkpoint: str | None = None
+    control: str | None = None
+    runner: str | None = None
+    helper: bool = False  # the run writes heartbeats (it calls run_until_stopped)
+    ended: str | None = None  # stopped / cancelled / failed once a stop, cancel or failure was handled
+    log_file: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+
+@dataclass
+class JobContext:
+    """A job and where its things are: the savepoint directory (with its storage options) and the
+    storage options of its checkpoints."""
+
+    job: StreamingJob
+    root: Store
+    checkpoint_options: dict[str, Any] | None = None
+    heartbeat_interval: float | None = None  # passed to runs this context starts (default 5 s)
+    lease_timeout: float | None = None  # (default 30 s)
+    log: Callable[[str], None] = field(default=lambda message: None)
+
+    def __post_init__(self) -> None:
+        self.heartbeat_interval = self.heartbeat_interval or self.job.heartbeat_interval
+        self.lease_timeout = self.lease_timeout or self.job.lease_timeout
+
+    @property
+    def folder(self) -> Store:
+        return self.root.child(self.job.name)
+
+    @property
+    def lease(self) -> RunLease:
+        return RunLease(self.folder)
+
+    def checkpoint(self, url: str) -> Store:
+        return Store(url, self.checkpoint_options)
+
+
+@dataclass
+class _Run:
+    """What is known of the job's current run: its record (if a start launched it) and lease."""
+
+    record: JobRun | None
+    holder: RunLeaseHolder | None
+    run_id: str | None
+    control: JobControl | None
+
+    def target(self, job: StreamingJob) -> RunTarget:
+        target = self.record.target() if self.record else RunTarget(job=job.name, master=job.master,
+                                                                     master_ui=job.master_ui)
+        holder = self.holder if self.holder and self.holder.run_id == self.run_id else None
+        if holder is not None:  # the driver's own facts are the better ones
+            target.host = holder.host or target.host
+            target.application_id = holder.application_id or target.application_id
+            target.master = holder.master or target.master
+            target.driver_pod = holder.driver_pod
+            if self.record is None or self.record.pid is None:
+                target.pid = holder.pid
+        if self.control is not None and not target.application_id:
+            target.application_id = (self.control.announcement() or {}).get("application_id")
+        return target
+
+    @property
+    def checkpoint(self) -> str | None:
+        if self.record is not None:
+            return self.record.checkpoint
+        return self.holder.checkpoint if self.holder else None
+
+
+def _current_run(ctx: JobContext) -> _Run:
+    record = read_run(ctx.folder)
+    holder = ctx.lease.holder()
+    run_id = holder.run_id if holder else (record.run_id if record else None)
+    if record is not None and holder is not None and record.run_id != holder.run_id:
+        record = None  # the recorded run is an older one: the lease holder (started by another tool) is current
+    control_url = (holder.control if holder and holder.run_id == run_id else None) or (record.control if record else None)
+    if control_url is None and run_id and holder is not None:
+        control_url = ctx.folder.child(CONTROL_FOLDER).child(run_id).url
+    control = JobControl(Store(control_url, ctx.root.storage_options)) if control_url else None
+    return _Run(record, holder, run_id, control)
+
+
+def found_failed(run: JobRun | None) -> str | None:
+    """Why a recorded run counts as failed: its query reported a failure, or its process exited
+    without a stop request (seen by the local runner, on the run's host). None while it runs,
+    once its end was handled, or when that cannot be told from here."""
+    if run is None or run.ended is not None:
+        return None
+    control = JobControl(Store(run.control)) if run.control else None
+    failure = control.failure() if control else None
+    if failure is not None:
+        return f"the query failed: {failure.get('error', 'unknown error')}"
+    if control is not None and control.stopped() is not None:
+        return None
+    if LocalRunner().status(run.target()).state == "ended":
+        return f"its process (pid {run.pid}) exited without a stop request; last log lines:\n{log_tail(run.log_file)}"
+    return None
+
+
+def status(ctx: JobContext) -> JobState:
+    """The job's state from its lease, the run's heartbeat (aged on the store's clock) and runner."""
+    current = _current_run(ctx)
+    record, holder, control = current.record, current.holder, current.control
+    if current.run_id is None and record is None:
+        return JobState(job=ctx.job.name, state="not_started", detail=f"no run recorded in {ctx.folder.url}")
+    target = current.target(ctx.job)
+    base: dict[str, Any] = {"job": ctx.job.name, "run_id": current.run_id, "host": target.host,
+                            "application_id": target.application_id, "pid": target.pid,
+                            "checkpoint": current.checkpoint, "control": control.folder.url if control else None,
+                            "ended": record.ended if record else None, "log_file": record.log_file if record else None}
+    heartbeat = control.heartbeat() if control else None
+    age = age_on_store_clock(control.folder, HEARTBEAT_FILE) if heartbeat is not None else None
+    base.update(helper=heartbeat is not None, heartbeat_age_s=round(age, 3) if age is not None else None,
+                last_batch=(heartbeat or {}).get("last_committed_batch"))
+    if base["last_batch"] is None and current.checkpoint:
+        base["last_batch"], _ = checkpoint_progress(ctx.checkpoint(current.checkpoint))
+    runner = runner_for(target.master)
+    base["runner"] = runner.name
+
+    if record is not None and record.ended is not None:
+        failed = record.ended == "failed"
+        return JobState(**base, state="failed" if failed else "stopped",
+                        error=(record.termination or {}).get("reason") if failed else None,
+                        detail=f"{record.ended} at {record.ended_at}")
+    failure = control.failure() if control else None
+    if failure is not None:
+        return JobState(**base, state="failed", error=failure.get("error"))
+    if control is not None and control.stopped() is not None:
+        return JobState(**base, state="stopped", detail="it acknowledged a stop request")
+    fenced = control.fenced() if control else None
+    if fenced is not None:
+        return JobState(**base, state="stopped", detail=f"fenced off: {fenced.get('reason')}")
+    if heartbeat is not None:
+        beat_state = heartbeat.get("state")
+        if beat_state in ("stopped", "finished", "fenced"):
+            return JobState(**base, state="stopped", detail=f"its last heartbeat says {beat_state}")
+        if beat_state == "failed":
+            return JobState(**base, state="failed", error=heartbeat.get("error"))
+        local = LocalRunner().status(target) if target.pid else None
+        timeout = float(heartbeat.get("timeout_s") or DEFAULT_LEASE_TIMEOUT)
+        if local is not None and local.state == "ended":
+            return JobState(**base, state="failed", error=f"{local.detail} without a stop request",
+                            detail=log_tail(record.log_file if record else None, 10) or None)
+        if age is not None and age > timeout:
+            return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
+        stopping = beat_state == "stopping" or control.stop_requested() is not None
+        return JobState(**base, state="stopping" if stopping else "running")
+    view = runner.status(target)
+    if view.state == "unknown" and not isinstance(runner, LocalRunner) and target.pid:
+        view = LocalRunner().status(target)  # a client-mode driver on this host
+    if holder is not None and holder.run_id == current.run_id and not holder.lapsed and view.state != "ended":
+        return JobState(**base, state="starting", detail=view.detail)
+    if view.state == "running":
+        return JobState(**base, state="running", detail=f"{view.detail} (no heartbeats: a job without the helper)")
+    if view.state == "ended":
+        return JobState(**base, state="failed", error=f"{view.detail} without a stop request",
+                        detail=log_tail(record.log_file if record else None, 10) or None)
+    return JobState(**base, state="unknown", detail=view.detail)
+
+
+def _running_error(ctx: JobContext, state: JobState) -> JobRunningError:
+    pid = f" as pid {state.pid}" if state.pid else ""
+    return JobRunningError(
+        f"job '{ctx.job.name}' is already running{pid} on {state.host or 'an unknown host'} (run {state.run_id}, "
+        f"application {state.application_id or 'unknown'}, state {state.state}"
+        + (f": {state.detail}" if state.detail else "") + f"); checkpoint {state.checkpoint}; "
+        "a second run would write the same sink twice",
+        f"stop it first (stop_job_with_savepoint, or `airflow-savepoints job stop {ctx.job.name}`), then start again",
+    )
+
+
+def handle_failure(ctx: JobContext, state: JobState, policy: str | None = None) -> dict[str, Any] | None:
+    """Apply the checkpoint retention policy for a failure to a failed or lost run, once: keep (and
+    register as a ``retained_checkpoint`` savepoint) or delete its checkpoint; mark the run ended."""
+    current = _current_run(ctx)
+    if state.state not in ("failed", "lost") or state.ended is not None or not current.checkpoint:
+        return None
+    reason = state.error or state.detail or state.state
+    outcome = apply_checkpoint_retention(ctx.checkpoint(current.checkpoint), ctx.job.name,
+                                         policy or ctx.job.checkpoint_retention, "failed", savepoint_dir=ctx.root)
+    outcome = {**outcome, "reason": f"{'lost: ' if state.state == 'lost' else ''}{reason}", "pid": state.pid,
+               "run_id": state.run_id}
+    _record_end(ctx, current, "failed", outcome)
+    return outcome
+
+
+def _record_end(ctx: JobContext, current: _Run, ended: Literal["stopped", "cancelled", "failed"],
+                termination: dict[str, Any] | None = None) -> None:
+    record = current.record
+    if record is None:  # a run started by another tool: recorded now, so its end is known
+        record = JobRun(job=ctx.job.name, checkpoint=current.checkpoint or ctx.job.checkpoint,
+                        started_at=datetime.now(UTC), run_id=current.run_id,
+                        control=current.control.folder.url if current.control else None,
+                        host=current.holder.host if current.holder else None,
+                        master=current.holder.master if current.holder else None)
+        write_run(ctx.folder, record)
+    record_end(ctx.folder, record, ended, termination)
+    if current.run_id:
+        ctx.lease.release(current.run_id)
+
+
+def start(ctx: JobContext, *, submit_command: Callable[[str, dict[str, str]], list[str]], log_dir: Path,
+          pointer: str | None = None, fresh: bool = False, max_age: str | None = None,
+          target_checkpoint: str | None = None, wait_timeout: float = 300) -> dict[str, Any]:
+    """Start the job: from ``pointer``, else its newest completed savepoint, or with empty state
+    (``fresh``). Refuses while another run lives; takes over the lease of a lost run (after applying
+    its checkpoint retention policy, which keeps and savepoints its last committed batch). Returns
+    once the run has committed its first batch; the run goes on detached."""
+    job = ctx.job
+    previous = status(ctx)
+    if previous.live:
+        raise _running_error(ctx, previous)
+    handled = handle_failure(ctx, previous)
+    if handled is not None:
+        ctx.log(f"previous run {previous.run_id} was {previous.state}: checkpoint {handled['action']} "
+                f"({handled['policy']})")
+    if previous.run_id and previous.state in ("stopped", "failed"):
+        ctx.lease.release(previous.run_id)  # its lease, left by a driver that could not release it
+    run_id = new_run_id()
+    control = ctx.folder.child(CONTROL_FOLDER).child(run_id)
+    timeout = ctx.lease_timeout or DEFAULT_LEASE_TIMEOUT
+    holder = ctx.lease.acquire(run_id, {"host": _hostname(), "control": control.url, "master": job.master,
+                                        "timeout_s": timeout},
+                               may_take_over=lambda h: h.run_id == previous.run_id and previous.state == "lost")
+    if holder is not None:
+        raise _running_error(ctx, status(ctx))
+    try:
+        checkpoint, extra_conf, restored = _prepare_checkpoint(ctx, pointer, fresh, max_age, target_checkpoint)
+        conf = {**extra_conf, **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint,
+                                         heartbeat_interval=ctx.heartbeat_interval, lease_timeout=ctx.lease_timeout)}
+        run = start_detached(job.name, submit_command(checkpoint, conf), ctx.checkpoint(checkpoint), ctx.folder,
+                             log_dir, control=control, master=job.master, master_ui=job.master_ui)
+        ctx.lease.renew(run_id, {"pid": run.pid, "checkpoint": checkpoint})
+    except BaseException:
+        ctx.lease.release(run_id)
+        raise
+    batch = _wait_for_first_commit(ctx, run, wait_timeout)
+    ctx.log(f"job {job.name} runs as run {run_id} (pid {run.pid}) and committed batch {batch}")
+    return {"job": job.name, "run_id": run_id, "pid": run.pid, "host": run.host, "checkpoint": checkpoint,
+            "first_batch": batch, "log_file": run.log_file, "savepoint_dir": ctx.root.url, "restored": restored,
+            "application_id": read_run(ctx.folder).application_id}
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, max_age: str | None,
+                        target: str | None) -> tuple[str, dict[str, str], dict[str, Any] | None]:
+    """The new run's checkpoint: the job's (empty) one for a fresh start, else a restored savepoint."""
+    job, root = ctx.job, ctx.root
+    if fresh:
+        checkpoint = target or job.checkpoint
+        if ctx.checkpoint(checkpoint).list_files():
+            raise InvalidInputError(
+                f"fresh_start needs an empty checkpoint location, but {checkpoint} holds files",
+                "restore from a savepoint instead, or give an empty target_checkpoint",
+            )
+        ctx.log(f"starting job {job.name} with EMPTY state (fresh start) at {checkpoint}")
+        return checkpoint, {}, None
+    if pointer is None:
+        latest = latest_savepoint(root, job.name)
+        if latest is None:
+            raise NoSavepointError(f"job '{job.name}' has no completed savepoint in {root.url}",
+                                   "pass a pointer, or fresh_start=True (--fresh) to start it with empty state")
+        pointer = latest.pointer
+    if max_age is not None:
+        _, manifest = resolve_pointer(pointer, root.storage_options)
+        if manifest.age_seconds() > parse_duration(max_age):
+            raise InvalidInputError(
+                f"savepoint {pointer} is {manifest.age_seconds() / 3600:.1f} h old, older than max_age {max_age}",
+                "take a fresh savepoint, raise max_age, or pass the pointer you mean",
+            )
+    checkpoint = target or f"{job.checkpoint.rstrip('/')}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    sink = job.sink.path if job.sink and job.sink.kind == "file" else None
+    result = restore_savepoint(pointer, checkpoint, sink_path=sink, storage_options=root.storage_options,
+                               target_storage_options=ctx.checkpoint_options)
+    ctx.log(f"restored {pointer} (batch {result.batch_id}) into {checkpoint}")
+    return checkpoint, result.spark_conf_to_set, result.model_dump(mode="json")
+
+
+def _wait_for_first_commit(ctx: JobContext, run: JobRun, timeout: float, poll: float = 1.0) -> int:
+    """Wait until the run commits a batch newer than when it started; fail fast if it dies or is
+    fenced. Keeps the run's lease until its driver renews it, and records its application id."""
+    checkpoint = ctx.checkpoint(run.checkpoint)
+    control = JobControl(Store(run.control, ctx.root.storage_options)) if run.control else None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if run.application_id is None and (app := application_id_from_log(run.log_file)):
+            run = run.model_copy(update={"application_id": app})
+            write_run(ctx.folder, run)
+        batch, _ = checkpoint_progress(checkpoint)
+        if batch is not None and (run.start_batch is None or batch > run.start_batch):
+            return batch
+        if control is not None and (fenced := control.fenced()) is not None:
+            raise JobFailedError(f"job '{run.job}' run {run.run_id} stopped itself: {fenced.get('reason')}",
+                                 "another run holds the job's lease; see `airflow-savepoints job status`")
+        if LocalRunner().status(run.target()).state == "ended":
+            ctx.lease.release(run.run_id or "")
+            raise JobFailedError(
+                f"job '{run.job}' (pid {run.pid}) exited before committing a batch; last log lines:\n"
+                + log_tail(run.log_file), f"see the full log in {run.log_file}")
+        if control is not None and control.heartbeat() is None and run.run_id:
+            ctx.lease.renew(run.run_id, {})  # the driver has not taken its lease over yet
+        time.sleep(poll)
+    raise JobFailedError(f"job '{run.job}' committed no batch within {timeout:.0f}s",
+                         f"see its log in {run.log_file}; it is still running as pid {run.pid}")
+
+
+def wait_for_savepoint_in_flight(ctx: JobContext, timeout: float) -> None:
+    """Wait (at most ``timeout`` seconds) until no savepoint of the job is in flight; raise
+    :class:`SavepointInFlightError` if one still is (so a stop refuses before it stops anything)."""
+    lock = JobLock(ctx.folder, request_id=None)
+    deadline = time.monotonic() + timeout
+    waited = False
+    while (holder := lock.current()) is not None and not lock.is_stale(holder):
+        if time.monotonic() >= deadline:
+            raise SavepointInFlightError(
+                f"a savepoint of job '{ctx.job.name}' is still in flight after {timeout:.0f}s (request "
+                f"{holder.request_id!r}, owner {holder.owner}); the job was not stopped",
+                "retry the stop once that savepoint completes, or raise inflight_wait",
+            )
+        if not waited:
+            ctx.log(f"waiting for the savepoint in flight (request {holder.request_id!r}) before stopping")
+            waited = True
+        time.sleep(0.5)
+
+
+def _end_run(ctx: JobContext, state: JobState, grace: float, request_id: str) -> dict[str, Any]:
+    """End the current run: through its control folder first, then its runner. Returns how."""
+    current = _current_run(ctx)
+    if not state.live and state.state != "lost":
+        return {"method": "not_running", "pid": state.pid, "state": state.state}
+    if state.helper and state.state != "lost" and current.control is not None:
+        current.control.request_stop(request_id)
+        acknowledged = current.control.wait_until_stopped(request_id, timeout=grace)
+        if acknowledged is not None:
+            _wait_for_driver_exit(ctx, current, grace)
+            return {"method": "cooperative", "pid": state.pid, "run_id": state.run_id, "acknowledgement": acknowledged}
+        ctx.log(f"run {state.run_id} did not acknowledge the stop within {grace:.0f}s: forcing it")
+    target = current.target(ctx.job)
+    runner = runner_for(target.master)
+    outcome = runner.kill(target, grace)
+    if not isinstance(runner, LocalRunner) and target.pid:
+        LocalRunner().kill(target, grace)  # a client-mode driver on this host outlives its application
+    if outcome["killed"] or outcome["method"] == "not_running":
+        return {**outcome, "pid": state.pid, "run_id": state.run_id}
+    if state.state == "lost":
+        return {"method": "lease_lapsed", "pid": state.pid, "run_id": state.run_id, "detail": outcome["detail"]}
+    if state.helper:  # it beats but does not answer, and cannot be signalled from here: wait for its lease to lapse
+        lapsed = _wait_for_lapse(ctx, current, grace + float(current.holder.timeout_s if current.holder else 30))
+        if lapsed:
+            return {"method": "lease_lapsed", "pid": state.pid, "run_id": state.run_id, "detail": outcome["detail"]}
+    raise JobNotStoppedError(
+        f"run {state.run_id} of job '{ctx.job.name}' could not be stopped from here: {outcome['detail']}",
+        f"stop it from {state.host or 'its host'} or through its cluster manager; nothing else was changed",
+    )
+
+
+def _wait_for_driver_exit(ctx: JobContext, current: _Run, grace: float) -> None:
+    """After a stop is acknowledged: wait until the driver has gone (where that can be seen)."""
+    target = current.target(ctx.job)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and LocalRunner().status(target).state == "running":
+        time.sleep(0.2)
+
+
+def _wait_for_lapse(ctx: JobContext, current: _Run, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if status(ctx).state not in ("running", "stopping", "starting"):
+            return True
+        time.sleep(1)
+    return False
+
+
+def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, inflight_wait: float = 300,
+         on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Stop the job with a ``stop`` savepoint of its last committed batch.
+
+    A savepoint in flight is waited for first (at most ``inflight_wait`` s; after that the stop
+    refuses, before it stops anything). Then the run is asked through its control folder to stop
+    between two batches (a ``clean`` savepoint); one that does not answer within ``grace`` seconds
+    is ended through its runner (a ``crash-consistent`` savepoint: a batch in flight re-runs on restore)."""
+    state = status(ctx)
+    wait_for_savepoint_in_flight(ctx, inflight_wait)
+    stop_request = request_id or f"stop-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
+    stopped = _end_run(ctx, state, grace, stop_request)
+    ctx.log(f"job {ctx.job.name} stopped: {stopped}")
+    current = _current_run(ctx)
+    checkpoint = current.checkpoint or state.checkpoint or ctx.job.checkpoint
+    if current.record is not None or current.holder is not None:
+        _record_end(ctx, current, "stopped", {"stop": stopped})
+    deadline = time.monotonic() + inflight_wait
+    while True:  # a periodic savepoint that began meanwhile is waited for, not raced
+        try:
+            info = take_savepoint(ctx.checkpoint(checkpoint), ctx.job.name, savepoint_dir=ctx.root,
+                                  savepoint_type=SavepointType.STOP, reason="stop", request_id=request_id,
+                                  on_event=on_event)
+            break
+        except SavepointInFlightError:
+            if time.monotonic() >= deadline:
+                raise
+            wait_for_savepoint_in_flight(ctx, max(deadline - time.monotonic(), 1))
+    consistency = "crash-consistent" if info.manifest.includes_next_offsets else "clean"
+    ctx.log(f"stop savepoint {info.pointer} of batch {info.manifest.batch_id} ({consistency})")
+    return {**info.summary(), "stop_method": stopped["method"], "consistency": consistency, "run_id": state.run_id}
+
+
+def cancel(ctx: JobContext, *, policy: str | None = None, grace: float = 60,
+           on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """End the job without a savepoint (its control folder first, then its runner), then apply its
+    checkpoint retention policy for a cancellation."""
+    chosen = parse_policy(policy or ctx.job.checkpoint_retention)  # bad input fails before the cancel
+    state = status(ctx)
+    ended = _end_run(ctx, state, grace, f"cancel-{datetime.now(UTC):%Y%m%dT%H%M%S%f}")
+    ctx.log(f"job {ctx.job.name} ended: {ended}")
+    current = _current_run(ctx)
+    checkpoint = current.checkpoint or state.checkpoint or ctx.job.checkpoint
+    outcome = apply_checkpoint_retention(ctx.checkpoint(checkpoint), ctx.job.name, chosen, "cancelled",
+                                         savepoint_dir=ctx.root, on_event=on_event)
+    if current.record is not None or current.holder is not None:
+        _record_end(ctx, current, "cancelled", outcome)
+    return {**outcome, "stop_method": ended["method"], "run_id": state.run_id}
+
+
+def check(ctx: JobContext) -> JobState:
+    """The job's state; a failed (or lost) run gets its checkpoint retention policy for a failure
+    applied once, and raises :class:`JobFailedError` with the reason."""
+    state = status(ctx)
+    if state.state == "lost":
+        raise JobFailedError(f"job '{ctx.job.name}' run {state.run_id} is lost: {state.detail}",
+                             "restart it with restore_from_savepoint: the start takes its lapsed lease over")
+    outcome = handle_failure(ctx, state)
+    if outcome is not None:
+        kept = outcome.get("retained_savepoint") or {}
+        raise JobFailedError(
+            f"job '{ctx.job.name}' failed: {outcome['reason']}\ncheckpoint {outcome['checkpoint']}: {outcome['action']} "
+            f"({outcome['policy']})" + (f"; restorable as {kept['pointer']} (batch {kept['batch_id']})" if kept else ""),
+            "fix the cause, then restart it with restore_from_savepoint (it takes the newest savepoint)",
+        )
+    if state.state == "failed":
+        raise JobFailedError(f"job '{ctx.job.name}' is down since it failed: {(state.error or '')[:500]}",
+                             "fix the cause, then restart it with restore_from_savepoint")
+    return state
+
+
+def committed_past(checkpoint: Store, after_batch: int, run: JobRun | None) -> int | None:
+    """The newest committed batch if it is past ``after_batch``, else None (keep waiting).
+
+    Raises :class:`JobFailedError` when the run has ended (its query failed, it was stopped, or
+    its process exited), so a waiting sensor fails with a reason instead of hanging."""
+    batch, _ = checkpoint_progress(checkpoint)
+    if batch is not None and batch > after_batch:
+        return batch
+    if run is None:
+        return None
+    control = JobControl(Store(run.control, checkpoint.storage_options)) if run.control else None
+    ended = run.ended or (control and (control.failure() or control.stopped() or control.fenced()) and "ended")
+    if ended or LocalRunner().status(run.target()).state == "ended":
+        raise JobFailedError(
+            f"job '{run.job}' (pid {run.pid}) is not running; its last committed batch is {batch}, "
+            f"waiting for one past {after_batch}. Last log lines:\n{log_tail(run.log_file)}",
+            f"see {run.log_file}; restart it with restore_from_savepoint",
+        )
+    return None
+
+
+def submit_conf(job: StreamingJob, savepoint_dir: Store | str, *, checkpoint: str | None = None,
+                heartbeat_interval: float | None = None, lease_timeout: float | None = None) -> dict[str, str]:
+    """The Spark conf to add to a job launched by another operator (SparkSubmitOperator,
+    SparkKubernetesOperator, Databricks, EMR) so that savepoints, stop, status, the run lease and
+    restore work for it: its job folder (control folders, lease) and checkpoint. The driver makes
+    its own run id and takes the lease when it calls ``run_until_stopped``."""
+    root = savepoint_dir if isinstance(savepoint_dir, Store) else Store(savepoint_dir)
+    return run_conf(root.child(job.name).url, checkpoint=checkpoint or job.checkpoint,
+                    heartbeat_interval=heartbeat_interval, lease_timeout=lease_timeout)

@@ -1,0 +1,224 @@
+"""Runner back ends: what the system that runs a job's driver can tell about it, and its forced stop.
+
+A run that answers its control folder is stopped cooperatively (:mod:`airflow_savepoints.jobs.control`);
+a runner is the fallback for a run that does not (no helper, hung, or too slow), and the only
+source of status for a job without the helper.
+
+* ``local`` (a ``local[...]`` master, and the client-mode driver of any master): status from the
+  driver process, on its own host only; forced stop: SIGTERM, then SIGKILL, to its process group.
+  psutil compares the process's start time, so a reused pid is never signalled. From another host
+  it says so (the caller then waits for the run lease to lapse).
+* ``standalone`` (``spark://``): status from the master's ``/json/``; forced stop: ``POST /app/kill/``
+  (``id``, ``terminate=true``) on the master's web UI.
+* ``yarn``, ``k8s``: through the Spark provider's SparkSubmitHook status and kill paths (registered
+  by :mod:`airflow_savepoints.hooks.streaming_job`; not tested here: no such cluster runs on this machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psutil
+
+RunnerState = Literal["running", "ended", "unknown"]
+
+
+@dataclass
+class RunTarget:
+    """Where a run's driver is, as far as the run record and its lease say."""
+
+    job: str
+    host: str | None = None
+    pid: int | None = None
+    pid_started: float | None = None  # the process's create_time (psutil), to tell a reused pid
+    application_id: str | None = None
+    master: str | None = None
+    master_ui: str | None = None
+    driver_pod: str | None = None
+
+
+@dataclass
+class RunnerView:
+    state: RunnerState
+    detail: str
+
+
+class Runner:
+    name = "none"
+
+    def status(self, target: RunTarget) -> RunnerView:
+        return RunnerView("unknown", f"no runner can tell the state of master {target.master!r}")
+
+    def kill(self, target: RunTarget, grace: float) -> dict[str, Any]:
+        """Force the run to end. Returns ``{"method", "killed", "detail"}``; killed is False when
+        this runner could not do it from here (the caller then waits for the lease to lapse)."""
+        return {"method": "none", "killed": False, "detail": self.status(target).detail}
+
+
+def _driver_process(target: RunTarget) -> psutil.Process | None:
+    """The run's driver process on this host; None if it exited or the pid now names another process."""
+    if not target.pid:
+        return None
+    try:
+        process = psutil.Process(target.pid)
+        if target.pid_started is not None and abs(process.create_time() - target.pid_started) > 1.0:
+            return None  # the pid was reused by a later process
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return psutil.Process(target.pid) if psutil.pid_exists(target.pid) else None
+
+
+def process_started(pid: int) -> float | None:
+    """A process's start time as psutil gives it (recorded with the pid to tell a reused pid)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+class LocalRunner(Runner):
+    """The driver's process (group) on the host that launched it."""
+
+    name = "local"
+
+    def on_this_host(self, target: RunTarget) -> bool:
+        return target.host == socket.gethostname()
+
+    def status(self, target: RunTarget) -> RunnerView:
+        if not target.pid:
+            return RunnerView("unknown", "no driver process is recorded")
+        if not self.on_this_host(target):
+            return RunnerView("unknown", f"the driver (pid {target.pid}) runs on {target.host}; its process can be "
+                                         f"seen only there")
+        if _driver_process(target) is None:
+            return RunnerView("ended", f"its process (pid {target.pid}) has exited")
+        return RunnerView("running", f"its process (pid {target.pid}) is alive")
+
+    def kill(self, target: RunTarget, grace: float) -> dict[str, Any]:
+        if not self.on_this_host(target):
+            return {"method": "signal", "killed": False,
+                    "detail": f"the driver (pid {target.pid}) runs on {target.host}, not here ({socket.gethostname()}): "
+                              "no signal sent"}
+        process = _driver_process(target)
+        if process is None:
+            return {"method": "not_running", "killed": False, "detail": f"pid {target.pid} is not running"}
+        _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _driver_process(target) is not None:
+            time.sleep(0.3)
+        if _driver_process(target) is not None:
+            _signal_group(process, signal.SIGKILL)
+            with _quiet():
+                process.wait(10)
+        return {"method": "signal", "killed": True, "detail": f"pid {target.pid} signalled"}
+
+
+def _signal_group(process: psutil.Process, sig: int) -> None:
+    """Signal the process's group when it leads one (a detached spark-submit with its JVM and
+    Python workers), else the process alone (a driver started by another tool)."""
+    with _quiet():
+        if os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, tb) -> bool:
+        return kind is not None and issubclass(kind, (ProcessLookupError, psutil.Error, OSError))
+
+
+def master_ui_url(master: str | None, master_ui: str | None = None) -> str | None:
+    """The standalone master's web UI: as configured, else ``http://<master host>:8080``."""
+    if master_ui:
+        return master_ui.rstrip("/")
+    if not master or not master.startswith("spark://"):
+        return None
+    host = master.removeprefix("spark://").split(",")[0].rsplit(":", 1)[0]
+    return f"http://{host}:8080"
+
+
+class StandaloneRunner(Runner):
+    """A Spark standalone master: status from its ``/json/``, kill through its web UI."""
+
+    name = "standalone"
+    timeout = 10
+
+    def _state(self, target: RunTarget) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{master_ui_url(target.master, target.master_ui)}/json/",
+                                    timeout=self.timeout) as response:
+            return json.load(response)
+
+    def app_state(self, target: RunTarget) -> str | None:
+        """The master's state of the application (RUNNING, WAITING, FINISHED, KILLED, FAILED); None if unknown."""
+        state = self._state(target)
+        for app in state.get("activeapps", []) + state.get("completedapps", []):
+            if app.get("id") == target.application_id:
+                return str(app.get("state"))
+        return None
+
+    def status(self, target: RunTarget) -> RunnerView:
+        if not target.application_id:
+            return RunnerView("unknown", "the run's application id is not known yet")
+        try:
+            state = self.app_state(target)
+        except OSError as exc:
+            return RunnerView("unknown", f"the master at {master_ui_url(target.master, target.master_ui)} did not "
+                                         f"answer: {exc}")
+        if state is None:
+            return RunnerView("unknown", f"the master does not know application {target.application_id}")
+        running = state in ("RUNNING", "WAITING", "SUBMITTED")
+        return RunnerView("running" if running else "ended",
+                          f"the master says application {target.application_id} is {state}")
+
+    def kill(self, target: RunTarget, grace: float) -> dict[str, Any]:
+        if not target.application_id:
+            return {"method": "master", "killed": False, "detail": "the run's application id is not known"}
+        url = f"{master_ui_url(target.master, target.master_ui)}/app/kill/"
+        data = urllib.parse.urlencode({"id": target.application_id, "terminate": "true"}).encode()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data, method="POST"), timeout=self.timeout):
+                pass
+        except OSError as exc:
+            return {"method": "master", "killed": False, "detail": f"the master refused or failed the kill: {exc}"}
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.status(target).state == "running":
+            time.sleep(0.5)
+        return {"method": "master", "killed": True,
+                "detail": f"application {target.application_id} killed through {url}: {self.status(target).detail}"}
+
+
+_RUNNERS: dict[str, Callable[[], Runner]] = {}
+
+
+def register_runner(master_prefix: str, factory: Callable[[], Runner]) -> None:
+    """Serve masters starting with ``master_prefix`` (``yarn``, ``k8s://``) with ``factory()``."""
+    _RUNNERS[master_prefix] = factory
+
+
+def runner_for(master: str | None) -> Runner:
+    master = master or "local"
+    if master.startswith("local"):
+        return LocalRunner()
+    if master.startswith("spark://"):
+        return StandaloneRunner()
+    for prefix, factory in _RUNNERS.items():
+        if master.startswith(prefix):
+            return factory()
+    return Runner()
