@@ -7,8 +7,8 @@ Every part listens on 127.0.0.1 on a free port and is stopped at exit, also when
   holds Airflow's metadata database and Celery's results; Redis is the Celery broker.
 - ``tests/support/airflow_cluster.py`` runs the API server, scheduler, DAG processor and triggerer
   with ``CeleryExecutor``. Each Celery worker runs in its own PID, mount and UTS namespace
-  (``unshare --pid --fork --mount-proc --uts``): its hostname is its name (``worker-a``), it sees
-  only its own processes, and it consumes only the queue of its name, so ``queue="worker-a"`` on a
+  (``unshare --pid --fork --mount-proc --uts``): its hostname is its name (``worker-a``, resolved
+  by an ``/etc/hosts`` of its own, bind-mounted there), it sees only its own processes, and it consumes only the queue of its name, so ``queue="worker-a"`` on a
   task sends the task there. Network and files stay shared, as on hosts that mount one shared
   folder. Killing a worker's namespace pid 1 kills everything in it: an honest host loss.
 - Workers serve no logs (``--skip-serve-logs``): the API server reads task logs from the shared
@@ -198,8 +198,13 @@ class Testbed:
         if clock_offset:
             env = {"LD_PRELOAD": FAKETIME_LIBRARY, "FAKETIME": clock_offset, "FAKETIME_DONT_RESET": "1",
                    "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        # as on a real host, its name resolves (Java's InetAddress.getLocalHost needs it): an /etc/hosts
+        # of its own, bind-mounted in its private mount namespace
+        hosts = self.airflow.home / f"{name}.hosts"
+        hosts.write_text(f"127.0.0.1 localhost {name}\n::1 localhost ip6-localhost\n")
         argv = ["unshare", "--pid", "--fork", "--mount-proc", "--uts", "--",
-                "sh", "-c", 'hostname "$0" && exec "$@"', name, *command]
+                "sh", "-c", 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"', name, str(hosts),
+                *command]
         process = self.airflow.start_process(name, argv, env)
         worker = self.workers[name] = Worker(name, process, clock_offset)
         return worker
