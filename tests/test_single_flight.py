@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -57,6 +58,7 @@ def test_a_dead_holders_lease_is_broken(checkpoint, tmp_path):
     stale = time.time() - 3600
     lease.write_text(json.dumps({"token": "dead", "request_id": "x", "savepoint_id": None, "owner": "gone:1",
                                  "started_at": stale, "heartbeat_at": stale}))
+    os.utime(lease, (stale, stale))  # not renewed for an hour, on the store's clock
     info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"))
     assert info.manifest.batch_id == 5 and not lease.exists()
 

@@ -97,9 +97,9 @@ def _report(as_json: bool, action) -> None:
     @main._command
     def run(as_json: bool = False) -> None:
         payload, text = action()
-        return payload, text
+        main._emit(as_json, payload, text)
 
-    _report(as_json, action)
+    run(as_json=as_json)
 
 
 def _submit_command(ctx: JobContext):

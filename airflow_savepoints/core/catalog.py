@@ -6,19 +6,15 @@ of truth: a record is offered for restore only after its ``_metadata`` is read, 
 recreates the catalog from them, and ``reconcile`` settles records left "in progress" by a
 process that died.
 
-Updates are read-modify-write under a short lease ``_catalog.lock`` (created exclusively, broken
-when stale). The catalog also holds pins: a restore pins its savepoint so that neither retention
-nor dispose removes it meanwhile; dispose marks a record "disposing" under the same lease, so a
+Updates are read-modify-write under a short lease ``_catalog.lock`` (a :class:`Lease`: created
+complete and exclusively, broken when stale on the store's clock). The catalog also holds pins: a restore pins its
+savepoint so that neither retention nor dispose removes it meanwhile; dispose marks a record "disposing" under the same lease, so a
 pin and a disposal never both succeed.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -36,6 +32,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from airflow_savepoints.core.lease import Lease, owner_id
 from airflow_savepoints.core.models import (
     MANIFEST_FILE,
     SavepointInfo,
@@ -156,10 +153,6 @@ def _confirmed_manifest(location: Store) -> SavepointManifest:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 class Catalog:
     """The catalog of one job folder ``<dir>/<job>``."""
 
@@ -230,7 +223,7 @@ class Catalog:
     # --- writing ------------------------------------------------------------------------------------
     def update(self, change: Callable[[CatalogDocument], T]) -> T:
         """Apply ``change`` to the catalog under its lease and write it back atomically."""
-        token = self._acquire()
+        lease = self._acquire()
         try:
             document = self._read() or self._crawl()
             result = change(document)
@@ -238,7 +231,7 @@ class Catalog:
             self.store.write_bytes_atomic(CATALOG_FILE, document.model_dump_json().encode())
             return result
         finally:
-            self._release(token)
+            lease.release()
 
     def rebuild(self) -> CatalogDocument:
         """Recreate the catalog from the ``_metadata`` files; keeps live pins and in-progress records."""
@@ -337,7 +330,7 @@ class Catalog:
         if manifest is None:
             manifest = read_manifest(self.store.child(savepoint_id))  # _metadata first: the source of truth
         now = datetime.now(UTC)
-        pin = Pin(pin_id=uuid.uuid4().hex, savepoint_id=savepoint_id, owner=_owner(), purpose=purpose,
+        pin = Pin(pin_id=uuid.uuid4().hex, savepoint_id=savepoint_id, owner=owner_id(), purpose=purpose,
                   created_at=now, expires_at=now + ttl)
 
         def add(document: CatalogDocument) -> None:
@@ -377,40 +370,17 @@ class Catalog:
         self.update(mark)
 
     # --- the lease ----------------------------------------------------------------------------------
-    def _acquire(self, timeout: float = 60.0) -> str:
-        token = uuid.uuid4().hex
-        body = json.dumps({"token": token, "owner": _owner(), "at": time.time()}).encode()
-
-        def attempt() -> bool:
-            if self.store.create_exclusive(CATALOG_LOCK, body):
-                return True
-            self._break_if_stale()
-            return False
-
+    def _acquire(self, timeout: float = 60.0) -> Lease:
+        lease = Lease(self.store, CATALOG_LOCK, stale_after=LOCK_STALE_AFTER)
         retrying = Retrying(stop=stop_after_delay(timeout), wait=wait_random_exponential(multiplier=0.05, max=1),
-                            retry=retry_if_result(lambda ok: not ok), retry_error_callback=lambda state: False)
-        if retrying(attempt):
-            return token
+                            retry=retry_if_result(lambda holder: holder is not None),
+                            retry_error_callback=lambda state: state.outcome.result())
+        holder = retrying(lease.try_acquire)
+        if holder is None:
+            return lease
         raise SavepointInFlightError(
-            f"the catalog of job '{self.job}' stayed locked for {timeout:.0f}s ({self.store.url_of(CATALOG_LOCK)})",
-            f"retry; if no process holds it, delete {CATALOG_LOCK} (it is broken automatically after {LOCK_STALE_AFTER:.0f}s)",
+            f"the catalog of job '{self.job}' stayed locked for {timeout:.0f}s ({self.store.url_of(CATALOG_LOCK)}, "
+            f"owner {holder.owner or 'unknown'})",
+            f"retry; if no process holds it, delete {CATALOG_LOCK} (it is broken automatically once it has not "
+            f"changed for {LOCK_STALE_AFTER:.0f}s)",
         )
-
-    def _break_if_stale(self) -> None:
-        try:
-            raw = json.loads(self.store.read_bytes(CATALOG_LOCK))
-            at = float(raw.get("at", 0))
-        except FileNotFoundError:
-            return
-        except (ValueError, TypeError, AttributeError):
-            at = 0.0
-        if time.time() - at > LOCK_STALE_AFTER:
-            self.store.remove_file(CATALOG_LOCK)
-
-    def _release(self, token: str) -> None:
-        try:
-            raw = json.loads(self.store.read_bytes(CATALOG_LOCK))
-        except (FileNotFoundError, ValueError):
-            return
-        if raw.get("token") == token:
-            self.store.remove_file(CATALOG_LOCK)

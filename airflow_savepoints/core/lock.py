@@ -1,45 +1,48 @@
-"""Single flight per job: a lease file ``<dir>/<job>/_inflight.json`` held while a savepoint is taken.
+"""Single flight per job: the lease ``<dir>/<job>/_inflight.json`` held while a savepoint is taken.
 
-The file is created atomically (O_EXCL locally, a conditional PUT on S3) and refreshed by a heartbeat.
-A lease whose heartbeat is older than ``stale_after`` seconds belongs to a holder that died
-(``kill -9``, a lost worker) and may be broken by the next trigger.
+A :class:`~airflow_savepoints.core.lease.Lease` (atomic exclusive create, staleness on the store's
+clock, renewed by a heartbeat). A lease not renewed for ``stale_after`` seconds belongs to a holder
+that died (``kill -9``, a lost worker) and is broken by the next trigger. Its facts name the request
+and the savepoint location being written, so retention keeps that location.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_savepoints.core.lease import Lease, LeaseState, owner_id
 from airflow_savepoints.storage import Store
 
 LOCK_FILE = "_inflight.json"
 
 
-@dataclass
-class Lease:
-    token: str
+@dataclass(frozen=True)
+class InflightHolder:
+    """Who holds a job's savepoint lease, and for what."""
+
+    token: str | None
     request_id: str | None
     savepoint_id: str | None
-    owner: str
-    started_at: float
-    heartbeat_at: float
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(self.__dict__, sort_keys=True).encode()
+    owner: str | None
+    started_at: float | None
+    stale: bool
+    age_s: float | None
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Lease | None:
-        try:
-            raw: dict[str, Any] = json.loads(data)
-            return cls(**{k: raw.get(k) for k in cls.__dataclass_fields__})
-        except (ValueError, TypeError):
-            return None
+    def of(cls, state: LeaseState) -> InflightHolder:
+        facts = state.facts
+
+        def text(key: str) -> str | None:
+            value = facts.get(key)
+            return value if isinstance(value, str) else None
+
+        started: Any = facts.get("started_at")
+        return cls(token=state.token, request_id=text("request_id"), savepoint_id=text("savepoint_id"),
+                   owner=state.owner or "unknown (unreadable lease)",
+                   started_at=float(started) if isinstance(started, int | float) else None,
+                   stale=state.stale, age_s=state.age_s)
 
 
 class JobLock:
@@ -48,71 +51,38 @@ class JobLock:
     def __init__(self, job_store: Store, *, request_id: str | None, stale_after: float = 120.0):
         self.store = job_store
         self.stale_after = stale_after
-        now = time.time()
-        self.lease = Lease(
-            token=uuid.uuid4().hex, request_id=request_id, savepoint_id=None,
-            owner=f"{socket.gethostname()}:{os.getpid()}", started_at=now, heartbeat_at=now,
-        )
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.lease = Lease(job_store, LOCK_FILE, stale_after=stale_after,
+                           facts={"request_id": request_id, "savepoint_id": None, "started_at": time.time()})
 
-    def current(self) -> Lease | None:
-        try:
-            return Lease.from_bytes(self.store.read_bytes(LOCK_FILE))
-        except FileNotFoundError:
-            return None
+    def current(self) -> InflightHolder | None:
+        state = self.lease.read()
+        return None if state is None else InflightHolder.of(state)
 
-    def is_stale(self, lease: Lease | None) -> bool:
-        return lease is None or (time.time() - float(lease.heartbeat_at or 0)) > self.stale_after
+    @staticmethod
+    def is_stale(holder: InflightHolder | None) -> bool:
+        return holder is None or holder.stale
 
-    def try_acquire(self) -> Lease | None:
+    def try_acquire(self) -> InflightHolder | None:
         """Take the lease. Returns None on success, else the live lease of the current holder."""
-        for _ in range(3):
-            if self.store.create_exclusive(LOCK_FILE, self.lease.to_bytes()):
-                self._start_heartbeat()
-                return None
-            holder = self.current()
-            if holder is not None and not self.is_stale(holder):
-                return holder
-            self.store.remove_file(LOCK_FILE)  # the holder died: break its lease
-        return self.current()
+        holder = self.lease.try_acquire()
+        if holder is not None:
+            return InflightHolder.of(holder)
+        self.lease.start_heartbeat()
+        return None
 
     def set_savepoint(self, savepoint_id: str) -> None:
-        self.lease.savepoint_id = savepoint_id
-        self._refresh()
+        self.lease.renew(savepoint_id=savepoint_id)
 
     def still_held(self) -> bool:
-        holder = self.current()
-        return holder is not None and holder.token == self.lease.token
-
-    def _refresh(self) -> None:
-        if self.still_held():
-            self.lease.heartbeat_at = time.time()
-            self.store.write_bytes_atomic(LOCK_FILE, self.lease.to_bytes())
-
-    def _start_heartbeat(self) -> None:
-        def beat() -> None:
-            while not self._stop.wait(max(1.0, self.stale_after / 4)):
-                try:
-                    self._refresh()
-                except Exception:  # noqa: BLE001 - a missed heartbeat only risks a broken lease
-                    pass
-
-        self._thread = threading.Thread(target=beat, name="savepoint-lease", daemon=True)
-        self._thread.start()
+        return not self.lease.lost and self.lease.held()
 
     @staticmethod
     def abandon(job_store: Store, savepoint_id: str) -> bool:
         """Remove the lease if THIS process holds it for ``savepoint_id`` (a killed task's cleanup)."""
-        holder = JobLock(job_store, request_id=None).current()
-        if holder is None or holder.savepoint_id != savepoint_id or holder.owner != f"{socket.gethostname()}:{os.getpid()}":
+        state = Lease(job_store, LOCK_FILE, stale_after=120.0).read()
+        if state is None or state.facts.get("savepoint_id") != savepoint_id or state.owner != owner_id():
             return False
-        job_store.remove_file(LOCK_FILE)
-        return True
+        return Lease(job_store, LOCK_FILE, token=state.token, stale_after=120.0).release()
 
     def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self.still_held():
-            self.store.remove_file(LOCK_FILE)
+        self.lease.release()

@@ -126,16 +126,25 @@ def take_savepoint(
     first = _plan_listed(source)  # fail on bad input before anything is written; the first attempt uses it
 
     lock = JobLock(job_store, request_id=request_id, stale_after=lock_stale_after)
-    deadline = time.monotonic() + wait_for_same_request
+    started = time.monotonic()
     while (holder := lock.try_acquire()) is not None:
-        if not request_id or holder.request_id != request_id or time.monotonic() > deadline:
+        same_request = bool(request_id) and holder.request_id == request_id
+        # a lease from the future has no age on the store's clock: it goes stale once seen unchanged
+        # for lock_stale_after seconds, so wait that long for it rather than fail
+        waited = time.monotonic() - started
+        if not ((same_request and waited <= wait_for_same_request)
+                or (holder.age_s is None and waited <= lock_stale_after + 5)):
+            since = "" if holder.started_at is None else \
+                f", started {datetime.fromtimestamp(holder.started_at, UTC).isoformat()}"
             raise SavepointInFlightError(
                 f"a savepoint of job '{job}' is already in progress (request {holder.request_id!r}, "
-                f"location {holder.savepoint_id!r}, owner {holder.owner}, started "
-                f"{datetime.fromtimestamp(holder.started_at, UTC).isoformat()})",
-                "wait for it to finish, or retry with the same request id to get its result",
+                f"location {holder.savepoint_id!r}, owner {holder.owner}{since})",
+                "wait for it to finish, or retry with the same request id to get its result "
+                f"(a holder that died is broken after {lock_stale_after:.0f}s)",
             )
-        time.sleep(1.0)  # the same request is in flight elsewhere: wait for its result
+        time.sleep(1.0 if same_request else 0.5)  # the same request is in flight elsewhere: wait for its result
+        if not same_request:
+            continue
         done = find_by_request_id(root, job, request_id)
         if done is not None:
             return done

@@ -167,11 +167,27 @@ def _current_run(ctx: JobContext) -> _Run:
     run_id = holder.run_id if holder else (record.run_id if record else None)
     if record is not None and holder is not None and record.run_id != holder.run_id:
         record = None  # the recorded run is an older one: the lease holder (started by another tool) is current
+    if holder is None:  # no run holds the lease: the newest run that wrote heartbeats may be newer than the record
+        latest = _latest_beating_run(ctx)
+        if latest is not None and (record is None or (latest[0] != record.run_id and latest[1] > record.started_at.timestamp())):
+            record, run_id = None, latest[0]
     control_url = (holder.control if holder and holder.run_id == run_id else None) or (record.control if record else None)
-    if control_url is None and run_id and holder is not None:
+    if control_url is None and run_id:
         control_url = ctx.folder.child(CONTROL_FOLDER).child(run_id).url
     control = JobControl(Store(control_url, ctx.root.storage_options)) if control_url else None
     return _Run(record, holder, run_id, control)
+
+
+def _latest_beating_run(ctx: JobContext) -> tuple[str, float] | None:
+    """The run whose heartbeat was written last (its id and the heartbeat's mtime), if any."""
+    folder = ctx.folder.child(CONTROL_FOLDER)
+    try:
+        listing = folder.list_files()
+    except FileNotFoundError:
+        return None
+    beats = [(path.split("/")[0], stat.modified or 0.0) for path, stat in listing.items()
+             if path.endswith("/" + HEARTBEAT_FILE) and path.count("/") == 1]
+    return max(beats, key=lambda beat: beat[1]) if beats else None
 
 
 def found_failed(run: JobRun | None) -> str | None:

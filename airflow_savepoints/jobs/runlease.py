@@ -1,47 +1,30 @@
 """One live run per job: the run lease ``<savepoint dir>/<job>/_lease.json`` on shared storage.
 
-The lease names the run that may write the job's sink (its run id is the fencing token), with the
-host, application id and control folder of that run. It is created atomically (exclusive create:
-one of two simultaneous starts wins) and renewed by the run's heartbeats. Its age is measured on the
-store's own clock (the modification time the store gives the lease against the one it gives a probe
-file written just now), so a machine whose clock is minutes off still judges it right. A lease
-older than its ``timeout_s`` has lapsed: its run stopped renewing it (dead, hung or cut off) and a
-new run may take it over. Taking over is itself exclusive: one marker per lapsed run id
-(``_lease-takeovers/<run id>``), so two starts never both replace the same lapsed lease.
+The lease names the run that may write the job's sink: its token is the run id (the fencing
+token), its facts the host, application id, control folder and checkpoint of that run. It is a
+:class:`~airflow_savepoints.core.lease.Lease` (one implementation for every lock of the package):
+taken by an atomic exclusive create whose content is complete when visible, renewed by the run's
+heartbeats, and aged on the store's own clock, so a machine whose clock is minutes off still
+judges it right. A lease not renewed for its run's ``timeout_s`` has lapsed: that run stopped
+renewing it (dead, hung or cut off) and a new run may take it over; breaking a stale lease is
+itself exclusive, so two starts never both take over the same lapsed lease.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from airflow_savepoints.core.lease import Lease, LeaseState, store_now
 from airflow_savepoints.storage import Store
 
 LEASE_FILE = "_lease.json"
-TAKEOVER_FOLDER = "_lease-takeovers"
 DEFAULT_LEASE_TIMEOUT = 30.0
 RELEASED = "(released)"  # what renew() reports when the lease is gone
 
 
-def store_now(folder: Store) -> float:
-    """The store's clock, in epoch seconds: the modification time it gives a file written just now."""
-    name = f".clock-{uuid.uuid4().hex}"
-    folder.write_bytes_atomic(name, b"")
-    try:
-        modified = folder.stat(name).modified
-    finally:
-        folder.remove_file(name)
-    if modified is None:  # a store that reports no times: nothing better than our own clock
-        return datetime.now(UTC).timestamp()
-    return modified
-
-
-def age_on_store_clock(folder: Store, rel: str, now: float | None = None) -> float | None:
+def age_on_store_clock(folder: Store, rel: str) -> float | None:
     """Seconds since ``rel`` was last written, by the store's clock; None if it does not exist."""
     try:
         modified = folder.stat(rel).modified
@@ -49,7 +32,7 @@ def age_on_store_clock(folder: Store, rel: str, now: float | None = None) -> flo
         return None
     if modified is None:
         return None
-    return max(0.0, (store_now(folder) if now is None else now) - modified)
+    return max(0.0, store_now(folder) - modified)
 
 
 class RunLeaseHolder(BaseModel):
@@ -67,19 +50,29 @@ class RunLeaseHolder(BaseModel):
     checkpoint: str | None = None
     driver_pod: str | None = None  # Kubernetes cluster mode
     timeout_s: float = DEFAULT_LEASE_TIMEOUT
-    renewed_at: str | None = None
     age_s: float | None = None  # set when read: seconds since the last renewal, on the store's clock
+    stale: bool = False  # judged without an age (an mtime in the store's future, seen unchanged too long)
 
     @property
     def lapsed(self) -> bool:
-        return self.age_s is not None and self.age_s > self.timeout_s
+        return self.stale if self.age_s is None else self.age_s > self.timeout_s
 
     def facts(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"age_s"})
+        return self.model_dump(exclude={"age_s", "stale"})
 
     def describe(self) -> str:
         return (f"run {self.run_id} on host {self.host or 'unknown'}, application {self.application_id or 'unknown'}"
                 + (f", pid {self.pid}" if self.pid else ""))
+
+    @classmethod
+    def of(cls, state: LeaseState) -> RunLeaseHolder:
+        """The holder a lease file names; a garbage lease is held by run ``?`` (lapsed once old)."""
+        facts = {k: v for k, v in state.facts.items() if k in cls.model_fields and k not in ("age_s", "stale")}
+        try:
+            holder = cls.model_validate({**facts, "run_id": state.token or "?"})
+        except ValidationError:
+            holder = cls(run_id=state.token or "?")
+        return holder.model_copy(update={"age_s": state.age_s, "stale": state.stale})
 
 
 class RunLease:
@@ -87,6 +80,7 @@ class RunLease:
 
     def __init__(self, job_folder: Store) -> None:
         self.folder = job_folder
+        self._leases: dict[str, Lease] = {}
 
     @classmethod
     def at(cls, lease_url: str, storage_options: dict[str, Any] | None = None) -> RunLease:
@@ -99,68 +93,63 @@ class RunLease:
     def url(self) -> str:
         return self.folder.url_of(LEASE_FILE)
 
+    def _lease(self, run_id: str, timeout: float | None = None) -> Lease:
+        lease = self._leases.get(run_id)
+        if lease is None:
+            lease = self._leases[run_id] = Lease(self.folder, LEASE_FILE, token=run_id,
+                                                 stale_after=timeout or DEFAULT_LEASE_TIMEOUT)
+        return lease
+
+    def _state(self) -> LeaseState | None:
+        return Lease(self.folder, LEASE_FILE, stale_after=DEFAULT_LEASE_TIMEOUT).read()
+
     def holder(self) -> RunLeaseHolder | None:
-        """The current holder with its age; None if there is no lease. An unreadable lease (a torn
-        or foreign file) counts as held by run ``?`` that has lapsed once its file is old enough."""
-        try:
-            data = self.folder.read_bytes(LEASE_FILE)
-        except FileNotFoundError:
-            return None
-        age = age_on_store_clock(self.folder, LEASE_FILE)
-        if age is None:  # removed between the read and the stat
-            return None
-        try:
-            holder = RunLeaseHolder.model_validate(json.loads(data))
-        except (ValueError, ValidationError):
-            holder = RunLeaseHolder(run_id="?")
-        return holder.model_copy(update={"age_s": age})
+        """The current holder with its age; None if there is no lease."""
+        state = self._state()
+        return None if state is None else RunLeaseHolder.of(state)
 
-    def _encode(self, run_id: str, facts: dict[str, Any]) -> bytes:
-        holder = RunLeaseHolder.model_validate({**facts, "run_id": run_id,
-                                                "renewed_at": datetime.now(UTC).isoformat()})
-        return holder.model_dump_json(exclude={"age_s"}).encode()
-
-    def acquire(self, run_id: str, facts: dict[str, Any], *,
-                may_take_over: Any = None) -> RunLeaseHolder | None:
+    def acquire(self, run_id: str, facts: dict[str, Any], *, may_take_over: Any = None) -> RunLeaseHolder | None:
         """Take the lease for ``run_id``. Returns None on success, else the holder that keeps it.
 
-        A lease held by ``run_id`` already is renewed. A lapsed lease is taken over if
-        ``may_take_over(holder)`` (default: always) agrees; one taker per lapsed run wins."""
-        data = self._encode(run_id, facts)
+        A lease held by ``run_id`` already is renewed with ``facts``. A lapsed lease is taken over
+        if ``may_take_over(holder)`` (default: always) agrees; one taker per lapsed lease wins."""
+        timeout = float(facts.get("timeout_s") or DEFAULT_LEASE_TIMEOUT)
+        lease = self._lease(run_id, timeout)
         for _ in range(3):
-            if self.folder.create_exclusive(LEASE_FILE, data):
+            current = self.holder()
+            if current is not None and current.run_id != run_id and (
+                    not current.lapsed or (may_take_over is not None and not may_take_over(current))):
+                return current
+            lease.facts = {**(current.facts() if current is not None and current.run_id == run_id else {}),
+                           **facts, "run_id": run_id, "timeout_s": timeout}
+            lease.stale_after = current.timeout_s if current is not None and current.run_id != run_id else timeout
+            try:
+                taken = lease.try_acquire()
+            finally:
+                lease.stale_after = timeout
+            if taken is None:
+                if current is not None and current.run_id == run_id:
+                    lease.renew()  # ours already: with the new facts
                 return None
-            holder = self.holder()
-            if holder is None:
-                continue  # released meanwhile: try again
-            if holder.run_id == run_id:
-                self.folder.write_bytes_atomic(LEASE_FILE, data)
-                return None
-            if not holder.lapsed or (may_take_over is not None and not may_take_over(holder)):
-                return holder
-            generation = hashlib.sha1(f"{holder.run_id}|{holder.renewed_at}".encode()).hexdigest()[:20]
-            marker = f"{TAKEOVER_FOLDER}/{generation}"
-            if not self.folder.create_exclusive(marker, run_id.encode()):
-                return self.holder() or holder  # another start takes this lapsed lease over
-            self.folder.write_bytes_atomic(LEASE_FILE, data)
-            return None
+            if not RunLeaseHolder.of(taken).lapsed:
+                return RunLeaseHolder.of(taken)
         return self.holder()
 
     def renew(self, run_id: str, facts: dict[str, Any]) -> RunLeaseHolder | None:
-        """Renew the lease if ``run_id`` holds it. Returns None if renewed, else the holder now
-        (a run that finds another holder has been fenced off and must stop writing)."""
-        holder = self.holder()
-        if holder is None:  # released by a stop or cancel that judged this run ended: it must not go on
+        """Renew the lease if ``run_id`` holds it, merging ``facts``. Returns None if renewed, else
+        the holder now (a run that finds another holder, or none, has been fenced off)."""
+        lease = self._lease(run_id)
+        state = lease.read()
+        if state is None:  # released by a stop or cancel that judged this run ended: it must not go on
             return RunLeaseHolder(run_id=RELEASED)
-        if holder.run_id != run_id:
-            return holder
-        self.folder.write_bytes_atomic(LEASE_FILE, self._encode(run_id, {**holder.facts(), **facts}))
-        return None
+        if state.token != run_id:
+            return RunLeaseHolder.of(state)
+        lease.facts = {**state.facts, **facts, "run_id": run_id}
+        if lease.renew():
+            return None
+        state = lease.read()
+        return RunLeaseHolder.of(state) if state is not None else RunLeaseHolder(run_id=RELEASED)
 
     def release(self, run_id: str) -> bool:
         """Remove the lease if ``run_id`` holds it; True if it did."""
-        holder = self.holder()
-        if holder is None or holder.run_id != run_id:
-            return False
-        self.folder.remove_file(LEASE_FILE)
-        return True
+        return self._lease(run_id).release()

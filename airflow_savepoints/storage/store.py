@@ -438,19 +438,31 @@ class Store:
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         """Create ``rel`` holding ``data`` only if it does not exist yet. True if this call created it.
 
-        Local files use O_EXCL and S3 a conditional PUT (If-None-Match), both atomic. Other stores fall
-        back to check-then-write, which two processes can race; docs/concepts.md says so.
+        The file is complete the moment it becomes visible: locally a temp file is written, then
+        hard-linked as ``rel`` (``link`` fails if ``rel`` exists); S3 uses a conditional PUT
+        (If-None-Match). Other stores fall back to check-then-write, which two processes can race;
+        docs/concepts.md says so.
         """
         target = self.path_of(rel)
         with self.translate_errors(self.url_of(rel)):
             if self.protocol == "file":
-                os.makedirs(posixpath.dirname(target), exist_ok=True)
+                parent = posixpath.dirname(target)
+                os.makedirs(parent, exist_ok=True)
+                tmp = posixpath.join(parent, f".{posixpath.basename(target)}.{uuid.uuid4().hex}.tmp")
+                with open(tmp, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
                 try:
-                    fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                    os.link(tmp, target)
                 except FileExistsError:
                     return False
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
+                except OSError as exc:
+                    if exc.errno not in _NO_LINK_ERRNOS:
+                        raise
+                    return _create_without_link(target, data)  # a filesystem without hard links
+                finally:
+                    os.unlink(tmp)
                 return True
             if self.protocol == "s3":
                 return self._s3_put_if_absent(target, data)
@@ -608,6 +620,18 @@ class _Translated:
             return
         with contextlib.suppress(Exception):  # the error being raised says what went wrong
             self._handle.close()
+
+
+def _create_without_link(target: str, data: bytes) -> bool:
+    """O_EXCL create, then write: for local filesystems that refuse hard links (readers may see it
+    empty for a moment; a lease judges an unreadable file by its mtime, so that is not fatal)."""
+    try:
+        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    return True
 
 
 _NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}

@@ -1,0 +1,329 @@
+"""A lease file in a store: one holder at a time, broken when its holder stops renewing it.
+
+One implementation serves every lock of the package: the single-flight lease of a job's savepoint
+(``_inflight.json``), the catalog lock (``_catalog.lock``) and the run lease of a job.
+
+- Taking it is one atomic exclusive create whose content is complete the moment the file becomes
+  visible (:meth:`Store.create_exclusive`: a hard link of a written temp file locally, a PUT with
+  ``If-None-Match: *`` on S3). A reader never sees a half-written lease.
+- Staleness is judged on the STORE's clock: the store's modification time of the lease against
+  the store's "now" (the modification time of a probe file written there, extrapolated with the
+  local monotonic clock for a while). The local wall clock is never used, so a skewed worker can
+  neither break a live lease nor keep a dead one. Renewing rewrites the lease (a new mtime).
+- A lease whose mtime lies in the future (a clock that jumped, a ``touch``) has no usable age: it
+  is stale once this process has seen it unchanged for ``stale_after`` seconds. A lease whose
+  content is garbage (``[]``, ``null``, a bad number, empty) is judged by its mtime like any other;
+  neither ever raises.
+- Breaking a stale lease happens under a short second lease ``<name>.break``: the breaker re-reads
+  the lease and removes it only if it is still exactly the stale one it judged (same bytes, same
+  mtime), so two breakers never remove a fresh lease that someone took in between. A late renewal
+  or release (more than ``stale_after / 2`` after the last write) goes through the same lock.
+- The content carries a fencing token (the caller's, e.g. a run id, or a random one), the owner
+  (``host:pid``) and free-form facts the holder can update when it renews.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.storage import Store
+
+log = logging.getLogger(__name__)
+
+LEASE_FORMAT = "airflow-savepoints/lease"
+BREAK_SUFFIX = ".break"
+BREAK_STALE_AFTER = 10.0  # seconds: a break lock is held for one read and one delete
+CLOCK_SLACK = 2.0  # seconds: mtime resolution (1 s on S3) and the probe's own delay
+CLOCK_PROBE_TTL = 30.0  # seconds a measured store clock is extrapolated before it is probed again
+CLOCK_PROBE_PREFIX = "._clock."
+
+_clock_cache: dict[tuple[str, str], tuple[float, float]] = {}  # (protocol, folder) -> (store time, monotonic)
+_clock_lock = threading.Lock()
+
+
+def owner_id() -> str:
+    """This process, as lease owners are named: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def store_now(store: Store, *, fresh: bool = False) -> float:
+    """The store's current time (epoch seconds): the mtime of a probe file written into ``store``'s
+    folder, extrapolated with the local monotonic clock for up to ``CLOCK_PROBE_TTL`` seconds."""
+    key = (store.protocol, store.root)
+    with _clock_lock:
+        cached = _clock_cache.get(key)
+    if cached is not None and not fresh and time.monotonic() - cached[1] < CLOCK_PROBE_TTL:
+        return cached[0] + (time.monotonic() - cached[1])
+    probe = f"{CLOCK_PROBE_PREFIX}{uuid.uuid4().hex}.tmp"
+    before = time.monotonic()
+    store.write_bytes_atomic(probe, b"")
+    try:
+        modified = store.stat(probe).modified
+    finally:
+        try:
+            store.remove_file(probe)
+        except (OSError, SavepointError):  # retention removes a probe left behind
+            pass
+    if modified is None:  # a store that reports no times: nothing better than our own clock
+        modified = time.time()
+    with _clock_lock:
+        _clock_cache[key] = (modified, before)
+    return modified + (time.monotonic() - before)
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What a lease file says, judged on the store's clock.
+
+    ``token``/``owner`` are None and ``facts`` empty when the content is unreadable (``readable``
+    False); ``age_s`` is None when the lease's mtime lies in the future of the store's clock."""
+
+    token: str | None
+    owner: str | None
+    facts: dict[str, Any]
+    age_s: float | None
+    stale: bool
+    readable: bool
+    modified: float | None = None
+    identity: tuple[bytes, float | None] = field(default=(b"", None), repr=False, compare=False)
+
+
+def _parse(raw: bytes) -> tuple[str | None, str | None, dict[str, Any], bool]:
+    """(token, owner, facts, readable) of a lease's bytes; never raises."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None, None, {}, False
+    if not isinstance(body, dict):
+        return None, None, {}, False
+    token, owner = body.get("token"), body.get("owner")
+    facts = body.get("facts")
+    if not isinstance(facts, dict):  # an older lease file: its other keys are its facts
+        facts = {k: v for k, v in body.items() if k not in ("token", "owner", "format", "nonce", "written_at")}
+    return (token if isinstance(token, str) else None, owner if isinstance(owner, str) else None, facts,
+            isinstance(token, str))
+
+
+class Lease:
+    """The lease ``name`` in ``store`` (a file directly in the store's folder).
+
+    ``try_acquire()`` returns None when this object now holds the lease, else the live holder's
+    :class:`LeaseState`. ``renew(**facts)`` rewrites it (False once it is gone or another token
+    holds it); ``release()`` removes it if it is still ours; ``read()`` says who holds it.
+    """
+
+    def __init__(self, store: Store, name: str, *, token: str | None = None, stale_after: float,
+                 facts: dict[str, Any] | None = None):
+        if stale_after <= 0:
+            raise ValueError("stale_after must be positive")
+        self.store, self.name, self.stale_after = store, name, float(stale_after)
+        self.token = token or uuid.uuid4().hex
+        self.owner = owner_id()
+        self.facts: dict[str, Any] = dict(facts or {})
+        self._written_at: float | None = None  # monotonic time of our last write of the lease
+        self._seen: dict[str, tuple[tuple[bytes, float | None], float]] = {}  # name -> (identity, first seen)
+        self._io = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost = False  # set by the heartbeat when a renewal finds the lease taken over
+
+    # --- reading ------------------------------------------------------------------------------------
+    def read(self) -> LeaseState | None:
+        """The lease as it is now; None if there is none."""
+        return self._state_of(self.name, self.stale_after)
+
+    def held(self) -> bool:
+        """Whether the lease file carries our token."""
+        state = self.read()
+        return state is not None and state.token == self.token
+
+    def _raw(self, name: str) -> tuple[bytes, float | None] | None:
+        try:
+            data = self.store.read_bytes(name)
+            modified = self.store.stat(name).modified
+        except FileNotFoundError:
+            return None
+        return data, modified
+
+    def _state_of(self, name: str, stale_after: float) -> LeaseState | None:
+        raw = self._raw(name)
+        if raw is None:
+            self._seen.pop(name, None)
+            return None
+        data, modified = raw
+        token, owner, facts, readable = _parse(data)
+        age: float | None = None
+        if modified is not None:
+            now = store_now(self.store)
+            if modified > now + CLOCK_SLACK:
+                now = store_now(self.store, fresh=True)  # the cached clock may be behind: measure again
+            if modified <= now + CLOCK_SLACK:
+                age = max(0.0, now - modified)
+        if age is not None:
+            self._seen.pop(name, None)
+            stale = age > stale_after
+        else:  # from the future, or no time at all: stale once seen unchanged for stale_after seconds
+            seen = self._seen.get(name)
+            if seen is None or seen[0] != raw:
+                self._seen[name] = seen = (raw, time.monotonic())
+            stale = time.monotonic() - seen[1] > stale_after
+        return LeaseState(token=token, owner=owner, facts=facts, age_s=age, stale=stale, readable=readable,
+                          modified=modified, identity=raw)
+
+    # --- taking and giving back ---------------------------------------------------------------------
+    def _body(self) -> bytes:
+        return json.dumps({"format": LEASE_FORMAT, "token": self.token, "owner": self.owner, "facts": self.facts,
+                           "nonce": uuid.uuid4().hex, "written_at": time.time()}, sort_keys=True,
+                          default=str).encode()
+
+    def try_acquire(self) -> LeaseState | None:
+        """Take the lease: None if this object holds it now, else the current holder's state.
+
+        A stale lease is broken first (under the break lock). Never raises for a garbage lease."""
+        with self._io:
+            for _ in range(3):
+                if self.store.create_exclusive(self.name, self._body()):
+                    self._written_at = time.monotonic()
+                    self.lost = False
+                    return None
+                holder = self.read()
+                if holder is None:
+                    continue  # released meanwhile: try again
+                if holder.token == self.token:  # ours (e.g. a retried create): keep it
+                    self._written_at = time.monotonic()
+                    return None
+                if not holder.stale:
+                    return holder
+                if not self._break(holder):
+                    return holder
+            return self.read()
+
+    def acquire(self, timeout: float, poll: float = 0.2) -> LeaseState | None:
+        """``try_acquire`` until it succeeds or ``timeout`` seconds pass; the last holder on failure."""
+        deadline = time.monotonic() + timeout
+        while True:
+            holder = self.try_acquire()
+            if holder is None or time.monotonic() >= deadline:
+                return holder
+            time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+    def renew(self, **facts: Any) -> bool:
+        """Rewrite the lease (a new mtime on the store), merging ``facts`` into its facts.
+
+        False, without writing, once the lease is gone or another token holds it."""
+        with self._io:
+            self.facts.update(facts)
+            return self._while_ours(lambda: self.store.write_bytes_atomic(self.name, self._body()))
+
+    def release(self) -> bool:
+        """Stop the heartbeat and remove the lease if it is still ours. True if removed."""
+        self.stop_heartbeat()
+        with self._io:
+            removed = self._while_ours(lambda: self.store.remove_file(self.name), removing=True)
+            self._written_at = None
+            return removed
+
+    def _while_ours(self, action: Callable[[], None], removing: bool = False) -> bool:
+        """Run ``action`` if the lease is ours. Unless our last write is recent (nobody can judge it
+        stale yet), under the break lock, so that no breaker acts on it meanwhile."""
+        recent = self._written_at is not None and time.monotonic() - self._written_at < self.stale_after / 2
+        if recent:
+            if not self.held():
+                return False
+            action()
+            if not removing:
+                self._written_at = time.monotonic()
+            return True
+        with self._break_lock() as locked:
+            if not locked or not self.held():
+                return False
+            action()
+            if not removing:
+                self._written_at = time.monotonic()
+            return True
+
+    # --- breaking -----------------------------------------------------------------------------------
+    def _break(self, judged: LeaseState) -> bool:
+        """Remove the stale lease ``judged`` if it is still exactly that lease. True if removed."""
+        with self._break_lock() as locked:
+            if not locked:
+                return False
+            now = self._raw(self.name)
+            if now is None:
+                return True
+            if now != judged.identity:
+                return False  # renewed, or replaced by a fresh lease: not ours to break
+            log.warning("breaking the stale lease %s (owner %s, %s)", self.store.url_of(self.name), judged.owner,
+                        "age unknown" if judged.age_s is None else f"{judged.age_s:.0f}s old")
+            self.store.remove_file(self.name)
+            return True
+
+    def _break_lock(self) -> _BreakLock:
+        return _BreakLock(self)
+
+    # --- heartbeat ----------------------------------------------------------------------------------
+    def start_heartbeat(self, interval: float | None = None, on_lost: Callable[[], None] | None = None) -> None:
+        """Renew in a daemon thread every ``interval`` seconds (default ``stale_after / 4``); when a
+        renewal finds the lease taken over, set ``lost``, call ``on_lost`` and stop."""
+        every = interval if interval is not None else max(0.05, self.stale_after / 4)
+        self._stop.clear()
+
+        def beat() -> None:
+            while not self._stop.wait(every):
+                try:
+                    still = self.renew()
+                except Exception:  # noqa: BLE001 - a missed heartbeat only risks a broken lease
+                    continue
+                if not still:
+                    self.lost = True
+                    if on_lost is not None:
+                        on_lost()
+                    return
+
+        self._thread = threading.Thread(target=beat, name=f"lease-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+
+
+class _BreakLock:
+    """``<name>.break``: held for the moment a lease is checked and removed or rewritten."""
+
+    def __init__(self, lease: Lease, wait: float = 2.0):
+        self.lease, self.wait = lease, wait
+        self.name = lease.name + BREAK_SUFFIX
+        self.body = json.dumps({"token": uuid.uuid4().hex, "owner": owner_id()}).encode()
+        self.held = False
+
+    def __enter__(self) -> bool:
+        store, deadline = self.lease.store, time.monotonic() + self.wait
+        while True:
+            if store.create_exclusive(self.name, self.body):
+                self.held = True
+                return True
+            state = self.lease._state_of(self.name, BREAK_STALE_AFTER)
+            if state is not None and state.stale:
+                log.warning("removing the stale break lock %s", store.url_of(self.name))
+                store.remove_file(self.name)
+                continue
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def __exit__(self, *exc_info) -> None:
+        if self.held:
+            self.lease.store.remove_file(self.name)
