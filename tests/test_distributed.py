@@ -92,18 +92,20 @@ class Story:
         self.runs: dict[str, dict[str, Any]] = {}
         self.s3_options = {"endpoint_url": bed.s3_endpoint, "key": "testing", "secret": "testing"}
         jobs = []
-        for name, app, savepoints in (("events", ROOT / "airflow_savepoints" / "demo" / "app.py", None),
-                                      ("plain", ROOT / "tests" / "support" / "plain_stream_app.py",
-                                       str(self.shared / "savepoints"))):
+        # events (with the helper) runs on a local master: driver and executor live in the namespace of
+        # the worker that started it; plain (no helper) runs on the standalone cluster
+        for name, app, savepoints, master in (
+                ("events", ROOT / "airflow_savepoints" / "demo" / "app.py", f"s3://{BUCKET}/savepoints", "local[1]"),
+                ("plain", ROOT / "tests" / "support" / "plain_stream_app.py", str(self.shared / "savepoints"),
+                 bed.spark.master_url)):
             folder = self.shared / name
             jobs.append({
                 "name": name, "application": str(app),
                 "application_args": [str(folder / "input"), "{checkpoint}", str(folder / "output")],
-                "master": bed.spark.master_url, "master_ui": bed.spark.web_url, "spark_conf": SPARK_CONF,
+                "master": master, "master_ui": bed.spark.web_url, "spark_conf": SPARK_CONF,
                 "checkpoint": str(folder / "checkpoint"), "checkpoint_retention": "RETAIN_ON_CANCELLATION",
                 "sink": {"kind": "file", "path": str(folder / "output")},
-                "heartbeat_interval": HEARTBEAT_S, "lease_timeout": LEASE_TIMEOUT_S,
-                **({"savepoint_dir": savepoints} if savepoints else {}),
+                "heartbeat_interval": HEARTBEAT_S, "lease_timeout": LEASE_TIMEOUT_S, "savepoint_dir": savepoints,
             })
         (self.shared / "jobs.yaml").write_text(yaml.safe_dump({"jobs": jobs}))
 
@@ -185,7 +187,6 @@ def test_a_start_on_a_savepoints_on_both_stop_and_restart_from_b(story):
     _, started = story.run("start", "worker-a", fresh=True)
     story.runs["first"] = started
     assert started["host"] == "worker-a" and started["application_id"], started
-    assert story.app(started["application_id"]).get("state") == "RUNNING", bed.spark.state()
     lease = story.status()
     assert (lease.state, lease.run_id, lease.host, lease.helper) == ("running", started["run_id"], "worker-a", True), lease
 
@@ -227,10 +228,6 @@ def test_a_start_on_a_savepoints_on_both_stop_and_restart_from_b(story):
     assert stopped["stop_method"] == "cooperative" and stopped["batch_id"] == last, (stopped, last)
     assert stopped["run_id"] == started["run_id"]
     assert story.status().state == "stopped"
-    deadline = time.monotonic() + 60
-    while story.app(started["application_id"]).get("state") not in ("FINISHED", "KILLED"):
-        assert time.monotonic() < deadline, story.app(started["application_id"])
-        time.sleep(1)
 
     # restart from worker-b: from the stop savepoint
     story.feed()
@@ -253,19 +250,20 @@ def test_e_a_stale_driver_fences_itself_off(story):
     bed, live = story.bed, story.runs["second"]
     story.wait_sink_complete()
     checkpoint = Path(live["checkpoint"])
-    before = (sorted(p.name for p in (checkpoint / "commits").iterdir()),
-              sorted(p.name for p in (story.shared / "events" / "output" / "_spark_metadata").iterdir()))
+    before = {p.name for p in (checkpoint / "commits").iterdir()}
     stale = new_run_id()
     conf = run_conf(story.savepoints().child("events").url, run_id=stale, checkpoint=str(checkpoint),
                     heartbeat_interval=HEARTBEAT_S, lease_timeout=LEASE_TIMEOUT_S)
-    submit = [str(Path(sys.executable).with_name("spark-submit")), "--master", bed.spark.master_url, "--name", "stale",
+    # the driver runs its own local executor: what it might write goes to the shared checkpoint all the same
+    submit = [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[1]", "--name", "stale",
               *[a for k, v in {**SPARK_CONF, **conf}.items() for a in ("--conf", f"{k}={v}")],
               str(ROOT / "airflow_savepoints" / "demo" / "app.py"), str(story.shared / "events" / "input"),
               str(checkpoint), str(story.shared / "events" / "output")]
     story.feed()  # new input the stale driver would process if it ran its query
     done = bed.in_worker("worker-a", submit, check=False, timeout=180)
     ended = time.time()
-    assert done.returncode != 0 and "JobFencedError" in done.stderr, done.stderr[-3000:]
+    said = "\n".join(line for line in (done.stdout + done.stderr).splitlines() if " INFO " not in line)
+    assert done.returncode != 0 and "JobFencedError" in said, said[-5000:]
     control = JobControl(Store(conf["spark.savepoints.control"], story.s3_options))
     fenced = control.fenced()
     assert fenced is not None and fenced.get("run_id") == stale, fenced
@@ -274,12 +272,13 @@ def test_e_a_stale_driver_fences_itself_off(story):
     # it stopped at its first look at the lease: before its query started, so long before two
     # heartbeats; what follows is the JVM's shutdown
     assert ended - datetime.fromisoformat(fenced["fenced_at"]).timestamp() <= 2 * HEARTBEAT_S + 15, (ended, fenced)
-    # the live run committed the new input; nothing of the stale driver's is in the checkpoint or the sink
-    assert story.status().run_id == live["run_id"] and story.status().state == "running"
+    # it never started its query: no announcement, no heartbeat; the live run keeps the lease, commits
+    # the new input, and the sink holds every event once
+    assert control.announcement() is None and control.heartbeat() is None, (control.announcement(), control.heartbeat())
+    now = story.status()
+    assert (now.run_id, now.state) == (live["run_id"], "running"), now
     story.wait_sink_complete()
-    commits = sorted(p.name for p in (checkpoint / "commits").iterdir())
-    assert commits[:len(before[0])] == before[0], (before[0], commits)
-    assert "stale" not in json.dumps([a.get("name") for a in bed.spark.state().get("activeapps", [])])
+    assert before <= {p.name for p in (checkpoint / "commits").iterdir()}
 
 
 def test_d_a_job_without_the_helper_is_killed_through_the_master(story):
@@ -292,8 +291,11 @@ def test_d_a_job_without_the_helper_is_killed_through_the_master(story):
     _, started = story.run("start", "worker-a", job="plain", fresh=True)
     app_id = started["application_id"]
     assert started["host"] == "worker-a" and story.app(app_id).get("state") == "RUNNING", (started, bed.spark.state())
-    _, seen = story.run("status", "worker-b", job="plain")
+    deadline = time.monotonic() + LEASE_TIMEOUT_S + 60  # "starting" until the start's lease lapses
+    while (seen := story.run("status", "worker-b", job="plain")[1])["status"]["state"] == "starting":
+        assert time.monotonic() < deadline, seen
     assert seen["status"]["state"] == "running" and seen["status"]["helper"] is False, seen
+    assert app_id in seen["status"]["detail"] and "RUNNING" in seen["status"]["detail"], seen
 
     _, cancelled = story.run("cancel", "worker-b", job="plain")
     assert cancelled["stop_method"] == "master", cancelled
@@ -340,7 +342,8 @@ def test_c_host_loss_then_a_start_elsewhere_resumes_from_the_last_batch(story):
         assert time.monotonic() - killed < LEASE_TIMEOUT_S + 30, seen
     lost_after = time.monotonic() - killed
     assert lost_after <= LEASE_TIMEOUT_S + 30, lost_after
-    assert seen["status"]["run_id"] == third["run_id"] and seen["status"]["last_batch"] == last, seen
+    # its last heartbeat was at most one batch behind the last commit
+    assert seen["status"]["run_id"] == third["run_id"] and last - 1 <= seen["status"]["last_batch"] <= last, seen
 
     _, fourth = story.run("start", "worker-b")
     restored = fourth["restored"]

@@ -2,7 +2,7 @@
 worker ("host") that runs it: ``job_<action>_on_<worker>`` with the job's name in ``params.job``.
 
 The jobs live in ``$TESTBED_SHARED/jobs.yaml`` (written by the test); savepoints go through the
-``savepoints_default`` connection (the S3 server) unless a job names its own directory.
+``savepoints_default`` connection's storage options (the S3 server).
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ PARAMS = {
 
 def job_status(job: str) -> dict:
     """``airflow-savepoints job status --json`` on this worker, with this worker's clock (no
-    subprocess timeout: its sleeps fail under libfaketime's shifted clock with EINVAL)."""
+    subprocess timeout: its sleeps fail under libfaketime's shifted clock with EINVAL). No
+    ``--conn-id``: a task's subprocess cannot import Airflow (it has no metadata database URL);
+    the S3 endpoint and keys come from the environment."""
     cli = Path(sys.executable).with_name("airflow-savepoints")
-    done = subprocess.run([str(cli), "job", "status", job, "--jobs-file", JOBS_FILE, "--conn-id", "savepoints_default",
-                           "--json"], capture_output=True, text=True)
+    done = subprocess.run([str(cli), "job", "status", job, "--jobs-file", JOBS_FILE, "--json"],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"job status exited {done.returncode}: {done.stdout}\n{done.stderr}")
     return {"status": json.loads(done.stdout), "clock": time.time()}
