@@ -8,9 +8,10 @@ Every part listens on 127.0.0.1 on a free port and is stopped at exit, also when
 - ``tests/support/airflow_cluster.py`` runs the API server, scheduler, DAG processor and triggerer
   with ``CeleryExecutor``. Each Celery worker runs in its own PID, mount and UTS namespace
   (``unshare --pid --fork --mount-proc --uts``): its hostname is its name (``worker-a``, resolved
-  by an ``/etc/hosts`` of its own, bind-mounted there), it sees only its own processes, and it consumes only the queue of its name, so ``queue="worker-a"`` on a
-  task sends the task there. Network and files stay shared, as on hosts that mount one shared
-  folder. Killing a worker's namespace pid 1 kills everything in it: an honest host loss.
+  by an ``/etc/hosts`` of its own, bind-mounted there), it sees only its own processes, and it
+  consumes only the queue of its name, so ``queue="worker-a"`` on a task sends the task there.
+  Network and files stay shared, as on hosts that mount one shared folder. Killing a worker's
+  namespace pid 1 kills everything in it: an honest host loss.
 - Workers serve no logs (``--skip-serve-logs``): the API server reads task logs from the shared
   files. The Execution API URL points at the API server.
 - ``tests/support/spark_cluster.py`` runs a Spark standalone master and worker.
