@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench bench-full clean browser browser-deps faketime
+.PHONY: install test test-fast demo bench bench-full clean browser browser-deps faketime testbed testbed-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) browser faketime
+test: $(STAMP) browser faketime testbed
 	$(BIN)/pip check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -32,6 +32,17 @@ browser:
 browser-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+
+# Postgres, Redis and libfaketime for the distributed test bed (tests/support/distributed.py), the same way;
+# without them the distributed tests are skipped with the reason.
+testbed:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ -x /usr/bin/redis-server ] && [ -x /usr/bin/faketime ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then $(MAKE) --no-print-directory testbed-deps; \
+	else echo "note: no Postgres/Redis/faketime and no root apt: the distributed tests will be skipped"; fi
+
+testbed-deps:
+	DEBIAN_FRONTEND=noninteractive apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 postgresql redis-server faketime
 
 # faketime (libfaketime) for the skewed-clock test in tests/test_lifecycle.py: installed with apt
 # when missing and possible (root on Debian/Ubuntu); elsewhere that one test is skipped.

@@ -1,8 +1,10 @@
 """A real Airflow 3.3 deployment for end-to-end tests.
 
-Scheduler (LocalExecutor), DAG processor, triggerer and API server run as four separate processes
-(each in its own session, its output in ``<home>/component-logs/<name>.log``) against a SQLite
-metadata database in a throw-away ``AIRFLOW_HOME``. Everything listens on 127.0.0.1 only: the API
+Scheduler (LocalExecutor by default), DAG processor, triggerer and API server run as four separate
+processes (each in its own session, its output in ``<home>/component-logs/<name>.log``) against a
+SQLite metadata database (or the ``database_url`` given) in a throw-away ``AIRFLOW_HOME``. More
+long-running processes (Celery workers: ``tests/support/distributed.py``) join with
+``AirflowCluster.start_process``. Everything listens on 127.0.0.1 only: the API
 server on a free port, the log servers are not started (``--skip-serve-logs``; the API server reads
 task logs from the local files). The public REST API (``/api/v2``) is reached with a JWT from the
 SimpleAuthManager's ``/auth/token`` for a user and password this module configures.
@@ -61,6 +63,7 @@ class AirflowCluster:
     username: str
     password: str
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    retired: dict[str, subprocess.Popen] = field(default_factory=dict)  # ended on purpose: not checked, still reaped
     _token: str | None = None
     _below: list[psutil.Process] = field(default_factory=list)  # the components' descendants when stopped
     _client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
@@ -108,6 +111,23 @@ class AirflowCluster:
             if process.poll() is not None:
                 raise AssertionError(f"airflow {name} exited with {process.returncode} (see its log below)")
 
+    def start_process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start one more long-running process of this deployment (the cluster's environment plus
+        ``env``), in a session of its own, its output in ``component-logs/<name>.log``; it is checked
+        by ``check_alive`` and stopped with the components."""
+        if name in self.processes:
+            raise ValueError(f"a process named {name} is already running")
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            process = subprocess.Popen(argv, env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.home)
+        self.processes[name] = process
+        return process
+
+    def retire(self, name: str) -> subprocess.Popen:
+        """Stop checking a process that a test ends on purpose (it is still reaped by ``stop``)."""
+        process = self.retired[name] = self.processes.pop(name)
+        return process
+
     def task_logs(self) -> list[Path]:
         """Task (and trigger) log files, oldest first."""
         return sorted((self.home / "logs").glob("dag_id=*/**/*.log*"), key=lambda p: p.stat().st_mtime)
@@ -123,7 +143,7 @@ class AirflowCluster:
     def descendants(self) -> list[psutil.Process]:
         """Every live process below the components (psutil checks a pid was not reused before signalling)."""
         found: list[psutil.Process] = []
-        for process in self.processes.values():
+        for process in [*self.processes.values(), *self.retired.values()]:
             with contextlib.suppress(psutil.Error):
                 found += psutil.Process(process.pid).children(recursive=True)
         return found
@@ -133,21 +153,22 @@ class AirflowCluster:
         (the groups and the descendants seen before: task processes move to groups of their own),
         and reap the components."""
         below = self._below = self.descendants()
-        for name in reversed(list(self.processes)):
+        everything = [*self.retired.values(), *self.processes.values()]
+        for process in reversed(everything):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.processes[name].pid, signal.SIGTERM)
+                os.killpg(process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for process in self.processes.values():
+        for process in everything:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(max(0.1, deadline - time.monotonic()))
         psutil.wait_procs(below, timeout=max(0.1, deadline - time.monotonic()))
-        for process in self.processes.values():
+        for process in everything:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
         for proc in below:
             with contextlib.suppress(psutil.Error):
                 proc.kill()  # raises NoSuchProcess, never signals a reused pid
-        for process in self.processes.values():
+        for process in everything:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(10)
         psutil.wait_procs(below, timeout=10)
@@ -156,7 +177,7 @@ class AirflowCluster:
     def leftover_processes(self) -> list[str]:
         """Live processes of this deployment: a component, a descendant seen at stop time, or any
         process whose environment names this AIRFLOW_HOME (e.g. a detached Spark job)."""
-        left = [f"{name} (pid {p.pid})" for name, p in self.processes.items() if p.poll() is None]
+        left = [f"{name} (pid {p.pid})" for name, p in {**self.retired, **self.processes}.items() if p.poll() is None]
         for proc in [*self._below, *psutil.process_iter()]:
             with contextlib.suppress(psutil.Error):
                 if proc.pid == os.getpid() or not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
@@ -167,7 +188,8 @@ class AirflowCluster:
 
 
 def deployment_env(home: Path, dags_folder: Path, port: int, username: str, passwords_file: Path,
-                   paused_at_creation: bool, extra: dict[str, str]) -> dict[str, str]:
+                   paused_at_creation: bool, extra: dict[str, str], executor: str = "LocalExecutor",
+                   database_url: str | None = None) -> dict[str, str]:
     from cryptography.fernet import Fernet
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}  # nothing of the caller's Airflow
@@ -179,7 +201,7 @@ def deployment_env(home: Path, dags_folder: Path, port: int, username: str, pass
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(paused_at_creation),
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__EXECUTOR": executor,
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
@@ -187,7 +209,7 @@ def deployment_env(home: Path, dags_folder: Path, port: int, username: str, pass
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url or f"sqlite:///{home}/airflow.db",
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__BASE_URL": url,
@@ -223,15 +245,18 @@ HEALTH_PARTS = {"api-server": "metadatabase", "scheduler": "scheduler", "trigger
 
 def all_healthy(cluster: AirflowCluster) -> bool:
     health = cluster.health()
-    return all(health.get(HEALTH_PARTS[name], {}).get("status") == "healthy" for name in cluster.processes)
+    return all(health.get(HEALTH_PARTS[name], {}).get("status") == "healthy"
+               for name in cluster.processes if name in HEALTH_PARTS)
 
 
 @contextlib.contextmanager
 def airflow_cluster(home: Path, dags_folder: Path, env: dict[str, str] | None = None, *,
                     paused_at_creation: bool = False, startup_timeout: float = 240,
-                    components: tuple[str, ...] = tuple(COMPONENTS)) -> Iterator[AirflowCluster]:
-    """Migrate a fresh SQLite database in ``home``, start the four components, wait until the API
-    answers and reports the scheduler, triggerer and DAG processor healthy; stop them all at exit.
+                    components: tuple[str, ...] = tuple(COMPONENTS), executor: str = "LocalExecutor",
+                    database_url: str | None = None) -> Iterator[AirflowCluster]:
+    """Migrate a fresh database (SQLite in ``home`` unless ``database_url`` names an empty one),
+    start the four components, wait until the API answers and reports the scheduler, triggerer and
+    DAG processor healthy; stop them all (and the processes added later) at exit.
 
     ``components=("api-server",)`` starts the API server alone (it is always started)."""
     unknown = set(components) - set(COMPONENTS)
@@ -244,7 +269,7 @@ def airflow_cluster(home: Path, dags_folder: Path, env: dict[str, str] | None = 
     port = free_port()
     cluster = AirflowCluster(home=home, base_url=f"http://127.0.0.1:{port}",
                              env=deployment_env(home, dags_folder, port, username, passwords_file,
-                                                paused_at_creation, env or {}),
+                                                paused_at_creation, env or {}, executor, database_url),
                              username=username, password=password)
     cluster.log_dir.mkdir(exist_ok=True)
     airflow = str(Path(sys.executable).parent / "airflow")
@@ -258,10 +283,7 @@ def airflow_cluster(home: Path, dags_folder: Path, env: dict[str, str] | None = 
         for name, args in COMPONENTS.items():
             if name != "api-server" and name not in components:
                 continue
-            with open(cluster.log_dir / f"{name}.log", "wb") as log:
-                cluster.processes[name] = subprocess.Popen(
-                    [airflow, *args], env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
+            cluster.start_process(name, [airflow, *args])
         _wait(lambda: all_healthy(cluster), startup_timeout,
               f"the API server did not report healthy {', '.join(cluster.processes)}", cluster)
         yield cluster

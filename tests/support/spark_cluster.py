@@ -57,13 +57,15 @@ def _wait_for(predicate, timeout: float, what: str, cluster: StandaloneCluster) 
 
 
 @contextlib.contextmanager
-def standalone_cluster(work: Path, cores: int = 2, memory: str = "1g") -> Iterator[StandaloneCluster]:
-    """Start a master and a worker bound to 127.0.0.1; stop both (their process groups) at exit."""
+def standalone_cluster(work: Path, cores: int = 2, memory: str = "1g", port: int | None = None,
+                       web_port: int | None = None) -> Iterator[StandaloneCluster]:
+    """Start a master (on ``port`` and ``web_port``, free ports by default) and a worker bound to
+    127.0.0.1; stop both (their process groups) at exit."""
     home = _spark_home()
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1",
            "SPARK_WORKER_DIR": str(work / "worker")}
-    port, web, worker_web = _free_port(), _free_port(), _free_port()
+    port, web, worker_web = port or _free_port(), web_port or _free_port(), _free_port()
     cluster = StandaloneCluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web}", work)
     spark_class = str(home / "bin" / "spark-class")
     commands = {
