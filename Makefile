@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench bench-full clean browser browser-deps faketime testbed testbed-deps
+.PHONY: install test test-fast demo bench bench-full clean browser browser-deps testbed testbed-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) browser faketime testbed
+test: $(STAMP) browser testbed
 	$(BIN)/pip check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -33,8 +33,8 @@ browser-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 
-# Postgres, Redis and libfaketime for the distributed test bed (tests/support/distributed.py), the same way;
-# without them the distributed tests are skipped with the reason.
+# Postgres, Redis and libfaketime for the distributed test bed (tests/support/distributed.py) and the skewed-clock
+# test (tests/test_lifecycle.py), the same way; without them those tests are skipped with the reason.
 testbed:
 	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ -x /usr/bin/redis-server ] && [ -x /usr/bin/faketime ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then $(MAKE) --no-print-directory testbed-deps; \
@@ -43,14 +43,6 @@ testbed:
 testbed-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 postgresql redis-server faketime
-
-# faketime (libfaketime) for the skewed-clock test in tests/test_lifecycle.py: installed with apt
-# when missing and possible (root on Debian/Ubuntu); elsewhere that one test is skipped.
-faketime:
-	@if command -v faketime >/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q faketime; \
-	else echo "note: no faketime and no root apt: the skewed-clock test will be skipped"; fi
 
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)

@@ -42,6 +42,22 @@ def _as_airflow_cli():
             os.environ["_AIRFLOW_PROCESS_CONTEXT"] = saved
 
 
+def _lookup(conn_id: str):
+    """The connection (None: the default one is not defined) and its hook."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from airflow_savepoints.hooks.savepoint import SavepointStorageHook
+
+    hook = SavepointStorageHook(conn_id)
+    with _as_airflow_cli():
+        try:
+            return hook.connection(), hook
+        except AirflowNotFoundException:
+            raise InvalidInputError(f"the connection '{conn_id}' is not defined",
+                                    f"create it (airflow connections add {conn_id} --conn-type savepoints "
+                                    f"--conn-host s3://bucket/savepoints) or omit --conn-id") from None
+
+
 def storage_hook(conn_id: str | None):
     """The hook of ``conn_id`` (or of ``savepoints_default`` if it exists); None: no connection applies.
 
@@ -54,18 +70,17 @@ def storage_hook(conn_id: str | None):
             raise InvalidInputError(f"--conn-id {conn_id}: Airflow is not installed here, so there are no connections",
                                     "install apache-airflow, or pass --dir and set the storage options in fsspec's configuration")
         return None
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    from airflow_savepoints.hooks.savepoint import SavepointStorageHook
-
-    hook = SavepointStorageHook(conn_id or DEFAULT_CONN_ID)
-    with _as_airflow_cli():
-        try:
-            connection = hook.connection()
-        except AirflowNotFoundException:
-            raise InvalidInputError(f"the connection '{conn_id}' is not defined",
-                                    f"create it (airflow connections add {conn_id} --conn-type savepoints "
-                                    f"--conn-host s3://bucket/savepoints) or omit --conn-id") from None
+    try:
+        connection, hook = _lookup(conn_id or DEFAULT_CONN_ID)
+    except InvalidInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Airflow itself could not look connections up here
+        if not conn_id:
+            return None  # the default connection is optional: configuration and fsspec's settings apply
+        raise InvalidInputError(f"--conn-id {conn_id}: Airflow could not look the connection up here: "
+                                f"{type(exc).__name__}: {str(exc)[:300]}",
+                                "check AIRFLOW_HOME and the metadata database settings, or define the connection "
+                                f"as AIRFLOW_CONN_{conn_id.upper()}, or pass --dir instead") from exc
     return None if connection is None else hook
 
 
