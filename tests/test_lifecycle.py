@@ -150,7 +150,7 @@ def test_a_start_is_refused_while_another_run_lives_and_a_lapsed_lease_is_taken_
     assert live.beat() is not None  # the old run's next heartbeat finds itself fenced off
 
 
-@pytest.mark.skipif(shutil.which("faketime") is None, reason="faketime is not installed (make faketime)")
+@pytest.mark.skipif(shutil.which("faketime") is None, reason="faketime is not installed (make testbed installs it)")
 def test_a_worker_with_a_skewed_clock_judges_the_state_right(tmp_path):
     ctx = context(tmp_path, lease_timeout=4)
     jobs = tmp_path / "jobs.yaml"
