@@ -154,3 +154,22 @@ def test_a_missing_backend_names_the_package_extra(url, extra):
     assert result.exit_code == 1
     error = json.loads(result.stdout)["error"]
     assert error["code"] == "missing_backend" and f"pip install 'airflow-savepoints[{extra}]'" in error["hint"]
+
+
+def test_output_stays_one_json_document_whatever_airflow_can_do_here(tmp_path):
+    """The default connection is looked up when Airflow is installed: its log lines go to stderr, and
+    where Airflow cannot look connections up (a task's subprocess without a metadata DB URL) the
+    command goes on without it; a connection asked for by name then fails clearly."""
+    (tmp_path / "sp" / "job").mkdir(parents=True)
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow-home")}
+    retained = subprocess.run([str(SCRIPT), "retain", "--job", "job", "--dir", str(tmp_path / "sp"), "--json"],
+                              capture_output=True, text=True, env=env, timeout=120)
+    assert retained.returncode == 0 and json.loads(retained.stdout)["disposed"] == [], retained
+    broken = {**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "not a url"}
+    listed = subprocess.run([str(SCRIPT), "list", "--job", "job", "--dir", str(tmp_path / "sp"), "--json"],
+                            capture_output=True, text=True, env=broken, timeout=120)
+    assert listed.returncode == 0 and json.loads(listed.stdout)["savepoints"] == [], listed
+    named = subprocess.run([str(SCRIPT), "list", "--job", "job", "--dir", str(tmp_path / "sp"), "--json",
+                            "--conn-id", "ops_store"], capture_output=True, text=True, env=broken, timeout=120)
+    error = json.loads(named.stdout)["error"]
+    assert named.returncode == 1 and error["code"] == "invalid_input" and "ops_store" in error["message"], named

@@ -158,6 +158,16 @@ def test_2_retention_acts_only_when_folder_metadata_and_record_agree(tmp_path):
     assert conflicts == {forged.name, backup.name, manual.name}, report["decisions"]
     code, again = cli("retain", "--job", "job", "--dir", str(root), "--max-periodic", "1")
     assert code == 0 and again["disposed"] == [] and manual.exists() and forged.exists() and backup.exists()
+    code, listed = cli("list", "--job", "job", "--dir", str(root))  # flagged where people look
+    flagged = {s["savepoint_id"]: s["conflict"] for s in listed["savepoints"] if s["conflict"]}
+    assert code == 0 and set(flagged) == {forged.name, backup.name, manual.name}, listed
+    assert "holds a _metadata of savepoint" in flagged[forged.name] and "the catalog says periodic" in flagged[manual.name]
+    from airflow_savepoints.core.pointer import latest_savepoint
+    from airflow_savepoints.storage import Store
+
+    assert latest_savepoint(Store(str(root)), "job").manifest.savepoint_id == newest.name
+    shutil.rmtree(newest)  # what is left is in conflict (the edited manual one, the two copies): never picked
+    assert latest_savepoint(Store(str(root)), "job") is None
 
 
 @pytest.mark.parametrize("garbage", [b"[]", b"null", b'{"token": "t", "heartbeat_at": "soon"}', b""], ids=repr)

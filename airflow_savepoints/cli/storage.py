@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
+import sys
 from typing import Any
 
 from airflow_savepoints.core.settings import resolve_savepoint_dir
@@ -25,7 +27,8 @@ DEFAULT_CONN_ID = "savepoints_default"
 
 
 def airflow_importable() -> bool:
-    return importlib.util.find_spec("airflow.sdk") is not None
+    """Whether Airflow is installed; not imported here (importing it reads its configuration and may fail)."""
+    return importlib.util.find_spec("airflow") is not None
 
 
 @contextlib.contextmanager
@@ -42,8 +45,23 @@ def _as_airflow_cli():
             os.environ["_AIRFLOW_PROCESS_CONTEXT"] = saved
 
 
+def _logs_to_stderr() -> None:
+    """Airflow, once imported, logs through a handler on ``sys.stdout``: move it to stderr, so the
+    command's own output (one JSON document with ``--json``) is all that stdout carries."""
+    for handler in logging.root.handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+            handler.setStream(sys.stderr)
+
+
 def _lookup(conn_id: str):
     """The connection (None: the default one is not defined) and its hook."""
+    try:
+        return _look_up_connection(conn_id)
+    finally:
+        _logs_to_stderr()
+
+
+def _look_up_connection(conn_id: str):
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     from airflow_savepoints.hooks.savepoint import SavepointStorageHook

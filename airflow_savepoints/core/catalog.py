@@ -87,6 +87,7 @@ class SavepointRecord(BaseModel):
     checkpoint_format_version: int | None = None
     created_at: datetime
     updated_at: datetime
+    conflict: str | None = None  # what retention found disagreeing about its identity: kept, never restored or disposed
 
     @classmethod
     def from_manifest(cls, manifest: SavepointManifest, pointer: str = "") -> SavepointRecord:
@@ -115,6 +116,7 @@ class SavepointRecord(BaseModel):
             "bytes": self.bytes,
             "spark_version": self.spark_version,
             "checkpoint_format_version": self.checkpoint_format_version,
+            "conflict": self.conflict,
         }
 
 
@@ -201,7 +203,8 @@ class Catalog:
         return sorted(found, key=lambda r: (r.created_at, r.batch_id or -1))
 
     def completed(self) -> list[SavepointRecord]:
-        return self.records({SavepointState.COMPLETED})
+        """Completed savepoints whose identity nothing disputes (a record in conflict is never picked)."""
+        return [r for r in self.records({SavepointState.COMPLETED}) if r.conflict is None]
 
     def latest(self) -> SavepointInfo | None:
         """The newest completed savepoint whose ``_metadata`` reads (a record alone is never enough)."""

@@ -198,10 +198,11 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
         if savepoint_id not in folders:
             continue  # a record whose location is gone: nothing to remove (the record is dropped on apply)
         if savepoint_id in complete:
-            if record is not None and record.state in (SavepointState.COMPLETED, SavepointState.DISPOSING):
+            if record is not None and record.state in (SavepointState.COMPLETED, SavepointState.DISPOSING) \
+                    and record.conflict is None:
                 completed.append(record)
                 continue
-            try:  # complete, but the catalog does not know it (yet)
+            try:  # complete, but the catalog does not know it (yet), or flagged a conflict before: look again
                 manifest = read_manifest(job_store.child(savepoint_id))
             except (ManifestCorruptError, ManifestVersionError, IncompleteSavepointError) as exc:
                 decisions.append(_decision(record, savepoint_id, pointer, Action.KEEP,
@@ -210,8 +211,9 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
             found = SavepointRecord.from_manifest(manifest, pointer)
             conflict = identity_conflict(savepoint_id, job, manifest, record)
             if conflict:
-                decisions.append(_decision(record or found.model_copy(update={"savepoint_id": savepoint_id}),
-                                           savepoint_id, pointer, Action.KEEP, f"conflict: {conflict}; never "
+                flagged = (record or found).model_copy(update={"savepoint_id": savepoint_id, "conflict": conflict})
+                settle[savepoint_id] = flagged  # shown by list and the API; never restored or disposed
+                decisions.append(_decision(flagged, savepoint_id, pointer, Action.KEEP, f"conflict: {conflict}; never "
                                            "removed by retention: left for a person to inspect", conflict=conflict))
                 continue
             completed.append(found)
@@ -273,6 +275,7 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
                 conflict = None  # gone meanwhile: apply finds it gone
             if conflict:
                 action, reason = Action.KEEP, f"conflict: {conflict}; never removed by retention"
+                settle[record.savepoint_id] = record.model_copy(update={"conflict": conflict})
         decisions.append(_decision(record, record.savepoint_id, pointer, action, reason, conflict=conflict))
 
     order = {d.savepoint_id: (d.created_at or now, d.savepoint_id) for d in decisions}
