@@ -343,6 +343,7 @@ def test_c_host_loss_then_a_start_elsewhere_resumes_from_the_last_batch(story):
     # its last heartbeat was at most one batch behind the last commit
     assert seen["status"]["run_id"] == third["run_id"] and last - 1 <= seen["status"]["last_batch"] <= last, seen
 
+    story.feed()  # input waiting for the new run: a start returns once its first batch commits
     _, fourth = story.run("start", "worker-b")
     restored = fourth["restored"]
     assert fourth["host"] == "worker-b" and fourth["run_id"] != third["run_id"], fourth
