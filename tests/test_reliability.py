@@ -25,9 +25,8 @@ from tests.support.synthetic import write_checkpoint
 FORK = multiprocessing.get_context("fork")
 
 
-def _cli_child(args: list[str], delay: float, queue, tag: int) -> None:
-    """Run the CLI in this forked process; report (exit code, stdout, traceback or None, tag)."""
-    time.sleep(delay)
+def _run_cli(args: list[str]) -> tuple[int, str, str | None]:
+    """Run the CLI in this process: (exit code, stdout, traceback or None)."""
     sys.stdout = buffer = io.StringIO()
     try:
         code, trace = app(args, standalone_mode=False) or 0, None
@@ -35,7 +34,13 @@ def _cli_child(args: list[str], delay: float, queue, tag: int) -> None:
         code, trace = exc.code, None
     except BaseException:  # noqa: BLE001 - the finding: a raw traceback
         code, trace = -1, traceback.format_exc()
-    queue.put((code, buffer.getvalue(), trace, tag))
+    return code, buffer.getvalue(), trace
+
+
+def _cli_child(args: list[str], delay: float, queue, tag: int) -> None:
+    """Run the CLI in this forked process; report (exit code, stdout, traceback or None, tag)."""
+    time.sleep(delay)
+    queue.put((*_run_cli(args), tag))
 
 
 def run_cli_concurrently(commands: list[tuple[list[str], float]]) -> list[tuple[int, str, str | None]]:
@@ -211,14 +216,7 @@ def _cli_loop(commands: list[list[str]], queue, until: float | None = None) -> N
     results = []
     while True:
         for args in commands:
-            sys.stdout = buffer = io.StringIO()
-            try:
-                code, trace = app(args, standalone_mode=False) or 0, None
-            except SystemExit as exc:
-                code, trace = exc.code, None
-            except BaseException:  # noqa: BLE001 - the finding: a raw traceback
-                code, trace = -1, traceback.format_exc()
-            results.append((code, buffer.getvalue(), trace))
+            results.append(_run_cli(args))
         if until is None or time.time() > until:
             break
     queue.put(results)
