@@ -123,8 +123,8 @@ def test_3_catalog_updates_from_eight_processes_are_never_lost(tmp_path):
         for w in workers:
             w.start()
         for w in workers:
-            w.join(120)
-            assert w.exitcode == 0
+            w.join(600)  # ~30 s on a quiet machine; a loaded one only slows it (what counts is nothing lost)
+            assert w.exitcode == 0, f"a catalog-updating process did not finish (exit code {w.exitcode})"
         kept.append(len(Catalog(Store(str(job_dir)), "job").load().pins))
     print(f"\ncatalog updates kept per run: {kept}")
     assert kept == [1200] * len(kept)
