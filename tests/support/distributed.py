@@ -165,6 +165,8 @@ class Worker:
 
 @dataclass
 class Testbed:
+    __test__ = False  # a test bed, not a test class (pytest collects names starting with Test)
+
     airflow: AirflowCluster
     spark: StandaloneCluster
     shared: Path  # the folder every host and the Spark cluster see (checkpoints, savepoints, inputs)
