@@ -493,7 +493,8 @@ def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, i
     A savepoint in flight is waited for first (at most ``inflight_wait`` s; after that the stop
     refuses, before it stops anything). Then the run is asked through its control folder to stop
     between two batches (a ``clean`` savepoint); one that does not answer within ``grace`` seconds
-    is ended through its runner (a ``crash-consistent`` savepoint: a batch in flight re-runs on restore)."""
+    is ended through its runner; its savepoint is ``crash-consistent`` when the kill caught a batch in
+    flight (that batch re-runs on restore), ``clean`` when it did not."""
     state = status(ctx)
     wait_for_savepoint_in_flight(ctx, inflight_wait)
     stop_request = request_id or f"stop-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
