@@ -159,3 +159,17 @@ class SinkAheadError(RestoreError):
 
 class SavepointDirNotFoundError(InvalidInputError):
     code = "savepoint_dir_not_found"
+
+
+# --- the unexpected --------------------------------------------------------------------------------
+class UnexpectedError(SavepointError):
+    """A failure no check anticipated (a bug, or an environment fault with no typed error yet)."""
+
+    code = "unexpected_error"
+
+    @classmethod
+    def wrap(cls, exc: BaseException) -> UnexpectedError:
+        where = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
+        return cls(f"{type(exc).__name__}{where}: {exc}",
+                   "nothing was reported complete by this command; run it again with AIRFLOW_SAVEPOINTS_DEBUG=1 "
+                   "for the traceback and report it at the project's issue tracker")

@@ -173,3 +173,22 @@ def test_output_stays_one_json_document_whatever_airflow_can_do_here(tmp_path):
                             "--conn-id", "ops_store"], capture_output=True, text=True, env=broken, timeout=120)
     error = json.loads(named.stdout)["error"]
     assert named.returncode == 1 and error["code"] == "invalid_input" and "ops_store" in error["message"], named
+
+
+def test_an_unanticipated_failure_is_a_coded_error_never_a_traceback(tmp_path):
+    """A failure no typed error covers (here: a restore target under /proc, which nobody can create)
+    still answers one JSON error with exit 1; the traceback only on request."""
+    checkpoint = ROOT / "tests" / "data" / "spark35" / "hdfs"
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    taken = subprocess.run([str(SCRIPT), "trigger", str(checkpoint), "--job", "j", "--dir", str(tmp_path / "sp"),
+                            "--conn-id", "", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    pointer = json.loads(taken.stdout)["pointer"]
+    restore = [str(SCRIPT), "restore", pointer, "--to", "/proc/1/no-such/checkpoint", "--conn-id", "", "--json"]
+    result = subprocess.run(restore, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 1, result
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] and "/proc/1/no-such" in error["message"] and error["hint"], error
+    assert "Traceback" not in result.stdout + result.stderr
+    debug = subprocess.run(restore, capture_output=True, text=True, env={**env, "AIRFLOW_SAVEPOINTS_DEBUG": "1"},
+                           timeout=120)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and json.loads(debug.stdout)["error"] == error

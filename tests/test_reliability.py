@@ -368,3 +368,30 @@ def test_6_damaged_manifests_and_catalog_records_answer_with_a_code(tmp_path):
     assert code == 0 and good.name in {s["savepoint_id"] for s in out["savepoints"]}, out
     code, out = cli("retain", "--job", "job", "--dir", str(root))
     assert code == 0 and good.exists(), out
+
+
+def test_7_a_savepoint_whose_catalog_update_failed_lists_as_completed(tmp_path):
+    """`trigger` answered OK but its catalog record stayed in progress (the catalog write after
+    `_metadata` failed: a full disk). `list`, `latest` and the API read the written `_metadata`:
+    completed, the same summary as the trigger's; the next catalog update stores it."""
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    root = tmp_path / "sp"
+    code, taken = cli("trigger", str(checkpoint), "--job", "job", "--dir", str(root))
+    assert code == 0, taken
+    path = root / "job" / "_catalog.json"
+    catalog = json.loads(path.read_text())
+    record = catalog["records"][taken["savepoint_id"]]
+    catalog["records"][taken["savepoint_id"]] = {key: record[key] for key in
+                                                 ("savepoint_id", "job", "type", "reason", "request_id",
+                                                  "created_at", "updated_at")} | {"state": "in_progress"}
+    path.write_text(json.dumps(catalog))  # what `Catalog.begin` left when `complete` could not write
+    code, listed = cli("list", "--job", "job", "--dir", str(root))
+    assert code == 0 and [s["state"] for s in listed["savepoints"]] == ["completed"], listed
+    assert listed["savepoints"][0]["batch_id"] == taken["batch_id"] == 2
+    from airflow_savepoints.core.pointer import latest_savepoint
+
+    assert latest_savepoint(Store(str(root)), "job").pointer == taken["pointer"]
+    code, second = cli("trigger", str(checkpoint), "--job", "job", "--dir", str(root))
+    assert code == 0
+    stored = json.loads(path.read_text())["records"]
+    assert stored[taken["savepoint_id"]]["state"] == "completed" and stored[second["savepoint_id"]]["state"] == "completed"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 import threading
 from datetime import UTC, datetime
@@ -33,7 +34,7 @@ from airflow_savepoints.cli.job import app as job_commands
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.restore import verify_savepoint
-from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.errors import SavepointError, UnexpectedError
 
 
 class JsonAwareGroup(TyperGroup):
@@ -103,7 +104,12 @@ def _command(fn):
         as_json = kwargs.get("as_json", False)
         try:
             return fn(*args, **kwargs)
-        except SavepointError as exc:
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as caught:  # noqa: BLE001 - every failure leaves as a coded error, never a raw traceback
+            exc = caught if isinstance(caught, SavepointError) else UnexpectedError.wrap(caught)
+            if os.environ.get("AIRFLOW_SAVEPOINTS_DEBUG") and exc is not caught:
+                err.print_exception()
             if as_json:
                 sys.stdout.write(json.dumps({"error": exc.to_dict()}, indent=2) + "\n")
             else:

@@ -44,6 +44,7 @@ from airflow_savepoints.core.models import (
 from airflow_savepoints.errors import (
     IncompleteSavepointError,
     ManifestCorruptError,
+    ManifestUnreadableError,
     ManifestVersionError,
     SavepointInFlightError,
     SavepointNotFoundError,
@@ -198,9 +199,26 @@ class Catalog:
         return document
 
     def records(self, states: set[SavepointState] | None = None) -> list[SavepointRecord]:
-        """Records oldest first, optionally only those in ``states``."""
-        found = [r for r in self.load().records.values() if states is None or r.state in states]
+        """Records oldest first, optionally only those in ``states``. An in-progress record whose
+        ``_metadata`` is written reads as completed (the catalog update after it may have failed, on
+        a full disk for instance); the next update of the catalog stores that."""
+        settled = [self._settled(r) for r in self.load().records.values()]
+        found = [r for r in settled if states is None or r.state in states]
         return sorted(found, key=lambda r: (r.created_at, r.batch_id or -1))
+
+    def _settled(self, record: SavepointRecord) -> SavepointRecord:
+        if record.state != SavepointState.IN_PROGRESS:
+            return record
+        from airflow_savepoints.core.pointer import read_manifest
+
+        location = self.store.child(record.savepoint_id)
+        try:
+            manifest = read_manifest(location)
+        except (IncompleteSavepointError, ManifestCorruptError, ManifestVersionError, ManifestUnreadableError):
+            return record
+        if manifest.savepoint_id != record.savepoint_id or manifest.job != self.job or manifest.type != record.type:
+            return record  # identity disputed: left to reconcile, which reports the conflict
+        return SavepointRecord.from_manifest(manifest, location.url)
 
     def completed(self) -> list[SavepointRecord]:
         """Completed savepoints whose identity nothing disputes (a record in conflict is never picked)."""
