@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -23,6 +24,7 @@ import fsspec
 import pytest
 import s3fs  # noqa: F401 - imported once here, not in every forked worker
 
+import airflow_savepoints.demo.app as demo
 from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import catalog as catalog_module
 from airflow_savepoints.core import restore as restore_module
@@ -121,6 +123,78 @@ def _advance(checkpoint: Path, batch: int) -> None:
     put(f"commits/{batch}", b'v1\n{"nextBatchWatermarkMs":0}')
 
 
+LIVE_QUERY = """
+import os, sys, time
+from pyspark.sql import SparkSession
+import airflow_savepoints.demo.app as demo
+input_dir, checkpoint, output, stop_file = sys.argv[1:5]
+spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "2").config("spark.sql.streaming.minBatchesToRetain", "20")
+         .config("spark.sql.streaming.fileSink.log.compactInterval", "100000").getOrCreate())
+query = demo.build_query(spark, input_dir, checkpoint, output, trigger_ms=200)
+while not os.path.exists(stop_file) and query.exception() is None:
+    time.sleep(0.2)
+if query.exception() is not None:
+    raise SystemExit(f"query failed: {query.exception()}")
+query.processAllAvailable()
+query.stop()
+spark.stop()
+"""
+
+
+class LiveQuery:
+    """The demo query (stateful de-duplication into a file sink) running in its own Spark driver
+    process; each ``feed`` adds one input file (its first 10 ids repeat the previous file's last 10)."""
+
+    def __init__(self, folder: Path, checkpoint: Path, output: Path):
+        self.input, self.checkpoint, self.output = folder / "input", checkpoint, output
+        self.stop_file, self.files = folder / f"stop-{output.name}", 0
+        self.ids: set[int] = set()
+
+    def start(self) -> LiveQuery:
+        self.process = subprocess.Popen([sys.executable, "-c", LIVE_QUERY, str(self.input), str(self.checkpoint),
+                                         str(self.output), str(self.stop_file)])
+        return self
+
+    def feed(self) -> None:
+        self.ids |= set(demo.write_events(self.input, self.files))
+        self.files += 1
+
+    def wait_for_commit(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not (self.checkpoint / "commits" / "0").exists():
+            assert self.process.poll() is None and time.monotonic() < deadline, "the live query committed nothing"
+            time.sleep(0.2)
+
+    def finish(self) -> None:
+        self.stop_file.touch()
+        assert self.process.wait(300) == 0
+
+
+def committed_ids_through(output: Path, batch_id: int) -> list[int]:
+    """Event ids the file sink committed in batches 0..batch_id (its log is never compacted here)."""
+    ids: list[int] = []
+    for batch in range(batch_id + 1):
+        for line in (output / "_spark_metadata" / str(batch)).read_text().splitlines()[1:]:
+            path = Path(json.loads(line)["path"].removeprefix("file://").removeprefix("file:"))
+            ids += [json.loads(x)["id"] for x in path.read_text().splitlines() if x]
+    return ids
+
+
+def _runs_to_the_exact_count(tmp_path: Path, live: LiveQuery, restored: Path, batch_id: int) -> dict:
+    """Run the demo query on the restored checkpoint into a fresh sink until the input is consumed:
+    it must write exactly the ids the original sink had not committed by ``batch_id``, each once."""
+    before = committed_ids_through(live.output, batch_id)
+    rerun = LiveQuery(tmp_path, restored, tmp_path / "output-after-restore")
+    rerun.input = live.input
+    rerun.start().finish()
+    after = demo.committed_event_ids(rerun.output)
+    expected = sorted(live.ids - set(before))
+    assert after == expected, (len(after), len(set(after)), len(expected))
+    assert sorted(set(before) | set(after)) == sorted(live.ids) and len(before) == len(set(before))
+    return {"events": len(live.ids), "by the savepoint": len(before), "after the restore": len(after)}
+
+
 def _check_restored(result: dict, manifest_of) -> None:
     target = Path(result["checkpoint"])
     manifest = manifest_of(result)
@@ -131,11 +205,18 @@ def _check_restored(result: dict, manifest_of) -> None:
         assert (len(data), format(crc32c.crc32c(data), "08x")) == (entry["size"], entry["checksum"]), entry["path"]
 
 
-def soak(tmp_path: Path, root: str, seconds: float, monkeypatch) -> dict:
+def soak(tmp_path: Path, root: str, seconds: float, monkeypatch, live: LiveQuery | None = None) -> dict:
+    """With ``live``, the checkpoint is a real Spark query's, fed a file between kills; else a synthetic
+    one advanced by hand (on S3, where this machine's Spark has no s3a)."""
     monkeypatch.setattr(catalog_module, "LOCK_STALE_AFTER", STALE)
     monkeypatch.setattr(catalog_module, "PIN_TTL", 20.0)
     monkeypatch.setattr(restore_module, "CLAIM_STALE_AFTER", STALE)
-    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    if live is None:
+        checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    else:
+        checkpoint = live.checkpoint
+        live.feed()
+        live.start().wait_for_commit()
     scratch = tmp_path / "restores"
     scratch.mkdir()
     log = tmp_path / "log.jsonl"
@@ -152,7 +233,10 @@ def soak(tmp_path: Path, root: str, seconds: float, monkeypatch) -> dict:
     kills, batch = 0, 3
     while time.time() < until:
         time.sleep(rng.uniform(0.5, 1.5))
-        _advance(checkpoint, batch)
+        if live is None:
+            _advance(checkpoint, batch)
+        else:
+            live.feed()
         batch += 1
         if rng.random() < 0.5:
             victim = rng.randrange(len(workers))
@@ -164,6 +248,8 @@ def soak(tmp_path: Path, root: str, seconds: float, monkeypatch) -> dict:
         w.join(60)
         if w.exitcode is None:
             w.kill()
+    if live is not None:
+        live.finish()  # the query consumes what was fed, then stops; the newest savepoint is older
 
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     traces = [(e["kind"], e["trace"]) for e in entries if e.get("trace")]
@@ -195,8 +281,9 @@ def soak(tmp_path: Path, root: str, seconds: float, monkeypatch) -> dict:
     assert json.loads(out)["batch_id"] == newest.manifest.batch_id
     assert (final / "commits" / str(newest.manifest.batch_id)).exists() and (final / "metadata").exists()
     _check_restored(json.loads(out), lambda r: newest.manifest.model_dump(mode="json"))
+    exact = {} if live is None else _runs_to_the_exact_count(tmp_path, live, final, newest.manifest.batch_id)
     figures = {"seconds": seconds, "kill -9": kills, "batches": batch, "completed savepoints": len(folders),
-               "restores verified": checked, "restores ok": len(restored), **outcomes}
+               "restores verified": checked, "restores ok": len(restored), **outcomes, **exact}
     print(f"\nsoak on {root}: {figures}")
     assert kills >= 3 and outcomes.get("trigger:ok", 0) >= 1 and checked == len(restored)
     return figures
@@ -204,7 +291,13 @@ def soak(tmp_path: Path, root: str, seconds: float, monkeypatch) -> dict:
 
 @pytest.mark.slow
 def test_soak_local_disk(tmp_path, monkeypatch):
-    soak(tmp_path, str(tmp_path / "sp"), SOAK_SECONDS / 2, monkeypatch)
+    """Beside a running Spark query: the newest savepoint restores and runs to the exact count."""
+    live = LiveQuery(tmp_path, tmp_path / "checkpoint", tmp_path / "output")
+    try:
+        soak(tmp_path, str(tmp_path / "sp"), SOAK_SECONDS / 2, monkeypatch, live)
+    finally:
+        if getattr(live, "process", None) is not None and live.process.poll() is None:
+            live.process.kill()
 
 
 @pytest.mark.slow
