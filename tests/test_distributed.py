@@ -271,6 +271,8 @@ def test_e_a_stale_driver_fences_itself_off(story):
     assert fenced["holder"]["run_id"] == live["run_id"] and fenced["holder"]["host"] == "worker-b", fenced
     # it stopped at its first look at the lease: before its query started, so long before two
     # heartbeats; what follows is the JVM's shutdown
+    print(f"\nstale driver: fenced {fenced['fenced_at']}, its spark-submit ended "
+          f"{ended - datetime.fromisoformat(fenced['fenced_at']).timestamp():.1f}s later")
     assert ended - datetime.fromisoformat(fenced["fenced_at"]).timestamp() <= 2 * HEARTBEAT_S + 15, (ended, fenced)
     # it never started its query: no announcement, no heartbeat; the live run keeps the lease, commits
     # the new input, and the sink holds every event once
@@ -346,6 +348,7 @@ def test_c_host_loss_then_a_start_elsewhere_resumes_from_the_last_batch(story):
         assert seen["status"]["state"] == "running", seen
         assert time.monotonic() - killed < LEASE_TIMEOUT_S + 30, seen
     lost_after = time.monotonic() - killed
+    print(f"\nworker-a killed: status from worker-b said lost after {lost_after:.1f}s (lease timeout {LEASE_TIMEOUT_S:.0f}s)")
     assert lost_after <= LEASE_TIMEOUT_S + 30, lost_after
     # its last heartbeat named the last commit
     assert seen["status"]["run_id"] == third["run_id"] and seen["status"]["last_batch"] == last, seen
