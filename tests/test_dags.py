@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,8 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
         assert [s.type.value for s in saved] == ["periodic"] * 3 + ["stop"]
         assert sorted(p.name for p in Path(job_folder.url).glob("savepoint-*")) == sorted(s.savepoint_id for s in saved)
         stop_batch = saved[-1].batch_id
+        # the driver (run_until_stopped) told its Spark version: periodic and stop manifests record it
+        assert {s.spark_version for s in saved} == {version("pyspark")}, [(s.savepoint_id, s.spark_version) for s in saved]
         for index in range(6, 9):
             sent.update(demo.write_events(tmp_path / "input", index))
         run("restore_from_savepoint", job="demo-dedup")

@@ -35,6 +35,7 @@ from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.errors import SavepointError, UnexpectedError
+from airflow_savepoints.jobs.runlease import running_spark_version
 
 
 class JsonAwareGroup(TyperGroup):
@@ -189,6 +190,7 @@ def trigger(
         info = core.take_savepoint(
             checkpoint, job, savepoint_dir=root, savepoint_type=savepoint_type.value, reason=reason,
             request_id=request_id, max_attempts=max_attempts, parallelism=parallelism, on_event=on_event,
+            spark_version=running_spark_version(root.child(job), checkpoint),
         )
     s = info.summary()
     _emit(as_json, s, f"[green]savepoint completed[/]: {s['pointer']}\n"

@@ -356,14 +356,19 @@ def claim_run(spark=None) -> RunHandle | None:
     claims it too). Raises :class:`JobFencedError` when another live run holds it, so a stale
     driver writes nothing at all. None when the job was not started with a control folder."""
     spark = spark or _active_session()
-    handle = RunHandle.from_conf(lambda key: spark.conf.get(key, None),
-                                 {"application_id": spark.sparkContext.applicationId,
-                                  "master": spark.sparkContext.master})
+    handle = RunHandle.from_conf(lambda key: spark.conf.get(key, None), _driver_facts(spark))
     if handle is not None:
         handle.claim()
         spark.conf.set(RUN_ID_CONF, handle.run_id)  # a run id made here is the one run_until_stopped uses
         spark.conf.set(CONTROL_CONF, handle.control.folder.url)
     return handle
+
+
+def _driver_facts(spark) -> dict[str, Any]:
+    """What the driver knows of itself, for its lease and heartbeats; ``spark_version`` ends up in the
+    manifests of savepoints taken of its checkpoint (a checkpoint does not record which Spark wrote it)."""
+    return {"application_id": spark.sparkContext.applicationId, "master": spark.sparkContext.master,
+            "spark_version": spark.version}
 
 
 def _active_session():
@@ -387,8 +392,7 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
     """
     spark = spark or _active_session()
     handle = RunHandle.from_conf(lambda key: spark.conf.get(key, None),
-                                 {"application_id": spark.sparkContext.applicationId,
-                                  "master": spark.sparkContext.master, "query_id": str(query.id),
+                                 {**_driver_facts(spark), "query_id": str(query.id),
                                   "driver_pod": spark.conf.get("spark.kubernetes.driver.pod.name", None)})
     if handle is None:
         query.awaitTermination()

@@ -96,6 +96,7 @@ class JobState(BaseModel):
     helper: bool = False  # the run writes heartbeats (it calls run_until_stopped)
     ended: str | None = None  # stopped / cancelled / failed once a stop, cancel or failure was handled
     log_file: str | None = None
+    spark_version: str | None = None  # the driver's (its heartbeat or lease), for the manifests of its savepoints
 
     @property
     def live(self) -> bool:
@@ -221,7 +222,8 @@ def status(ctx: JobContext) -> JobState:
     heartbeat = control.heartbeat() if control else None
     age = age_on_store_clock(control.folder, HEARTBEAT_FILE) if heartbeat is not None else None
     base.update(helper=heartbeat is not None, heartbeat_age_s=round(age, 3) if age is not None else None,
-                last_batch=(heartbeat or {}).get("last_committed_batch"))
+                last_batch=(heartbeat or {}).get("last_committed_batch"),
+                spark_version=(heartbeat or {}).get("spark_version") or (holder.spark_version if holder else None))
     if base["last_batch"] is None and current.checkpoint:
         base["last_batch"], _ = checkpoint_progress(ctx.checkpoint(current.checkpoint))
     runner = runner_for(target.master)
@@ -287,7 +289,8 @@ def handle_failure(ctx: JobContext, state: JobState, policy: str | None = None) 
         return None
     reason = state.error or state.detail or state.state
     outcome = apply_checkpoint_retention(ctx.checkpoint(current.checkpoint), ctx.job.name,
-                                         policy or ctx.job.checkpoint_retention, "failed", savepoint_dir=ctx.root)
+                                         policy or ctx.job.checkpoint_retention, "failed", savepoint_dir=ctx.root,
+                                         spark_version=state.spark_version)
     outcome = {**outcome, "reason": f"{'lost: ' if state.state == 'lost' else ''}{reason}", "pid": state.pid,
                "run_id": state.run_id}
     _record_end(ctx, current, "failed", outcome)
@@ -509,7 +512,7 @@ def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, i
         try:
             info = take_savepoint(ctx.checkpoint(checkpoint), ctx.job.name, savepoint_dir=ctx.root,
                                   savepoint_type=SavepointType.STOP, reason="stop", request_id=request_id,
-                                  on_event=on_event)
+                                  spark_version=state.spark_version, on_event=on_event)
             break
         except SavepointInFlightError:
             if time.monotonic() >= deadline:
@@ -531,7 +534,7 @@ def cancel(ctx: JobContext, *, policy: str | None = None, grace: float = 60,
     current = _current_run(ctx)
     checkpoint = current.checkpoint or state.checkpoint or ctx.job.checkpoint
     outcome = apply_checkpoint_retention(ctx.checkpoint(checkpoint), ctx.job.name, chosen, "cancelled",
-                                         savepoint_dir=ctx.root, on_event=on_event)
+                                         savepoint_dir=ctx.root, spark_version=state.spark_version, on_event=on_event)
     if current.record is not None or current.holder is not None:
         _record_end(ctx, current, "cancelled", outcome)
     return {**outcome, "stop_method": ended["method"], "run_id": state.run_id}

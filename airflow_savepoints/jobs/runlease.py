@@ -49,6 +49,7 @@ class RunLeaseHolder(BaseModel):
     master: str | None = None
     checkpoint: str | None = None
     driver_pod: str | None = None  # Kubernetes cluster mode
+    spark_version: str | None = None  # the driver's, when it runs the in-job helper
     timeout_s: float = DEFAULT_LEASE_TIMEOUT
     age_s: float | None = None  # set when read: seconds since the last renewal, on the store's clock
     stale: bool = False  # judged without an age (an mtime in the store's future, seen unchanged too long)
@@ -73,6 +74,15 @@ class RunLeaseHolder(BaseModel):
         except ValidationError:
             holder = cls(run_id=state.token or "?")
         return holder.model_copy(update={"age_s": state.age_s, "stale": state.stale})
+
+
+def running_spark_version(job_folder: Store, checkpoint: str) -> str | None:
+    """The Spark version the driver of the job's current run announced, if that run writes
+    ``checkpoint`` (compared as given, without a trailing slash); else None."""
+    holder = RunLease(job_folder).holder()
+    if holder is None or not holder.checkpoint or holder.checkpoint.rstrip("/") != checkpoint.rstrip("/"):
+        return None
+    return holder.spark_version
 
 
 class RunLease:

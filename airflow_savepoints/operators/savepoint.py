@@ -12,6 +12,7 @@ from airflow_savepoints.core.savepoint import abandon_savepoint
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.jobs.launcher import read_run
+from airflow_savepoints.jobs.runlease import running_spark_version
 from airflow_savepoints.storage import Store, split_url
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
             request_id=self.request_id or task_request_id(context),
             checkpoint_storage_options=checkpoint_options(checkpoint, store, self.checkpoint_storage_options),
             max_attempts=self.max_attempts, parallelism=self.parallelism,
+            spark_version=running_spark_version(store.child(self.job), checkpoint),
             on_event=self.savepoint_events(store, self.job),
         )
         summary = info.summary()
