@@ -24,6 +24,8 @@ def get_provider_info() -> dict:
         # a job's savepoints are announced as events of the asset x-savepoints://<job> (x-: no normalisation)
         "asset-uris": [{"schemes": ["x-savepoints"], "handler": None,
                         "factory": "airflow_savepoints.operators.savepoint.savepoint_asset"}],
+        # the savepoint-writing operators link to the job's savepoints on the plugin's page
+        "extra-links": ["airflow_savepoints.operators.links.SavepointsPageLink"],
         "plugins": [{"name": "savepoints", "plugin-class": "airflow_savepoints.plugins.savepoints.SavepointsPlugin"}],
         "connection-types": [
             {

@@ -155,3 +155,71 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
     # every event exactly once in what the sink committed (files of a killed batch are not committed)
     assert demo.committed_event_ids(tmp_path / "output") == sorted(sent)
 
+
+
+ANNOUNCING_DAG = """
+import os
+import pendulum
+from airflow.sdk import DAG
+from airflow_savepoints.operators.job import CancelJobOperator
+from airflow_savepoints.operators.savepoint import TriggerSavepointOperator
+
+with DAG("announce_savepoints", schedule=None, start_date=pendulum.datetime(2026, 1, 1),
+         params={"job": os.environ["ANNOUNCE_TEST_JOB"]}):
+    TriggerSavepointOperator(task_id="savepoint", job="{{ params.job }}",
+                             checkpoint=os.environ["ANNOUNCE_TEST_CHECKPOINT"],
+                             savepoint_dir=os.environ["ANNOUNCE_TEST_SAVEPOINTS"]) >> CancelJobOperator(
+        task_id="cancel", job="{{ params.job }}", jobs_file=os.environ["ANNOUNCE_TEST_JOBS"])
+"""
+
+
+def test_a_templated_job_and_a_cancel_that_retains_its_checkpoint_announce_their_savepoints(
+        airflow_db, stopped_checkpoint, tmp_path, monkeypatch):
+    """A job named by a template (announced through the ``savepoints`` asset alias) and a cancel whose
+    retention policy keeps the checkpoint: each savepoint is an event of x-savepoints://<job> with its
+    summary; the tasks link to the job's savepoints on the plugin's page."""
+    import json
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.models.xcom import XComModel
+    from airflow.sdk import DagRunState
+    from airflow.utils.session import create_session
+
+    from airflow_savepoints.core import list_savepoints
+    from airflow_savepoints.operators.links import savepoints_page_url
+    from airflow_savepoints.storage import Store
+
+    job = "orders-templated"
+    shutil.copytree(stopped_checkpoint, tmp_path / "checkpoint")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - name: {job}\n    application: /app.py\n    checkpoint: {tmp_path}/checkpoint\n"
+                    f"    savepoint_dir: {tmp_path}/savepoints\n    checkpoint_retention: RETAIN_ON_CANCELLATION\n")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "announce_savepoints.py").write_text(ANNOUNCING_DAG)
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
+        {"name": "announce-test", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": str(dags)}},
+        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(ROOT / "dags")}},
+    ]))
+    monkeypatch.setenv("ANNOUNCE_TEST_JOB", job)
+    monkeypatch.setenv("ANNOUNCE_TEST_CHECKPOINT", str(tmp_path / "checkpoint"))
+    monkeypatch.setenv("ANNOUNCE_TEST_SAVEPOINTS", str(tmp_path / "savepoints"))
+    monkeypatch.setenv("ANNOUNCE_TEST_JOBS", str(jobs))
+    bag = DagBag(dag_folder=str(dags))
+    assert not bag.import_errors, bag.import_errors
+    run = bag.get_dag("announce_savepoints").test()
+    assert run.state == DagRunState.SUCCESS, {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+    saved = {s.type.value: s.pointer for s in list_savepoints(Store(str(tmp_path / "savepoints")), job)}
+    assert set(saved) == {"periodic", "retained_checkpoint"}
+    with create_session() as session:
+        events = (session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                  .filter(AssetModel.uri == f"x-savepoints://{job}").order_by(AssetEvent.id).all())
+        extras = [(e.extra.get("type"), e.extra.get("pointer")) for e in events]
+        links = {x.task_id: XComModel.deserialize_value(x) for x in session.query(XComModel).filter_by(
+            dag_id="announce_savepoints", run_id=run.run_id, key="_link_SavepointsPageLink")}
+    assert extras == [("periodic", saved["periodic"]), ("retained_checkpoint", saved["retained_checkpoint"])]
+    assert links == {"savepoint": savepoints_page_url(job), "cancel": savepoints_page_url(job)}
+    assert savepoints_page_url(job).endswith(f"/savepoints/ui?job={job}")

@@ -336,6 +336,10 @@ const doc = document.querySelector('iframe').contentDocument;
 return Array.from(doc.querySelectorAll('tr.savepoint')).map(
   row => [row.closest('section').dataset.job, ...Array.from(row.cells).map(cell => cell.textContent)]);
 """
+PAGE_JOBS = """
+return document.body && document.body.dataset.loaded === 'true'
+  ? Array.from(document.querySelectorAll('section')).map(s => s.dataset.job || s.querySelector('h2').textContent) : null;
+"""
 
 
 def ui_route() -> str:
@@ -366,6 +370,10 @@ def test_ui_page_lists_the_savepoints_after_login(deployment, tmp_path):
         browser.screenshot(ARTIFACTS / "plugin-savepoints-page.png")
         assert browser.url() == f"{d.cluster.base_url}{ui_route()}"
         rows = browser.script(IFRAME_ROWS)
+        # the operators' extra link opens the page for one job: only that job is shown
+        only = next(iter(d.taken))
+        browser.go(f"{d.cluster.base_url}/savepoints/ui?job={quote(only, safe='')}")
+        shown = browser._wait(lambda: browser.script(PAGE_JOBS), 60, "the page for one job did not load")
     except BaseException:
         print(f"chromedriver log:\n{tail(browser.log, 40)}")
         raise
@@ -373,6 +381,7 @@ def test_ui_page_lists_the_savepoints_after_login(deployment, tmp_path):
         browser.close()
 
     assert 'class="error"' not in dom, dom
+    assert shown == [only] and len(d.taken) > 1, (shown, list(d.taken))
     expected = []
     for job, infos in d.taken.items():
         for info in reversed(infos):  # newest first in each job's table

@@ -18,7 +18,12 @@ from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
 from airflow_savepoints.jobs.lifecycle import JobContext, NoSavepointError
-from airflow_savepoints.operators.savepoint import RemovesPartialSavepoint, checkpoint_options, task_request_id
+from airflow_savepoints.operators.savepoint import (
+    RemovesPartialSavepoint,
+    checkpoint_options,
+    savepoint_outlets,
+    task_request_id,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -113,14 +118,17 @@ class StopJobWithSavepointOperator(_JobOperator, RemovesPartialSavepoint):
     template_fields: Sequence[str] = ("job",)
 
     def __init__(self, *, grace: float = 60, inflight_wait: float = 300, **kwargs: Any) -> None:
+        kwargs.setdefault("outlets", savepoint_outlets(kwargs.get("job", "")))
         super().__init__(**kwargs)
         self.grace = grace
         self.inflight_wait = inflight_wait
 
     def execute(self, context: Context) -> dict[str, Any]:
         ctx = self.job_context()
-        return lifecycle.stop(ctx, grace=self.grace, request_id=task_request_id(context),
-                              inflight_wait=self.inflight_wait, on_event=self.savepoint_events(ctx.root, ctx.job.name))
+        stopped = lifecycle.stop(ctx, grace=self.grace, request_id=task_request_id(context),
+                                 inflight_wait=self.inflight_wait, on_event=self.savepoint_events(ctx.root, ctx.job.name))
+        self.announce(context, ctx.job.name, stopped)
+        return stopped
 
 
 class CancelJobOperator(_JobOperator, RemovesPartialSavepoint):
@@ -135,14 +143,17 @@ class CancelJobOperator(_JobOperator, RemovesPartialSavepoint):
     template_fields: Sequence[str] = ("job", "policy")
 
     def __init__(self, *, policy: str | None = None, grace: float = 60, **kwargs: Any) -> None:
+        kwargs.setdefault("outlets", savepoint_outlets(kwargs.get("job", ""), only_when_taken=True))
         super().__init__(**kwargs)
         self.policy = policy
         self.grace = grace
 
     def execute(self, context: Context) -> dict[str, Any]:
         ctx = self.job_context()
-        return lifecycle.cancel(ctx, policy=self.policy, grace=self.grace,
-                                on_event=self.savepoint_events(ctx.root, ctx.job.name))
+        cancelled = lifecycle.cancel(ctx, policy=self.policy, grace=self.grace,
+                                     on_event=self.savepoint_events(ctx.root, ctx.job.name))
+        self.announce(context, ctx.job.name, cancelled.get("retained_savepoint"))
+        return cancelled
 
 
 class CheckJobOperator(_JobOperator):

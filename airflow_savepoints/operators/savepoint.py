@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_savepoints.core import SavepointType, dispose_savepoint, take_savepoint
 from airflow_savepoints.core.savepoint import abandon_savepoint
@@ -13,6 +13,7 @@ from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.jobs.launcher import read_run
 from airflow_savepoints.jobs.runlease import running_spark_version
+from airflow_savepoints.operators.links import SavepointsPageLink
 from airflow_savepoints.storage import Store, split_url
 
 if TYPE_CHECKING:
@@ -22,6 +23,16 @@ if TYPE_CHECKING:
 def savepoint_asset(job: str) -> Asset:
     """The asset whose events announce a job's new savepoints (``extra`` = the savepoint summary)."""
     return Asset(name=f"savepoints/{job}", uri=f"x-savepoints://{job}", group="savepoints")
+
+
+SAVEPOINTS_ALIAS = AssetAlias(name="savepoints", group="savepoints")  # events for jobs known only at run time (a templated job)
+
+
+def savepoint_outlets(job: str, *, only_when_taken: bool = False) -> list[Asset | AssetAlias]:
+    """The outlets of a task that announces the job's new savepoints: the job's asset, or the alias when
+    the job is templated or the task may end without a savepoint (``only_when_taken``): an alias
+    emits an event only for a savepoint taken, a declared asset one for every successful run."""
+    return [SAVEPOINTS_ALIAS] if only_when_taken or "{{" in job else [savepoint_asset(job)]
 
 
 def task_request_id(context: Context) -> str | None:
@@ -55,9 +66,21 @@ def recorded_checkpoint(store: Store, job: str, fallback: str | None = None) -> 
 
 
 class RemovesPartialSavepoint(BaseOperator):
-    """Base of operators that write a savepoint: ``on_kill`` removes one still being written."""
+    """Base of operators that write a savepoint: ``on_kill`` removes one still being written; the
+    savepoint is announced as an asset event and linked to from the Savepoints page."""
 
+    operator_extra_links = (SavepointsPageLink(),)
     _in_flight: Store | None = None
+
+    def announce(self, context: Context, job: str, summary: dict[str, Any] | None) -> None:
+        """An asset event for ``x-savepoints://<job>`` with the savepoint's summary as ``extra``."""
+        if summary is None or "outlet_events" not in context:
+            return
+        for outlet in self.outlets or []:
+            if isinstance(outlet, Asset) and outlet.uri == savepoint_asset(job).uri:
+                context["outlet_events"][outlet].extra = summary
+            elif isinstance(outlet, AssetAlias) and outlet.name == SAVEPOINTS_ALIAS.name:
+                context["outlet_events"][outlet].add(savepoint_asset(job), extra=summary)
 
     def savepoint_events(self, root: Store, job: str) -> Callable[[str, dict[str, Any]], None]:
         """The ``on_event`` hook for ``take_savepoint``: logs progress and tracks the location."""
@@ -116,8 +139,7 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
         parallelism: int = 8,
         **kwargs: Any,
     ) -> None:
-        if "outlets" not in kwargs and "{{" not in job:
-            kwargs["outlets"] = [savepoint_asset(job)]
+        kwargs.setdefault("outlets", savepoint_outlets(job))
         super().__init__(**kwargs)
         self.job = job
         self.checkpoint = checkpoint
@@ -146,9 +168,7 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
         )
         summary = info.summary()
         self.log.info("savepoint completed: %s (batch %s)", summary["pointer"], summary["batch_id"])
-        for outlet in self.outlets or []:
-            if isinstance(outlet, Asset) and "outlet_events" in context:
-                context["outlet_events"][outlet].extra = summary
+        self.announce(context, self.job, summary)
         return summary
 
 

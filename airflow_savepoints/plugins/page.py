@@ -37,6 +37,7 @@ PAGE = """<!doctype html>
 <script>
 "use strict";
 const API = __API_BASE__;
+const ONLY_JOB = new URLSearchParams(location.search).get("job");  // the operators' extra link names one job
 const COLUMNS = ["Savepoint", "Type", "State", "Reason", "Batch", "Size", "Age", "Created", "Pointer"];
 
 function el(tag, text, cls) {
@@ -107,9 +108,10 @@ async function load() {
   const container = document.getElementById("jobs");
   try {
     const listing = await getJson("/jobs");
+    const jobs = ONLY_JOB === null ? listing.jobs : listing.jobs.filter(job => job === ONLY_JOB);
     let total = 0;
     const sections = [];
-    for (const job of listing.jobs) {
+    for (const job of jobs) {
       try {
         const result = await getJson("/jobs/" + encodeURIComponent(job) + "/savepoints");
         total += result.savepoints.length;
@@ -122,7 +124,8 @@ async function load() {
       }
     }
     container.replaceChildren(...sections);
-    status.textContent = total + " savepoint(s) in " + listing.jobs.length + " job(s) under " + listing.root;
+    status.textContent = total + " savepoint(s) in " + jobs.length + " job(s) under " + listing.root
+      + (ONLY_JOB === null ? "" : " (job " + ONLY_JOB + " only)");
   } catch (error) {
     status.textContent = "Cannot list savepoints: " + error.message;
     status.className = "error";
