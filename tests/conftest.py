@@ -87,6 +87,24 @@ def s3(s3_endpoint, monkeypatch):
     fsspec.config.conf.update(saved)
 
 
+def dag_bag_of_own_bundle(monkeypatch, folder: Path, bundle: str, files: dict[str, str]):
+    """A DagBag of DAG files written into ``folder``, configured as a DAG bundle of their own beside
+    the project's ``dags`` folder (``dag.test()`` runs only DAGs of a configured bundle)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, source in files.items():
+        (folder / name).write_text(source)
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
+        {"name": bundle, "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": str(folder)}},
+        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(ROOT / "dags")}},
+    ]))
+    bag = DagBag(dag_folder=str(folder))
+    assert not bag.import_errors, bag.import_errors
+    return bag
+
+
 def job_folder_entries(job_dir: Path) -> list[str]:
     """What a job's savepoint folder holds besides its catalog (savepoint locations, the lease, ...)."""
     return sorted(p.name for p in job_dir.iterdir() if p.name != "_catalog.json") if job_dir.exists() else []

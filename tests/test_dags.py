@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, dag_bag_of_own_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -178,9 +178,6 @@ def test_a_templated_job_and_a_cancel_that_retains_its_checkpoint_announce_their
     """A job named by a template (announced through the ``savepoints`` asset alias) and a cancel whose
     retention policy keeps the checkpoint: each savepoint is an event of x-savepoints://<job> with its
     summary; the tasks link to the job's savepoints on the plugin's page."""
-    import json
-
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.models.xcom import XComModel
     from airflow.sdk import DagRunState
@@ -195,20 +192,11 @@ def test_a_templated_job_and_a_cancel_that_retains_its_checkpoint_announce_their
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n  - name: {job}\n    application: /app.py\n    checkpoint: {tmp_path}/checkpoint\n"
                     f"    savepoint_dir: {tmp_path}/savepoints\n    checkpoint_retention: RETAIN_ON_CANCELLATION\n")
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "announce_savepoints.py").write_text(ANNOUNCING_DAG)
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
-        {"name": "announce-test", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": str(dags)}},
-        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-         "kwargs": {"path": str(ROOT / "dags")}},
-    ]))
     monkeypatch.setenv("ANNOUNCE_TEST_JOB", job)
     monkeypatch.setenv("ANNOUNCE_TEST_CHECKPOINT", str(tmp_path / "checkpoint"))
     monkeypatch.setenv("ANNOUNCE_TEST_SAVEPOINTS", str(tmp_path / "savepoints"))
     monkeypatch.setenv("ANNOUNCE_TEST_JOBS", str(jobs))
-    bag = DagBag(dag_folder=str(dags))
-    assert not bag.import_errors, bag.import_errors
+    bag = dag_bag_of_own_bundle(monkeypatch, tmp_path / "dags", "announce-test", {"announce_savepoints.py": ANNOUNCING_DAG})
     run = bag.get_dag("announce_savepoints").test()
     assert run.state == DagRunState.SUCCESS, {ti.task_id: ti.state for ti in run.get_task_instances()}
 

@@ -11,8 +11,8 @@ import pytest
 
 import airflow_savepoints.demo.app as demo
 from airflow_savepoints.core import list_savepoints
-from airflow_savepoints.jobs.control import CONTROL_CONF, JobControl
 from airflow_savepoints.jobs import StreamingJob
+from airflow_savepoints.jobs.control import CONTROL_CONF, JobControl
 from airflow_savepoints.jobs.launcher import (
     JobRun,
     new_control_folder,

@@ -345,7 +345,6 @@ def test_connection_secrets_never_reach_logs_xcom_metadata_catalog_or_cli(s3, s3
     import logging
 
     import fsspec
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
@@ -361,20 +360,11 @@ def test_connection_secrets_never_reach_logs_xcom_metadata_catalog_or_cli(s3, s3
         "conn_type": "savepoints", "host": root, "login": ACCESS_KEY, "password": SECRET_KEY,
         "extra": json.dumps({"token": EXTRA_TOKEN, "client_kwargs": {"endpoint_url": s3_endpoint}}),
     }))
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "security_credentials.py").write_text(CREDENTIALS_DAG)
-    from tests.conftest import ROOT  # the DAG lives in a bundle of its own; the project's DAG folder stays configured
+    from tests.conftest import dag_bag_of_own_bundle  # the project's DAG folder stays configured beside it
 
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
-        {"name": "security-test", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": str(dags)}},
-        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-         "kwargs": {"path": str(ROOT / "dags")}},
-    ]))
     monkeypatch.setenv("SECURITY_TEST_CHECKPOINT", str(ckpt))
     monkeypatch.setenv("SECURITY_TEST_BUCKET", s3)
-    bag = DagBag(dag_folder=str(dags))
-    assert not bag.import_errors, bag.import_errors
+    bag = dag_bag_of_own_bundle(monkeypatch, tmp_path / "dags", "security-test", {"security_credentials.py": CREDENTIALS_DAG})
     dag_run = bag.get_dag("security_credentials").test()
     run_id = dag_run.run_id
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
