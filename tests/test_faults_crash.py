@@ -4,8 +4,10 @@ One real stateful Spark checkpoint (HDFS state store, 16 shuffle partitions, 6 b
 files) is written once. Each trial starts a fresh process that takes a savepoint of it (streamed,
 one file at a time, so the copy lasts long enough to be hit) and SIGKILLs it after a random delay:
 one trial in four from the process's start over the measured time to plan (lease, catalog, listing),
-the others from the moment it reports its plan over 1.3x the measured copy (so the kills land in the
-copy however loaded the machine is, and some after ``_metadata``). After each kill:
+the others once it has reported a random number of copied files (up to a third more than it plans:
+then at a random moment over twice the measured time from its last file to its completion), so the
+kills land in the copy however the machine's load changes between calibration and trials, and some
+after ``_metadata``. After each kill:
 
 * a location with a ``_metadata`` verifies and restores (a manifest is never written early);
 * the live checkpoint is byte for byte what it was (every file hashed before and after);
@@ -130,6 +132,7 @@ def test_kill_9_at_random_points_of_the_copy_never_leaves_a_false_complete_savep
     files = json.loads((job_dir / next(n for n, done in locations(job_dir).items() if done) / "_metadata").read_text())
     planned = len(files["files"])
     copy = max(timing["completed"] - timing["planned"], timing2["completed"] - timing2["planned"])
+    finish = max(timing["completed"] - timing["file_done"], timing2["completed"] - timing2["file_done"])
     rng = random.Random(20261122)
     outcomes: dict[str, int] = {"before copy": 0, "mid-copy": 0, "copied, no _metadata yet": 0, "after _metadata": 0,
                                 "finished": 0}
@@ -137,10 +140,15 @@ def test_kill_9_at_random_points_of_the_copy_never_leaves_a_false_complete_savep
     for trial in range(TRIALS):
         known = locations(job_dir)
         process = start_child(checkpoint, root)
-        if trial % 4:  # from the plan, over the copy and a little beyond
+        if trial % 4:  # after a random number of copied files, or past the last one
             line = process.stdout.readline()
             assert line.startswith("PLANNED"), line
-            time.sleep(rng.uniform(0, copy * 1.3))
+            files_before_kill = rng.randint(0, planned + planned // 3)
+            for _ in range(min(files_before_kill, planned)):
+                if not process.stdout.readline().startswith("FILE_DONE"):
+                    break
+            if files_before_kill > planned:
+                time.sleep(rng.uniform(0, finish * 2))
         else:  # from the start, over the planning
             time.sleep(rng.uniform(0, copy_start))
         process.send_signal(signal.SIGKILL)
