@@ -190,7 +190,7 @@ def trigger(
         info = core.take_savepoint(
             checkpoint, job, savepoint_dir=root, savepoint_type=savepoint_type.value, reason=reason,
             request_id=request_id, max_attempts=max_attempts, parallelism=parallelism, on_event=on_event,
-            spark_version=running_spark_version(root.child(job), checkpoint),
+            spark_version=running_spark_version(root, job, checkpoint),
         )
     s = info.summary()
     _emit(as_json, s, f"[green]savepoint completed[/]: {s['pointer']}\n"

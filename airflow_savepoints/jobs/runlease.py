@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from airflow_savepoints.core.lease import Lease, LeaseState, store_now
+from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.storage import Store
 
 LEASE_FILE = "_lease.json"
@@ -76,10 +77,11 @@ class RunLeaseHolder(BaseModel):
         return holder.model_copy(update={"age_s": state.age_s, "stale": state.stale})
 
 
-def running_spark_version(job_folder: Store, checkpoint: str) -> str | None:
+def running_spark_version(root: Store, job: str, checkpoint: str) -> str | None:
     """The Spark version the driver of the job's current run announced, if that run writes
-    ``checkpoint`` (compared as given, without a trailing slash); else None."""
-    holder = RunLease(job_folder).holder()
+    ``checkpoint`` (compared as given, without a trailing slash); else None. A bad job name raises
+    :class:`~airflow_savepoints.errors.InvalidJobNameError`, as a savepoint of it would."""
+    holder = RunLease(root.child(validate_job_name(job))).holder()
     if holder is None or not holder.checkpoint or holder.checkpoint.rstrip("/") != checkpoint.rstrip("/"):
         return None
     return holder.spark_version

@@ -163,7 +163,7 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
             request_id=self.request_id or task_request_id(context),
             checkpoint_storage_options=checkpoint_options(checkpoint, store, self.checkpoint_storage_options),
             max_attempts=self.max_attempts, parallelism=self.parallelism,
-            spark_version=running_spark_version(store.child(self.job), checkpoint),
+            spark_version=running_spark_version(store, self.job, checkpoint),
             on_event=self.savepoint_events(store, self.job),
         )
         summary = info.summary()
