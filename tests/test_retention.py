@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import dispose_savepoint, restore_savepoint, take_savepoint
 from airflow_savepoints.core.catalog import CATALOG_FILE, Catalog, CatalogDocument, SavepointRecord, SavepointState
-from airflow_savepoints.core.lock import JobLock
+from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.models import SavepointType
 from airflow_savepoints.core.pointer import latest_savepoint, list_savepoints
 from airflow_savepoints.core.retention import Action, RetentionPolicy, plan_retention, retain

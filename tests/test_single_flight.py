@@ -10,7 +10,7 @@ import time
 import pytest
 
 from airflow_savepoints.core import list_savepoints, take_savepoint
-from airflow_savepoints.core.lock import LOCK_FILE
+from airflow_savepoints.core.lease import LOCK_FILE
 from airflow_savepoints.errors import SavepointInFlightError
 from airflow_savepoints.storage import Store
 

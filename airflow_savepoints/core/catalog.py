@@ -35,12 +35,9 @@ from tenacity import (
 )
 
 from airflow_savepoints.core.lease import Lease, owner_id
-from airflow_savepoints.core.models import (
-    MANIFEST_FILE,
-    SavepointInfo,
-    SavepointManifest,
-    SavepointType,
-)
+from airflow_savepoints.core.manifest import SAVEPOINT_NAME, read_manifest, savepoint_info
+from airflow_savepoints.core.models import SavepointInfo, SavepointManifest, SavepointSummary, SavepointType
+from airflow_savepoints.core.names import CATALOG_FILE, CATALOG_LOCK, MANIFEST_FILE
 from airflow_savepoints.errors import (
     IncompleteSavepointError,
     ManifestCorruptError,
@@ -54,8 +51,6 @@ from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
 
-CATALOG_FILE = "_catalog.json"
-CATALOG_LOCK = "_catalog.lock"
 CATALOG_FORMAT = "airflow-savepoints/catalog"
 CATALOG_VERSION = 1
 LOCK_STALE_AFTER = 30.0  # seconds; the lease is held for one read and one write
@@ -101,24 +96,8 @@ class SavepointRecord(BaseModel):
         )
 
     def summary(self) -> dict[str, Any]:
-        """Plain JSON for the CLI, XCom and the API (the same keys as ``SavepointInfo.summary``)."""
-        return {
-            "pointer": self.pointer,
-            "savepoint_id": self.savepoint_id,
-            "job": self.job,
-            "query_id": self.query_id,
-            "batch_id": self.batch_id,
-            "type": self.type.value,
-            "state": self.state.value,
-            "reason": self.reason,
-            "request_id": self.request_id,
-            "created_at": self.created_at.isoformat(),
-            "files": self.files,
-            "bytes": self.bytes,
-            "spark_version": self.spark_version,
-            "checkpoint_format_version": self.checkpoint_format_version,
-            "conflict": self.conflict,
-        }
+        """Plain JSON for the CLI, XCom and the API: the same :class:`SavepointSummary` as ``SavepointInfo.summary``."""
+        return SavepointSummary(**self.model_dump(exclude={"updated_at", "state"}), state=self.state.value).as_json()
 
 
 class Pin(BaseModel):
@@ -150,8 +129,6 @@ def _confirmed_manifest(location: Store) -> SavepointManifest:
     """The ``_metadata`` of a record the catalog calls completed. It was written before the record,
     so a miss is read again twice before it counts (a store's passing inconsistency must not make a
     retried request take a second savepoint)."""
-    from airflow_savepoints.core.pointer import read_manifest
-
     for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_fixed(0.5),
                             retry=retry_if_exception_type(IncompleteSavepointError), reraise=True):
         with attempt:
@@ -184,8 +161,6 @@ class Catalog:
             return None
         if document.format_version > CATALOG_VERSION:
             return None  # written by a newer release: read the _metadata files instead of guessing
-        from airflow_savepoints.core.pointer import SAVEPOINT_NAME
-
         bad = [k for k, r in document.records.items() if not SAVEPOINT_NAME.match(k) or r.savepoint_id != k]
         for key in bad:  # a record keyed by anything but its own folder name ('../../etc') is ignored
             log.warning("catalog %s: ignoring the record keyed %r (not a savepoint folder name)",
@@ -209,8 +184,6 @@ class Catalog:
     def _settled(self, record: SavepointRecord) -> SavepointRecord:
         if record.state != SavepointState.IN_PROGRESS:
             return record
-        from airflow_savepoints.core.pointer import read_manifest
-
         location = self.store.child(record.savepoint_id)
         try:
             manifest = read_manifest(location)
@@ -226,8 +199,6 @@ class Catalog:
 
     def latest(self) -> SavepointInfo | None:
         """The newest completed savepoint whose ``_metadata`` reads (a record alone is never enough)."""
-        from airflow_savepoints.core.pointer import savepoint_info
-
         for record in reversed(self.completed()):
             location = self.store.child(record.savepoint_id)
             try:
@@ -240,8 +211,6 @@ class Catalog:
 
     def find_request(self, request_id: str) -> SavepointInfo | None:
         """The completed savepoint taken for ``request_id``, confirmed by its ``_metadata``."""
-        from airflow_savepoints.core.pointer import savepoint_info
-
         for record in reversed(self.completed()):
             if record.request_id == request_id:
                 location = self.store.child(record.savepoint_id)
@@ -279,8 +248,6 @@ class Catalog:
 
     def _crawl(self) -> CatalogDocument:
         """One listing of the job folder, one read per ``_metadata``."""
-        from airflow_savepoints.core.pointer import SAVEPOINT_NAME, read_manifest
-
         document = CatalogDocument(job=self.job)
         for path in sorted(self.store.list_files()):
             parts = path.split("/")
@@ -318,8 +285,6 @@ class Catalog:
     def reconcile(self, in_flight: str | None) -> list[str]:
         """Settle in-progress records other than ``in_flight``: completed if their ``_metadata``
         exists, failed if the location remains without one, dropped if it is gone."""
-        from airflow_savepoints.core.pointer import read_manifest
-
         document = self._read()
         stale = [sid for sid, r in (document.records.items() if document else ())
                  if r.state == SavepointState.IN_PROGRESS and sid != in_flight]
@@ -356,8 +321,6 @@ class Catalog:
         """Hold a completed savepoint against retention and dispose; returns the pin id.
 
         ``manifest`` is its ``_metadata`` if the caller has just read it (else it is read here)."""
-        from airflow_savepoints.core.pointer import read_manifest
-
         if manifest is None:
             manifest = read_manifest(self.store.child(savepoint_id))  # _metadata first: the source of truth
         now = datetime.now(UTC)
@@ -414,6 +377,21 @@ class Catalog:
                 self.unpin(pin_id)
             except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
                 log.warning("could not release the pin on %s (%s); it lapses after %.0fs", savepoint_id, exc, PIN_TTL)
+
+    @contextlib.contextmanager
+    def pinned(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None, *,
+               unless: tuple[type[Exception], ...] = ()) -> Iterator[bool]:
+        """The one pin context of savepoint and restore: ``held`` for the block, yielding True. A pin
+        that fails with one of the ``unless`` errors is logged and the block runs unpinned (False)."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.held(savepoint_id, purpose, manifest))
+                holding = True
+            except unless as exc:
+                log.warning("%s of %s goes on without a pin (%s): retention could remove it meanwhile",
+                            purpose, self.store.child(savepoint_id).url, getattr(exc, "message", exc))
+                holding = False
+            yield holding
 
     def begin_dispose(self, savepoint_id: str) -> None:
         """Mark a savepoint "disposing"; refused while a live pin holds it."""

@@ -1,5 +1,6 @@
-"""Dispose a savepoint: only a real savepoint (valid ``_metadata``) inside its savepoint root.
+"""Dispose a savepoint, or discard an incomplete location.
 
+A savepoint is disposed only when it is a real one (valid ``_metadata``) inside its savepoint root.
 Order: the catalog record is marked "disposing" (refused while a restore pins it), ``_metadata``
 goes (so it is never listed or restored half deleted), then the files, then the record. Each
 storage step is retried; an interrupted disposal leaves an incomplete location that retention
@@ -8,6 +9,7 @@ removes as an orphan, and running it again finishes it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -15,8 +17,11 @@ from typing import Any
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from airflow_savepoints.core.catalog import Catalog
-from airflow_savepoints.core.models import MANIFEST_FILE, SavepointInfo, SavepointManifest
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, refuse_symlinks, resolve_pointer, savepoint_info
+from airflow_savepoints.core.lease import JobLock
+from airflow_savepoints.core.manifest import SAVEPOINT_NAME, parse_manifest, savepoint_info
+from airflow_savepoints.core.models import SavepointInfo, SavepointManifest
+from airflow_savepoints.core.names import MANIFEST_FILE
+from airflow_savepoints.core.pointer import refuse_symlinks, resolve_pointer
 from airflow_savepoints.core.settings import configured_savepoint_dir
 from airflow_savepoints.errors import (
     CredentialsError,
@@ -108,3 +113,29 @@ def dispose_location(location: Store, manifest: SavepointManifest) -> SavepointI
     _dispose_secondary(manifest)
     _storage_retry(catalog.forget)(location.name)
     return savepoint_info(location, manifest)
+
+
+def discard_incomplete(location: Store, *, release_lease: bool = False, quiet: bool = False) -> bool:
+    """Remove a savepoint location that has no ``_metadata`` (a failed, killed or orphaned attempt)
+    and its catalog record; True if removed. A location with ``_metadata`` is complete: left alone.
+
+    ``release_lease``: also remove the job's savepoint lease if this process holds it for this
+    location (a killed task). ``quiet``: a failure is logged and the record marked failed, for
+    retention to finish (a savepoint's failure path, which raises its own error)."""
+    job_folder = location.parent()
+    catalog = Catalog(job_folder)
+    try:
+        if location.exists(MANIFEST_FILE):
+            return False
+        job_folder.remove_tree(location.name)
+        catalog.forget(location.name)
+        if release_lease:
+            JobLock.abandon(job_folder, location.name)
+        return True
+    except Exception:
+        if not quiet:
+            raise
+        log.warning("could not remove incomplete savepoint %s; retention will clean it", location.url)
+        with contextlib.suppress(Exception):  # reconcile settles the record later
+            catalog.mark_failed(location.name)
+        return False

@@ -1,7 +1,9 @@
 """A lease file in a store: one holder at a time, broken when its holder stops renewing it.
 
 One implementation serves every lock of the package: the single-flight lease of a job's savepoint
-(``_inflight.json``), the catalog lock (``_catalog.lock``) and the run lease of a job.
+(``_inflight.json``, :class:`JobLock` below), the catalog lock (``_catalog.lock``), a restore's
+claim on its target and the run lease of a job (``jobs/runlease.py``). Every holder is named the
+same way (:func:`owner_id`).
 
 - Taking it is one atomic exclusive create whose content is complete the moment the file becomes
   visible (:meth:`Store.create_exclusive`: a hard link of a written temp file locally, a PUT with
@@ -35,17 +37,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_savepoints.core.names import CLOCK_PROBE_PREFIX, INFLIGHT_LEASE, LEASE_BREAK_SUFFIX
 from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
 
 LEASE_FORMAT = "airflow-savepoints/lease"
-BREAK_SUFFIX = ".break"
+BREAK_SUFFIX = LEASE_BREAK_SUFFIX
+LOCK_FILE = INFLIGHT_LEASE
 BREAK_STALE_AFTER = 10.0  # seconds: a break lock is held for one read and one delete
 CLOCK_SLACK = 2.0  # seconds: mtime resolution (1 s on S3) and the probe's own delay
 CLOCK_PROBE_TTL = 30.0  # seconds a measured store clock is extrapolated before it is probed again
-CLOCK_PROBE_PREFIX = "._clock."
 
 _clock_cache: dict[tuple[str, str], tuple[float, float]] = {}  # (protocol, folder) -> (store time, monotonic)
 _clock_lock = threading.Lock()
@@ -334,3 +337,78 @@ class _BreakLock:
     def __exit__(self, *exc_info) -> None:
         if self.held:
             self.lease.store.remove_file(self.name)
+
+
+# --- the single-flight lease of a job's savepoint -------------------------------------------------------
+@dataclass(frozen=True)
+class InflightHolder:
+    """Who holds a job's savepoint lease, and for what."""
+
+    token: str | None
+    request_id: str | None
+    savepoint_id: str | None
+    owner: str | None
+    started_at: float | None
+    stale: bool
+    age_s: float | None
+
+    @classmethod
+    def of(cls, state: LeaseState) -> InflightHolder:
+        facts = state.facts
+
+        def text(key: str) -> str | None:
+            value = facts.get(key)
+            return value if isinstance(value, str) else None
+
+        started: Any = facts.get("started_at")
+        return cls(token=state.token, request_id=text("request_id"), savepoint_id=text("savepoint_id"),
+                   owner=state.owner or "unknown (unreadable lease)",
+                   started_at=float(started) if isinstance(started, int | float) else None,
+                   stale=state.stale, age_s=state.age_s)
+
+
+class JobLock:
+    """Single flight per job: the lease ``<dir>/<job>/_inflight.json`` held while a savepoint is taken.
+
+    Renewed by a heartbeat; one not renewed for ``stale_after`` seconds belongs to a holder that
+    died (``kill -9``, a lost worker) and is broken by the next trigger. Its facts name the request
+    and the savepoint location being written, so retention keeps that location."""
+
+    def __init__(self, job_store: Store, *, request_id: str | None, stale_after: float = 120.0):
+        self.store = job_store
+        self.stale_after = stale_after
+        self.lease = Lease(job_store, LOCK_FILE, stale_after=stale_after,
+                           facts={"request_id": request_id, "savepoint_id": None, "started_at": time.time()})
+
+    def current(self) -> InflightHolder | None:
+        state = self.lease.read()
+        return None if state is None else InflightHolder.of(state)
+
+    @staticmethod
+    def is_stale(holder: InflightHolder | None) -> bool:
+        return holder is None or holder.stale
+
+    def try_acquire(self) -> InflightHolder | None:
+        """Take the lease. Returns None on success, else the live lease of the current holder."""
+        holder = self.lease.try_acquire()
+        if holder is not None:
+            return InflightHolder.of(holder)
+        self.lease.start_heartbeat()
+        return None
+
+    def set_savepoint(self, savepoint_id: str) -> None:
+        self.lease.renew(savepoint_id=savepoint_id)
+
+    def still_held(self) -> bool:
+        return not self.lease.lost and self.lease.held()
+
+    @staticmethod
+    def abandon(job_store: Store, savepoint_id: str) -> bool:
+        """Remove the lease if THIS process holds it for ``savepoint_id`` (a killed task's cleanup)."""
+        state = Lease(job_store, LOCK_FILE, stale_after=120.0).read()
+        if state is None or state.facts.get("savepoint_id") != savepoint_id or state.owner != owner_id():
+            return False
+        return Lease(job_store, LOCK_FILE, token=state.token, stale_after=120.0).release()
+
+    def release(self) -> None:
+        self.lease.release()

@@ -7,13 +7,13 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 
-from airflow_savepoints.errors import InvalidJobNameError
+from airflow_savepoints.core.names import MANIFEST_FILE
+from airflow_savepoints.errors import InvalidInputError, InvalidJobNameError
 
 MANIFEST_FORMAT = "airflow-savepoints/savepoint"
 MANIFEST_VERSION = 1
-MANIFEST_FILE = "_metadata"
 CHECKSUM_ALGORITHM = "crc32c"
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" would accept a trailing newline
@@ -27,6 +27,27 @@ def validate_job_name(job: str) -> str:
             "use 1-128 characters from A-Z a-z 0-9 . _ - , starting with a letter or digit, without '..' or '/'",
         )
     return job
+
+
+class Request(BaseModel):
+    """What a caller asks of a service, given as the service's keyword arguments."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", frozen=True)
+
+    @classmethod
+    def of(cls, service: str, **fields: Any) -> Any:
+        """The request from ``service``'s keyword arguments: an unknown one is a TypeError (as for any
+        function), a bad value an :class:`InvalidInputError` naming the field."""
+        unknown = sorted(set(fields) - set(cls.model_fields))
+        if unknown:
+            raise TypeError(f"{service}() got an unexpected keyword argument {unknown[0]!r}")
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(x) for x in first.get("loc", ()))
+            raise InvalidInputError(f"invalid {field}: {first.get('msg')} (got {first.get('input')!r})",
+                                    f"pass a valid {field}") from None
 
 
 class SavepointType(StrEnum):
@@ -113,6 +134,45 @@ class SavepointManifest(BaseModel):
         return ((now or datetime.now(UTC)) - self.created_at).total_seconds()
 
 
+class SavepointSummary(BaseModel):
+    """One savepoint in plain JSON: what the CLI prints, operators push to XCom and the API returns.
+
+    Built from a completed savepoint's manifest or from a catalog record; a key the source does
+    not know is None (a record does not know ``includes_next_offsets``, a manifest no ``conflict``)."""
+
+    pointer: str
+    savepoint_id: str
+    job: str
+    query_id: str | None = None
+    batch_id: int | None = None
+    includes_next_offsets: bool | None = None
+    type: SavepointType
+    state: str
+    reason: str | None = None
+    request_id: str | None = None
+    created_at: datetime
+    files: int | None = None
+    bytes: int | None = None
+    spark_version: str | None = None
+    checkpoint_format_version: int | None = None
+    conflict: str | None = None  # identity sources disagree: kept, never restored or disposed
+
+    @classmethod
+    def of_manifest(cls, pointer: str, manifest: SavepointManifest) -> SavepointSummary:
+        m = manifest
+        return cls(pointer=pointer, savepoint_id=m.savepoint_id, job=m.job, query_id=m.query_id, batch_id=m.batch_id,
+                   includes_next_offsets=m.includes_next_offsets, type=m.type, state="completed", reason=m.reason,
+                   request_id=m.request_id, created_at=m.created_at, files=len(m.files), bytes=m.total_bytes,
+                   spark_version=m.spark_version, checkpoint_format_version=m.state_store.checkpoint_format_version)
+
+    @field_serializer("created_at")
+    def _iso(self, value: datetime) -> str:
+        return value.isoformat()  # "+00:00", as every release wrote it (pydantic would write "Z")
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
 class SavepointInfo(BaseModel):
     """A completed savepoint as the services return it: where it is and its manifest."""
 
@@ -121,24 +181,7 @@ class SavepointInfo(BaseModel):
 
     def summary(self) -> dict[str, Any]:
         """The JSON the CLI prints and operators push to XCom (no credentials, plain types)."""
-        m = self.manifest
-        return {
-            "pointer": self.pointer,
-            "savepoint_id": m.savepoint_id,
-            "job": m.job,
-            "query_id": m.query_id,
-            "batch_id": m.batch_id,
-            "includes_next_offsets": m.includes_next_offsets,
-            "type": m.type.value,
-            "state": "completed",
-            "reason": m.reason,
-            "request_id": m.request_id,
-            "created_at": m.created_at.isoformat(),
-            "files": len(m.files),
-            "bytes": m.total_bytes,
-            "spark_version": m.spark_version,
-            "checkpoint_format_version": m.state_store.checkpoint_format_version,
-        }
+        return SavepointSummary.of_manifest(self.pointer, self.manifest).as_json()
 
 
 class RestoreResult(BaseModel):

@@ -17,23 +17,27 @@ import os
 import posixpath
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import google_crc32c
+from pydantic import Field, field_validator
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.copier import MODES, checksum_of, copy_many, workers_for
 from airflow_savepoints.core.lease import Lease
-from airflow_savepoints.core.models import (
+from airflow_savepoints.core.manifest import SAVEPOINT_NAME, parse_manifest
+from airflow_savepoints.core.models import FileEntry, Request, RestoreResult, SavepointManifest
+from airflow_savepoints.core.names import (
+    CHECKPOINT_METADATA,
+    CLOCK_PROBE_PREFIX,
+    LEASE_BREAK_SUFFIX,
     MANIFEST_FILE,
-    FileEntry,
-    RestoreResult,
-    SavepointManifest,
+    RESTORE_CLAIM,
 )
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, parse_manifest, refuse_symlinks, resolve_pointer
+from airflow_savepoints.core.pointer import refuse_symlinks, resolve_pointer
 from airflow_savepoints.errors import (
     CredentialsError,
     InvalidInputError,
@@ -44,11 +48,12 @@ from airflow_savepoints.errors import (
     TargetNotEmptyError,
     VerificationError,
 )
-from airflow_savepoints.storage import Store
+from airflow_savepoints.storage import FileStat, Store
 from airflow_savepoints.storage.store import SourceChangedError
 
 OPERATOR_METADATA_V2 = "/_metadata/v2/"
 log = logging.getLogger(__name__)
+Notify = Callable[[str, dict[str, Any]], None]
 
 
 def _mismatch(entry: FileEntry, size: int, crc: int) -> str | None:
@@ -60,7 +65,7 @@ def _mismatch(entry: FileEntry, size: int, crc: int) -> str | None:
 
 
 def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None,
-                     parallelism: int = 8, on_event: Callable[[str, dict[str, Any]], None] | None = None
+                     parallelism: int = 8, on_event: Notify | None = None
                      ) -> tuple[Store, SavepointManifest]:
     """Check every file of the savepoint against its manifest; raise naming the bad files.
 
@@ -121,38 +126,64 @@ def check_sink(manifest: SavepointManifest, sink_path: str, storage_options: dic
         )
 
 
-def restore_savepoint(
-    pointer: str,
-    target: str,
-    *,
-    new_query_id: bool = False,
-    sink_path: str | None = None,
-    storage_options: dict[str, Any] | None = None,
-    target_storage_options: dict[str, Any] | None = None,
-    sink_storage_options: dict[str, Any] | None = None,
-    parallelism: int = 8,
-    copy_mode: str = "auto",
-    prefer_secondary: bool = True,
-    secondary_storage_options: dict[str, Any] | None = None,
-    on_event: Callable[[str, dict[str, Any]], None] | None = None,
-) -> RestoreResult:
+class RestoreRequest(Request):
+    """What a caller asks of :func:`restore_savepoint` (its keyword arguments are these fields)."""
+
+    pointer: str
+    target: str
+    new_query_id: bool = False
+    sink_path: str | None = None
+    storage_options: dict[str, Any] | None = None
+    target_storage_options: dict[str, Any] | None = None
+    sink_storage_options: dict[str, Any] | None = None
+    parallelism: int = Field(default=8, ge=1)
+    copy_mode: str = "auto"
+    prefer_secondary: bool = True
+    secondary_storage_options: dict[str, Any] | None = None
+
+    @field_validator("copy_mode")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        if value not in MODES:
+            raise InvalidInputError(f"unknown copy mode {value!r}", "use one of: " + ", ".join(MODES))
+        return value
+
+
+def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = None, **options: Any) -> RestoreResult:
     """Materialise the savepoint at ``pointer`` into the fresh, empty checkpoint location ``target``.
 
-    Files are hard-linked when savepoint and target share a local filesystem (Spark never writes
-    a checkpoint file in place, so the savepoint stays unmodified), copied inside the store on S3,
-    streamed otherwise (``copy_mode="stream"`` always streams); every file's CRC32C is checked
-    against the manifest either way (read from the linked inode, or computed by the store).
+    ``options`` are the other fields of :class:`RestoreRequest`. Files are hard-linked when
+    savepoint and target share a local filesystem (Spark never writes a checkpoint file in place,
+    so the savepoint stays unmodified), copied inside the store on S3, streamed otherwise
+    (``copy_mode="stream"`` always streams); every file's CRC32C is checked against the manifest
+    either way (read from the linked inode, or computed by the store).
 
     If the savepoint has a secondary copy (``take_savepoint(secondary_dir=...)``) that exists here
     and is the same savepoint, it is restored from instead, every file checked against the
     primary's manifest; any problem with it falls back to the primary.
 
     ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress."""
-    if copy_mode not in MODES:
-        raise InvalidInputError(f"unknown copy mode {copy_mode!r}", "use one of: " + ", ".join(MODES))
-    location, manifest = resolve_pointer(pointer, storage_options)
+    request: RestoreRequest = RestoreRequest.of("restore_savepoint", pointer=pointer, target=target, **options)
+    location, manifest = resolve_pointer(pointer, request.storage_options)
     refuse_symlinks(location, "savepoint")
-    destination = Store(target, target_storage_options)
+    destination = _fresh_target(location, Store(target, request.target_storage_options))
+    if request.sink_path:
+        check_sink(manifest, request.sink_path, request.sink_storage_options)
+    with claimed(destination), pinned(location, manifest):
+        secondary = _usable_secondary(manifest, request.secondary_storage_options) if request.prefer_secondary else None
+        if secondary is not None:
+            try:
+                result = _restore_pinned(secondary, manifest, destination, request, on_event)
+                return result.model_copy(update={"pointer": location.url, "restored_from": secondary.url})
+            except (VerificationError, FileNotFoundError, StorageError) as exc:
+                log.warning("the secondary copy %s is not usable (%s); restoring from the primary %s",
+                            secondary.url, getattr(exc, "message", exc), location.url)
+        result = _restore_pinned(location, manifest, destination, request, on_event)
+        return result.model_copy(update={"restored_from": location.url})
+
+
+def _fresh_target(location: Store, destination: Store) -> Store:
+    """The restore target: a real folder (or nothing yet) apart from the savepoint, and empty."""
     if destination.protocol == "file" and os.path.islink(destination.root):
         raise TargetNotEmptyError(
             f"the restore target {destination.url} is a symbolic link (to {os.readlink(destination.root)})",
@@ -168,23 +199,15 @@ def restore_savepoint(
     if destination.isfile():
         raise TargetNotEmptyError(f"the restore target {destination.url} is a file", "choose a new folder")
     _check_empty(destination)
-    if sink_path:
-        check_sink(manifest, sink_path, sink_storage_options)
-    with claimed(destination), pinned(location, manifest):
-        secondary = _usable_secondary(manifest, secondary_storage_options) if prefer_secondary else None
-        if secondary is not None:
-            try:
-                result = _restore_pinned(secondary, manifest, destination, new_query_id, parallelism, copy_mode, on_event)
-                return result.model_copy(update={"pointer": location.url, "restored_from": secondary.url})
-            except (VerificationError, FileNotFoundError, StorageError) as exc:
-                log.warning("the secondary copy %s is not usable (%s); restoring from the primary %s",
-                            secondary.url, getattr(exc, "message", exc), location.url)
-        result = _restore_pinned(location, manifest, destination, new_query_id, parallelism, copy_mode, on_event)
-        return result.model_copy(update={"restored_from": location.url})
+    return destination
 
 
-CLAIM_FILE = "_restore.lease"
-_HELPER_FILE = re.compile(r"^(\._clock\.[0-9a-f]{32}\.tmp|\._restore\.lease(\.break)?\.[0-9a-f]{32}\.tmp|_restore\.lease\.break)$")
+CLAIM_FILE = RESTORE_CLAIM
+_HELPER_FILE = re.compile("^(" + "|".join((  # a clock probe, a claim's temp files, its break lock
+    re.escape(CLOCK_PROBE_PREFIX) + r"[0-9a-f]{32}\.tmp",
+    r"\." + re.escape(CLAIM_FILE) + f"({re.escape(LEASE_BREAK_SUFFIX)})?" + r"\.[0-9a-f]{32}\.tmp",
+    re.escape(CLAIM_FILE + LEASE_BREAK_SUFFIX),
+)) + ")$")
 CLAIM_STALE_AFTER = 60.0
 
 
@@ -238,31 +261,23 @@ def _usable_secondary(manifest: SavepointManifest, storage_options: dict[str, An
 
 
 @contextlib.contextmanager
-def pinned(location: Store, manifest: SavepointManifest) -> Iterator[None]:
+def pinned(location: Store, manifest: SavepointManifest) -> Iterator[bool]:
     """Hold the savepoint against retention and dispose while it is restored.
 
     Only a savepoint laid out as ``<dir>/<job>/savepoint-…`` has a catalog to pin in; a store the
     restore may not write to (a read-only bucket) is restored unpinned, with a warning."""
     if not SAVEPOINT_NAME.match(location.name) or location.parent().name != manifest.job:
-        yield
+        yield False
         return
-    catalog = Catalog(location.parent(), manifest.job)
-    try:
-        holding = catalog.held(location.name, "restore", manifest)
-        holding.__enter__()
-    except (StoragePermissionError, CredentialsError) as exc:
-        log.warning("restoring %s without pinning it (%s): retention could remove it meanwhile", location.url, exc.message)
-        holding = None
-    try:
-        yield
-    finally:
-        if holding is not None:
-            holding.__exit__(None, None, None)
+    with Catalog(location.parent(), manifest.job).pinned(location.name, "restore", manifest,
+                                                         unless=(StoragePermissionError, CredentialsError)) as held:
+        yield held
 
 
-def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool,
-                    parallelism: int, copy_mode: str = "auto",
-                    on_event: Callable[[str, dict[str, Any]], None] | None = None) -> RestoreResult:
+def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, request: RestoreRequest,
+                    on_event: Notify | None = None) -> RestoreResult:
+    """Copy and check the savepoint's files, rewrite the paths Spark stores, write ``metadata`` last;
+    on any failure remove what was written."""
     listing = location.list_files()
     missing = [e.path for e in manifest.files if e.path not in listing]
     if missing:
@@ -270,47 +285,50 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
             f"savepoint {location.url} is damaged: {', '.join(missing[:10])} missing",
             "do not restore it; use another savepoint of the job",
         )
-
-    rewritten: list[str] = []
     try:
-        body = [e for e in manifest.files if e.path not in ("metadata", MANIFEST_FILE) and not _rewritable(e.path)]
-        notify = on_event or (lambda event, data: None)
-        notify("planned", {"files": len(body), "bytes": sum(e.size for e in body)})
-        try:
-            copied = copy_many(location, destination, [e.path for e in body], parallelism, stats=listing,
-                               mode=copy_mode, on_file=lambda c: notify("file_done", {"path": c.path, "bytes": c.size}))
-        except (SourceChangedError, FileNotFoundError) as exc:
-            raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
-                                    "nothing was restored; retry, or use another savepoint of the job") from exc
-        _raise_if([_mismatch(e, copied[e.path].size, copied[e.path].crc) for e in body], location)
+        _copy_checked(location, manifest, destination, request, listing, on_event or (lambda event, data: None))
+        rewritten = [e.path for e in manifest.files if _rewritable(e.path)]
         for entry in manifest.files:
             if _rewritable(entry.path):
                 _restore_rewritten(location, destination, entry, manifest)
-                rewritten.append(entry.path)
-        query_id = manifest.query_id
-        metadata_entry = next(e for e in manifest.files if e.path == "metadata")
-        data = location.read_bytes("metadata")
-        _raise_if([_mismatch(metadata_entry, len(data), google_crc32c.value(data))], location)
-        if new_query_id:
-            query_id = str(uuid.uuid4())
-            data = json.dumps({"id": query_id}).encode() + b"\n"
-        destination.write_bytes_atomic("metadata", data)  # last: the checkpoint's identity
+        query_id = _write_identity(location, manifest, destination, request.new_query_id)
         _check_complete(destination, manifest, rewritten)
     except BaseException:
         _undo(destination, [e.path for e in manifest.files if e.path != MANIFEST_FILE])
         raise
     return RestoreResult(
-        pointer=location.url,
-        checkpoint=destination.url,
-        batch_id=manifest.batch_id,
-        query_id=query_id,
-        new_query_id=new_query_id,
-        files=len(manifest.files),
-        bytes=manifest.total_bytes,
-        rewritten=rewritten,
-        state_store=manifest.state_store,
-        spark_conf_to_set=spark_conf_to_set(manifest),
+        pointer=location.url, checkpoint=destination.url, batch_id=manifest.batch_id, query_id=query_id,
+        new_query_id=request.new_query_id, files=len(manifest.files), bytes=manifest.total_bytes,
+        rewritten=rewritten, state_store=manifest.state_store, spark_conf_to_set=spark_conf_to_set(manifest),
     )
+
+
+def _copy_checked(location: Store, manifest: SavepointManifest, destination: Store, request: RestoreRequest,
+                  listing: Mapping[str, FileStat], notify: Notify) -> None:
+    """Copy every file but ``metadata`` and the rewritten ones, each checked against the manifest."""
+    body = [e for e in manifest.files
+            if e.path not in (CHECKPOINT_METADATA, MANIFEST_FILE) and not _rewritable(e.path)]
+    notify("planned", {"files": len(body), "bytes": sum(e.size for e in body)})
+    try:
+        copied = copy_many(location, destination, [e.path for e in body], request.parallelism, stats=listing,
+                           mode=request.copy_mode, on_file=lambda c: notify("file_done", {"path": c.path, "bytes": c.size}))
+    except (SourceChangedError, FileNotFoundError) as exc:
+        raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
+                                "nothing was restored; retry, or use another savepoint of the job") from exc
+    _raise_if([_mismatch(e, copied[e.path].size, copied[e.path].crc) for e in body], location)
+
+
+def _write_identity(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool) -> str:
+    """Write the checkpoint's ``metadata`` (its query id, a new one if asked), last; returns the query id."""
+    entry = next(e for e in manifest.files if e.path == CHECKPOINT_METADATA)
+    data = location.read_bytes(CHECKPOINT_METADATA)
+    _raise_if([_mismatch(entry, len(data), google_crc32c.value(data))], location)
+    query_id = manifest.query_id
+    if new_query_id:
+        query_id = str(uuid.uuid4())
+        data = json.dumps({"id": query_id}).encode() + b"\n"
+    destination.write_bytes_atomic(CHECKPOINT_METADATA, data)
+    return query_id
 
 
 def spark_conf_to_set(manifest: SavepointManifest) -> dict[str, str]:
@@ -380,7 +398,7 @@ def _check_complete(destination: Store, manifest: SavepointManifest, rewritten: 
     """The target holds every file of the savepoint at its size (rewritten files: present)."""
     listing = destination.list_files()
     problems = [e.path for e in manifest.files if e.path != MANIFEST_FILE and (
-        e.path not in listing or (e.path not in rewritten and e.path != "metadata" and listing[e.path].size != e.size))]
+        e.path not in listing or (e.path not in rewritten and e.path != CHECKPOINT_METADATA and listing[e.path].size != e.size))]
     if problems:
         raise VerificationError(
             f"the restore target {destination.url} is incomplete after the copy: {', '.join(problems[:10])}",

@@ -19,8 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airflow_savepoints.core.catalog import Catalog, SavepointRecord, SavepointState
 from airflow_savepoints.core.dispose import check_no_link, check_under_root, dispose_location
-from airflow_savepoints.core.lease import store_now
-from airflow_savepoints.core.lock import JobLock
+from airflow_savepoints.core.lease import JobLock, store_now
 from airflow_savepoints.core.models import MANIFEST_FILE, SavepointManifest, SavepointType, validate_job_name
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, read_manifest
 from airflow_savepoints.core.settings import configured_option, parse_duration

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from airflow_savepoints.core import SavepointType, resolve_pointer, restore_savepoint, take_savepoint
-from airflow_savepoints.core.lock import JobLock
+from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.pointer import latest_savepoint
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy

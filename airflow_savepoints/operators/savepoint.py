@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_savepoints.core import SavepointType, dispose_savepoint, take_savepoint
-from airflow_savepoints.core.savepoint import abandon_savepoint
+from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.jobs.launcher import read_run
@@ -96,7 +96,7 @@ class RemovesPartialSavepoint(BaseOperator):
     def on_kill(self) -> None:
         """Remove a savepoint location still being written (it has no _metadata yet) and its lease."""
         location, self._in_flight = self._in_flight, None
-        if location is not None and abandon_savepoint(location):
+        if location is not None and discard_incomplete(location, release_lease=True):
             self.log.info("removed the incomplete savepoint %s", location.url)
 
 

@@ -1,0 +1,93 @@
+"""Savepoint manifests (``_metadata``): folder names, parsing and reading, each fault its own error.
+
+The catalog and the pointer functions both read manifests through this module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any
+
+from pydantic import ValidationError
+
+from airflow_savepoints.core.models import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    SavepointInfo,
+    SavepointManifest,
+)
+from airflow_savepoints.core.names import MANIFEST_FILE
+from airflow_savepoints.errors import (
+    CredentialsError,
+    IncompleteSavepointError,
+    ManifestCorruptError,
+    ManifestUnreadableError,
+    ManifestVersionError,
+    MissingBackendError,
+    StorageError,
+    UnknownSchemeError,
+)
+from airflow_savepoints.storage import Store
+
+SAVEPOINT_NAME = re.compile(r"^savepoint-[0-9A-Za-z-]{1,6}-[0-9a-f]{12}\Z")  # \Z: not "$", which allows a final newline
+
+
+def new_savepoint_id(query_id: str) -> str:
+    """``savepoint-<query id[0:6]>-<random>``, after Flink's ``savepoint-<jobid[0:6]>-<random>``."""
+    prefix = re.sub(r"[^0-9A-Za-z-]", "", query_id)[:6] or "query"
+    return f"savepoint-{prefix[:6]}-{secrets.token_hex(6)}"
+
+
+def parse_manifest(data: bytes, where: str) -> SavepointManifest:
+    """Validate a ``_metadata`` file's bytes; each way it can be wrong has its own error."""
+    try:
+        raw: Any = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ManifestCorruptError(
+            f"{where} is not valid JSON: {exc}", "the savepoint is damaged; use another savepoint"
+        ) from exc
+    if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
+        raise ManifestCorruptError(
+            f"{where} is not an airflow-savepoints manifest (format marker {raw.get('format') if isinstance(raw, dict) else None!r})",
+            "point at a savepoint directory written by airflow-savepoints, or its _metadata file",
+        )
+    version = raw.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise ManifestCorruptError(f"{where} has no valid format_version", "the savepoint is damaged")
+    if version > MANIFEST_VERSION:
+        raise ManifestVersionError(
+            f"{where} has format version {version}, newer than this release understands ({MANIFEST_VERSION})",
+            "upgrade airflow-savepoints to a release that reads this format",
+        )
+    try:
+        return SavepointManifest.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(x) for x in first.get("loc", ()))
+        raise ManifestCorruptError(
+            f"{where} is not a valid manifest: {field}: {first.get('msg')}", "the savepoint is damaged"
+        ) from exc
+
+
+def read_manifest(location: Store) -> SavepointManifest:
+    where = location.url_of(MANIFEST_FILE)
+    try:
+        data = location.read_bytes(MANIFEST_FILE)
+    except FileNotFoundError as exc:
+        raise IncompleteSavepointError(
+            f"{location.url} has no {MANIFEST_FILE}: it is an incomplete savepoint (a trigger failed or is "
+            "still running) or not a savepoint at all",
+            "list the job's savepoints and pick a completed one",
+        ) from exc
+    except (CredentialsError, MissingBackendError, UnknownSchemeError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any other read failure is reported as unreadable
+        detail = exc.message if isinstance(exc, StorageError) else str(exc)
+        raise ManifestUnreadableError(f"cannot read {where}: {detail}", "check access to the store and retry") from exc
+    return parse_manifest(data, where)
+
+
+def savepoint_info(location: Store, manifest: SavepointManifest) -> SavepointInfo:
+    return SavepointInfo(pointer=location.url, manifest=manifest)

@@ -1,0 +1,34 @@
+"""The names of the files the package writes, in one place.
+
+Layout of a savepoint directory::
+
+    <savepoint dir>/<job>/
+        _catalog.json  _catalog.lock     the job's catalog and its short lock
+        _inflight.json                   the single-flight lease of a savepoint being taken
+        _lease.json  _run.json           the run lease and the run a start launched
+        _control/<run id>/*.json         a run's control folder
+        savepoint-<id6>-<random>/_metadata  a savepoint, complete once _metadata exists
+"""
+
+from __future__ import annotations
+
+MANIFEST_FILE = "_metadata"  # a savepoint's manifest, written last
+CHECKPOINT_METADATA = "metadata"  # Spark's own file of a checkpoint (the query id), written last on restore
+
+CATALOG_FILE = "_catalog.json"
+CATALOG_LOCK = "_catalog.lock"
+INFLIGHT_LEASE = "_inflight.json"  # single flight per job while a savepoint is taken
+RUN_LEASE = "_lease.json"  # one live run per job
+RUN_FILE = "_run.json"  # the run a start launched
+RESTORE_CLAIM = "_restore.lease"  # in a restore target while it is written
+
+CONTROL_FOLDER = "_control"
+ANNOUNCE_FILE = "job.json"
+HEARTBEAT_FILE = "heartbeat.json"
+STOP_REQUEST_FILE = "stop-request.json"
+STOPPED_FILE = "stopped.json"
+FAILED_FILE = "failed.json"
+FENCED_FILE = "fenced.json"
+
+LEASE_BREAK_SUFFIX = ".break"  # ``<lease>.break``: held while a stale lease is broken
+CLOCK_PROBE_PREFIX = "._clock."  # ``._clock.<hex>.tmp``: a probe of the store's clock
