@@ -161,6 +161,52 @@ class SavepointDirNotFoundError(InvalidInputError):
     code = "savepoint_dir_not_found"
 
 
+# --- streaming jobs --------------------------------------------------------------------------------
+class JobFailedError(SavepointError):
+    code = "job_failed"
+
+
+class NoSavepointError(SavepointError):
+    code = "no_savepoint"
+
+
+class JobRunningError(InvalidInputError):
+    """A start refused: another run of the job lives (it would write the same sink)."""
+
+    code = "job_running"
+
+
+class JobNotStoppedError(SavepointError):
+    """A stop or cancel could not end the run from here (and its lease did not lapse)."""
+
+    code = "job_not_stopped"
+
+
+class JobFencedError(SavepointError):
+    """Another run of the job holds its run lease: this driver stopped its query and must not write."""
+
+    code = "job_fenced"
+
+
+# --- retention and the API -------------------------------------------------------------------------
+class RetentionFailedError(SavepointError):
+    code = "retention_failed"
+
+
+class JobNotFoundError(SavepointNotFoundError):
+    code = "job_not_found"
+
+
+class InvalidSavepointIdError(InvalidInputError):
+    code = "invalid_savepoint_id"
+
+
+class ConfigurationError(SavepointError):
+    """The deployment's savepoint root is unusable (a bad connection extra or URL): not the caller's fault."""
+
+    code = "invalid_configuration"
+
+
 # --- the unexpected --------------------------------------------------------------------------------
 class UnexpectedError(SavepointError):
     """A failure no check anticipated (a bug, or an environment fault with no typed error yet)."""

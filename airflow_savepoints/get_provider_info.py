@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from airflow_savepoints import __version__
+from airflow_savepoints.core.settings import OPTIONS
 
 
 def get_provider_info() -> dict:
@@ -41,31 +42,9 @@ def get_provider_info() -> dict:
                 "conn-fields": {},
             }
         ],
-        "config": {
-            "savepoints": {
-                "description": "Defaults of airflow-savepoints.",
-                "options": {
-                    "savepoint_dir": {
-                        "description": "Default savepoint directory (a path or URL); a directory given to an "
-                                       "operator or on the command line wins.",
-                        "version_added": "0.1.0", "type": "string", "example": "s3://bucket/savepoints",
-                        "default": "",
-                    },
-                    "max_periodic_savepoints": {
-                        "description": "How many periodic savepoints of a job retention keeps.",
-                        "version_added": "0.1.0", "type": "integer", "example": "10", "default": "10",
-                    },
-                    "max_savepoint_age": {
-                        "description": "Periodic savepoints older than this are removed by retention "
-                                       "(e.g. 7d, 12h); none for no age limit.",
-                        "version_added": "0.1.0", "type": "string", "example": "7d", "default": "7d",
-                    },
-                    "orphan_timeout": {
-                        "description": "Savepoint locations without _metadata (a trigger that crashed) older "
-                                       "than this are removed by retention.",
-                        "version_added": "0.1.0", "type": "string", "example": "1h", "default": "1h",
-                    },
-                },
-            }
-        },
+        "config": {"savepoints": {"description": "Defaults of airflow-savepoints.", "options": {
+            option.name: {"description": option.description, "version_added": "0.1.0", "type": option.type,
+                          "example": option.example, "default": option.default}
+            for option in OPTIONS
+        }}},
     }

@@ -21,6 +21,7 @@ COMPACT_FILE = re.compile(r"^(\d+)\.compact$")
 HDFS_STATE_FILE = re.compile(r"^(\d+)(?:\.[^.]+)?\.(delta|snapshot|metadata)$")
 ROCKSDB_V1_FILE = re.compile(r"^(\d+)\.(zip|changelog)$")
 ROCKSDB_V2_FILE = re.compile(r"^(\d+)_([0-9A-Za-z-]+)\.(zip|changelog)$")
+METADATA_FILE = "metadata"  # a checkpoint's identity (the query id), in its root
 SPARK_SIDECAR_SUFFIX = ".crc"
 
 

@@ -42,6 +42,7 @@ Reader = Callable[[str], bytes]
 # Copy order: sources first (Spark purges old file-source logs soonest), then state, then the
 # offset/commit logs, and the checkpoint's ``metadata`` file last.
 GROUP_SOURCES, GROUP_STATE, GROUP_LOGS, GROUP_METADATA = 0, 1, 2, 3
+METADATA = formats.METADATA_FILE
 
 
 @dataclass(frozen=True)
@@ -127,30 +128,13 @@ def _collector(listing: Mapping[str, FileStat], into: dict[str, PlannedFile], pu
 def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str = "the checkpoint") -> CheckpointPlan:
     """Plan the savepoint of the newest committed batch of the checkpoint described by ``listing``."""
     listing = _VisibleFiles(listing)
-    offsets = _int_names(listing, "offsets")
-    commits = _int_names(listing, "commits")
-    if "metadata" not in listing and not offsets:
-        raise NotACheckpointError(
-            f"{where} is not a Spark streaming checkpoint: it has no 'metadata' file and no 'offsets/' folder",
-            "point at the query's checkpointLocation (the folder holding metadata, offsets/, commits/)",
-        )
-    committed = sorted(set(offsets) & set(commits))
-    if not committed:
-        raise NoCommittedBatchError(
-            f"{where} has no committed micro-batch yet (no batch with both offsets/N and commits/N)",
-            "wait until the query has committed its first batch, then try again",
-        )
-    if "metadata" not in listing:
-        raise CheckpointError(
-            f"{where} has offsets and commits but no 'metadata' file (the query id)",
-            "a checkpoint without it cannot be restarted with its identity; restore it from a savepoint instead",
-        )
-    n = committed[-1]
+    offsets, commits = _int_names(listing, "offsets"), _int_names(listing, "commits")
+    n = _newest_committed(listing, offsets, commits, where)
     planned: dict[str, PlannedFile] = {}
     add = _collector(listing, planned, f"{where}: needed for batch {n}")
 
-    query_id = formats.parse_stream_metadata(read("metadata"))
-    add("metadata", GROUP_METADATA)
+    query_id = formats.parse_stream_metadata(read(METADATA))
+    add(METADATA, GROUP_METADATA)
     add(offsets[n], GROUP_LOGS)
     add(commits[n], GROUP_LOGS)
     earlier = [b for b in offsets if b < n]
@@ -175,8 +159,41 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
     next_state = False
     if next_batch is not None and operators and ckpt_format == 1:
         next_state = _plan_next_state(listing, read, n + 2, commit_n, planned, where)
+    _add_sidecars(listing, planned, where)
+    return CheckpointPlan(
+        batch_id=n, query_id=query_id, includes_next_offsets=next_batch is not None, includes_next_state=next_state,
+        files=sorted(planned.values(), key=lambda f: (f.group, f.path)),
+        offset_log_version=offset_n.version, commit_log_version=commit_n.version, checkpoint_format_version=ckpt_format,
+        state_store_provider=offset_n.conf.get("spark.sql.streaming.stateStore.providerClass"),
+        changelog_checkpointing=any(p.endswith(".changelog") for p in planned) if operators else None,
+        source_offsets=offset_n.sources, spark_conf=offset_n.conf, operators=operators,
+    )
 
-    # Spark's own checksum sidecars travel only together with their main file.
+
+def _newest_committed(listing: Mapping[str, FileStat], offsets: dict[int, str], commits: dict[int, str],
+                      where: str) -> int:
+    """N: the newest batch with both ``offsets/N`` and ``commits/N``, in a checkpoint that has its ``metadata``."""
+    if METADATA not in listing and not offsets:
+        raise NotACheckpointError(
+            f"{where} is not a Spark streaming checkpoint: it has no 'metadata' file and no 'offsets/' folder",
+            "point at the query's checkpointLocation (the folder holding metadata, offsets/, commits/)",
+        )
+    committed = sorted(set(offsets) & set(commits))
+    if not committed:
+        raise NoCommittedBatchError(
+            f"{where} has no committed micro-batch yet (no batch with both offsets/N and commits/N)",
+            "wait until the query has committed its first batch, then try again",
+        )
+    if METADATA not in listing:
+        raise CheckpointError(
+            f"{where} has offsets and commits but no 'metadata' file (the query id)",
+            "a checkpoint without it cannot be restarted with its identity; restore it from a savepoint instead",
+        )
+    return committed[-1]
+
+
+def _add_sidecars(listing: Mapping[str, FileStat], planned: dict[str, PlannedFile], where: str) -> None:
+    """Spark's own checksum sidecars travel only together with their main file."""
     for path in list(planned):
         sidecar = path + formats.SPARK_SIDECAR_SUFFIX
         if sidecar in listing and sidecar not in planned:
@@ -184,27 +201,6 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
             if stat is None:
                 raise CheckpointRaceError(f"{where}: '{sidecar}' vanished while planning")
             planned[sidecar] = PlannedFile(sidecar, stat.size, stat.version, planned[path].group, sidecar_of=path)
-
-    conf = offset_n.conf
-    provider = conf.get("spark.sql.streaming.stateStore.providerClass")
-    changelog = None
-    if operators:
-        changelog = any(p.endswith(".changelog") for p in planned)
-    return CheckpointPlan(
-        batch_id=n,
-        query_id=query_id,
-        includes_next_offsets=next_batch is not None,
-        includes_next_state=next_state,
-        files=sorted(planned.values(), key=lambda f: (f.group, f.path)),
-        offset_log_version=offset_n.version,
-        commit_log_version=commit_n.version,
-        checkpoint_format_version=ckpt_format,
-        state_store_provider=provider,
-        changelog_checkpointing=changelog,
-        source_offsets=offset_n.sources,
-        spark_conf=conf,
-        operators=operators,
-    )
 
 
 def _plan_next_state(listing, read, version: int, commit, planned: dict[str, PlannedFile], where) -> bool:

@@ -33,6 +33,7 @@ from airflow_savepoints import __version__, core
 from airflow_savepoints.cli.job import app as job_commands
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.models import validate_job_name
+from airflow_savepoints.core.names import CATALOG_FILE
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.errors import SavepointError, UnexpectedError
 from airflow_savepoints.jobs.runlease import running_spark_version
@@ -387,7 +388,7 @@ def catalog(
     states: dict[str, int] = {}
     for record in document.records.values():
         states[record.state.value] = states.get(record.state.value, 0) + 1
-    payload = {"job": job, "catalog": store.url_of("_catalog.json"), "rebuilt": rebuild, "records": len(document.records),
+    payload = {"job": job, "catalog": store.url_of(CATALOG_FILE), "rebuilt": rebuild, "records": len(document.records),
                "states": states, "pins": [p.model_dump(mode="json") for p in document.pins.values()]}
     _emit(as_json, payload, f"{'rebuilt ' if rebuild else ''}{payload['catalog']}: {len(document.records)} records "
                             f"{states}, {len(document.pins)} pins")

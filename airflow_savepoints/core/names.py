@@ -12,8 +12,10 @@ Layout of a savepoint directory::
 
 from __future__ import annotations
 
+from airflow_savepoints.checkpoint.formats import METADATA_FILE
+
 MANIFEST_FILE = "_metadata"  # a savepoint's manifest, written last
-CHECKPOINT_METADATA = "metadata"  # Spark's own file of a checkpoint (the query id), written last on restore
+CHECKPOINT_METADATA = METADATA_FILE  # Spark's own file of a checkpoint (the query id), written last on restore
 
 CATALOG_FILE = "_catalog.json"
 CATALOG_LOCK = "_catalog.lock"

@@ -18,11 +18,20 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airflow_savepoints.core.catalog import Catalog, SavepointRecord, SavepointState
-from airflow_savepoints.core.dispose import check_no_link, check_under_root, dispose_location
+from airflow_savepoints.core.dispose import check_no_link, check_under_root, discard_incomplete, dispose_location
 from airflow_savepoints.core.lease import JobLock, store_now
-from airflow_savepoints.core.models import MANIFEST_FILE, SavepointManifest, SavepointType, validate_job_name
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, read_manifest
-from airflow_savepoints.core.settings import configured_option, parse_duration
+from airflow_savepoints.core.manifest import SAVEPOINT_NAME, read_manifest
+from airflow_savepoints.core.models import SavepointManifest, SavepointType, validate_job_name
+from airflow_savepoints.core.names import (
+    CATALOG_FILE,
+    CATALOG_LOCK,
+    CLOCK_PROBE_PREFIX,
+    INFLIGHT_LEASE,
+    LEASE_BREAK_SUFFIX,
+    MANIFEST_FILE,
+    RUN_FILE,
+)
+from airflow_savepoints.core.settings import DEFAULTS, configured_option, parse_duration
 from airflow_savepoints.errors import (
     IncompleteSavepointError,
     InvalidInputError,
@@ -35,9 +44,9 @@ from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_PERIODIC = 10
-DEFAULT_MAX_AGE = "7d"
-DEFAULT_ORPHAN_TIMEOUT = "1h"
+DEFAULT_MAX_PERIODIC = int(DEFAULTS["max_periodic_savepoints"])
+DEFAULT_MAX_AGE = DEFAULTS["max_savepoint_age"]
+DEFAULT_ORPHAN_TIMEOUT = DEFAULTS["orphan_timeout"]
 PROTECTED_TYPES = {SavepointType.MANUAL, SavepointType.STOP, SavepointType.RETAINED_CHECKPOINT}
 _TEN_YEARS = 10 * 365 * 86400.0
 
@@ -48,13 +57,14 @@ class RetentionPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_periodic: int | None = Field(default=DEFAULT_MAX_PERIODIC, ge=0, le=100_000)
-    max_age_seconds: float | None = Field(default=7 * 86400.0, ge=0, le=_TEN_YEARS)
-    orphan_timeout_seconds: float = Field(default=3600.0, ge=0, le=_TEN_YEARS)
+    max_age_seconds: float | None = Field(default=parse_duration(DEFAULT_MAX_AGE), ge=0, le=_TEN_YEARS)
+    orphan_timeout_seconds: float = Field(default=parse_duration(DEFAULT_ORPHAN_TIMEOUT), ge=0, le=_TEN_YEARS)
 
     @classmethod
     def resolve(cls, max_periodic: int | str | None = None, max_age: str | float | None = None,
                 orphan_timeout: str | float | None = None) -> RetentionPolicy:
-        """Given values beat ``[savepoints]`` configuration, which beats the defaults (10, 7d, 1h).
+        """Given values beat ``[savepoints]`` configuration, which beats the defaults (10, 7d, 1h:
+        ``core.settings.OPTIONS``).
 
         A ``max_age`` of "none" means no age limit."""
         periodic = max_periodic if max_periodic not in (None, "") else (
@@ -162,125 +172,157 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
     now = now or datetime.now(UTC)
     job_store = root.child(job)
     check_no_link(job_store, root.root)  # a job folder linked elsewhere: never list, write or delete through it
-    document = Catalog(job_store, job).load()
-    lease = JobLock(job_store, request_id=None).current()
-    lease_live = lease is not None and not JobLock(job_store, request_id=None).is_stale(lease)
-    in_flight = lease.savepoint_id if lease_live and lease else None
-    folders: dict[str, list[float | None]] = {}  # savepoint folder -> modification times of its files
-    complete: set[str] = set()
-    for path, stat in job_store.list_files().items():  # retention may crawl; listing and lookup never do
-        folder, _, rest = path.partition("/")
-        if SAVEPOINT_NAME.match(folder):
-            folders.setdefault(folder, []).append(stat.modified)
-            if rest == MANIFEST_FILE:
-                complete.add(folder)
-    for name in job_store.listdir():  # empty folders do not show in a listing of files
-        if SAVEPOINT_NAME.match(name):
-            folders.setdefault(name, [])
-
-    decisions: list[Decision] = []
-    completed: list[SavepointRecord] = []
-    clock: list[datetime] = []
-
-    def store_clock() -> datetime:
-        if not clock:
-            clock.append(datetime.fromtimestamp(store_now(job_store), UTC))
-        return clock[0]
-
-    settle: dict[str, SavepointRecord | None] = {}  # catalog corrections the plan relies on
-    for savepoint_id in sorted(set(folders) | set(document.records)):
-        record = document.records.get(savepoint_id)
-        pointer = job_store.child(savepoint_id).url
-        if savepoint_id == in_flight:
-            decisions.append(_decision(record, savepoint_id, pointer, Action.KEEP, "in progress: holds the job's savepoint lease"))
-            continue
-        if savepoint_id not in folders:
-            continue  # a record whose location is gone: nothing to remove (the record is dropped on apply)
-        if savepoint_id in complete:
-            if record is not None and record.state in (SavepointState.COMPLETED, SavepointState.DISPOSING) \
-                    and record.conflict is None:
-                completed.append(record)
-                continue
-            try:  # complete, but the catalog does not know it (yet), or flagged a conflict before: look again
-                manifest = read_manifest(job_store.child(savepoint_id))
-            except (ManifestCorruptError, ManifestVersionError, IncompleteSavepointError) as exc:
-                decisions.append(_decision(record, savepoint_id, pointer, Action.KEEP,
-                                           f"has an unreadable _metadata ({exc.code}): left for a person to inspect"))
-                continue
-            found = SavepointRecord.from_manifest(manifest, pointer)
-            conflict = identity_conflict(savepoint_id, job, manifest, record)
-            if conflict:
-                flagged = (record or found).model_copy(update={"savepoint_id": savepoint_id, "conflict": conflict})
-                settle[savepoint_id] = flagged  # shown by list and the API; never restored or disposed
-                decisions.append(_decision(flagged, savepoint_id, pointer, Action.KEEP, f"conflict: {conflict}; never "
-                                           "removed by retention: left for a person to inspect", conflict=conflict))
-                continue
-            completed.append(found)
-            settle[savepoint_id] = found
-            continue
-        if record is not None and record.state != SavepointState.IN_PROGRESS:
-            settle[savepoint_id] = record.model_copy(update={"state": SavepointState.FAILED})
-        times = [t for t in folders[savepoint_id] if t is not None]
-        newest = max(times) if times else None
-        if newest is None:
-            try:
-                newest = job_store.stat(savepoint_id).modified
-            except (FileNotFoundError, SavepointError):
-                newest = None
-        age = _age(newest, store_clock())  # the store's mtime against the store's clock
-        missing = "its _metadata is missing" if record is not None and record.state != SavepointState.IN_PROGRESS \
-            else "no _metadata"
-        if age is not None and age < policy.orphan_timeout_seconds:
-            decisions.append(_decision(record, savepoint_id, pointer, Action.KEEP,
-                                       f"incomplete ({missing}), last written {_human(age)} ago: may still be in "
-                                       f"progress (orphan timeout {_human(policy.orphan_timeout_seconds)})"))
-        else:
-            decisions.append(_decision(record, savepoint_id, pointer, Action.REMOVE_ORPHAN,
-                                       f"orphan: {missing}, last written {_human(age)} ago "
-                                       f"(orphan timeout {_human(policy.orphan_timeout_seconds)})"))
-
-    completed.sort(key=lambda r: (r.created_at, r.batch_id or -1))
-    newest_completed = next((r.savepoint_id for r in reversed(completed) if r.state == SavepointState.COMPLETED), None)
-    periodic_rank = {r.savepoint_id: i for i, r in enumerate(
-        r for r in reversed(completed) if r.type == SavepointType.PERIODIC and r.state == SavepointState.COMPLETED)}
-    for record in completed:
-        pointer = job_store.child(record.savepoint_id).url
-        pins = document.active_pins(record.savepoint_id, now)
-        age = _age(record.created_at, now) or 0.0
-        if pins:
-            action, reason = Action.KEEP, f"pinned by a {pins[0].purpose} in progress ({pins[0].owner})"
-        elif record.state == SavepointState.DISPOSING:
-            action, reason = Action.DISPOSE, "an earlier disposal was interrupted: finishing it"
-        elif record.savepoint_id == newest_completed:
-            action, reason = Action.KEEP, "the newest completed savepoint of the job"
-        elif record.type in PROTECTED_TYPES:
-            action, reason = Action.KEEP, f"a {record.type.value} savepoint: never removed by retention"
-        elif policy.max_periodic is not None and periodic_rank[record.savepoint_id] >= policy.max_periodic:
-            action, reason = Action.DISPOSE, (f"periodic #{periodic_rank[record.savepoint_id] + 1} from the newest, "
-                                              f"beyond max_periodic={policy.max_periodic}")
-        elif policy.max_age_seconds is not None and age > policy.max_age_seconds:
-            action, reason = Action.DISPOSE, f"periodic, {_human(age)} old, past max_age={_human(policy.max_age_seconds)}"
-        else:
-            action, reason = Action.KEEP, (f"periodic #{periodic_rank[record.savepoint_id] + 1} from the newest, "
-                                           f"{_human(age)} old: within the policy")
-        conflict = None
-        if action == Action.DISPOSE:  # only when record, _metadata and folder agree
-            try:
-                manifest = read_manifest(job_store.child(record.savepoint_id))
-                conflict = identity_conflict(record.savepoint_id, job, manifest, record)
-            except (ManifestCorruptError, ManifestVersionError) as exc:
-                conflict = f"its _metadata is unreadable ({exc.code})"
-            except IncompleteSavepointError:
-                conflict = None  # gone meanwhile: apply finds it gone
-            if conflict:
-                action, reason = Action.KEEP, f"conflict: {conflict}; never removed by retention"
-                settle[record.savepoint_id] = record.model_copy(update={"conflict": conflict})
-        decisions.append(_decision(record, record.savepoint_id, pointer, action, reason, conflict=conflict))
-
+    planner = _Planner(job_store, job, policy, now)
+    decisions = planner.decide()
     order = {d.savepoint_id: (d.created_at or now, d.savepoint_id) for d in decisions}
     decisions.sort(key=lambda d: order[d.savepoint_id])
     return RetentionPlan(job=job, savepoint_dir=root.url, policy=policy, decisions=decisions, planned_at=now,
-                         settle={k: v for k, v in settle.items() if v is not None})
+                         settle={k: v for k, v in planner.settle.items() if v is not None})
+
+
+def _in_flight(job_store: Store) -> str | None:
+    """The location the job's live savepoint lease names, if any."""
+    lock = JobLock(job_store, request_id=None)
+    lease = lock.current()
+    return lease.savepoint_id if lease is not None and not lock.is_stale(lease) else None
+
+
+class _Planner:
+    """One retention plan of one job folder: every location sorted, then the policy over the completed ones."""
+
+    def __init__(self, job_store: Store, job: str, policy: RetentionPolicy, now: datetime):
+        self.job_store, self.job, self.policy, self.now = job_store, job, policy, now
+        self.document = Catalog(job_store, job).load()
+        self.in_flight = _in_flight(job_store)
+        self.decisions: list[Decision] = []
+        self.completed: list[SavepointRecord] = []
+        self.settle: dict[str, SavepointRecord | None] = {}  # catalog corrections the plan relies on
+        self._store_clock: datetime | None = None
+        self.folders: dict[str, list[float | None]] = {}  # savepoint folder -> modification times of its files
+        self.complete: set[str] = set()
+        for path, stat in job_store.list_files().items():  # retention may crawl; listing and lookup never do
+            folder, _, rest = path.partition("/")
+            if SAVEPOINT_NAME.match(folder):
+                self.folders.setdefault(folder, []).append(stat.modified)
+                if rest == MANIFEST_FILE:
+                    self.complete.add(folder)
+        for name in job_store.listdir():  # empty folders do not show in a listing of files
+            if SAVEPOINT_NAME.match(name):
+                self.folders.setdefault(name, [])
+
+    def decide(self) -> list[Decision]:
+        for savepoint_id in sorted(set(self.folders) | set(self.document.records)):
+            record = self.document.records.get(savepoint_id)
+            if savepoint_id == self.in_flight:
+                self._add(record, savepoint_id, Action.KEEP, "in progress: holds the job's savepoint lease")
+            elif savepoint_id not in self.folders:
+                continue  # a record whose location is gone: nothing to remove (the record is dropped on apply)
+            elif savepoint_id in self.complete:
+                self._complete_location(savepoint_id, record)
+            else:
+                self._incomplete_location(savepoint_id, record)
+        self._apply_policy()
+        return self.decisions
+
+    def _add(self, record: SavepointRecord | None, savepoint_id: str, action: Action, reason: str,
+             conflict: str | None = None) -> None:
+        self.decisions.append(_decision(record, savepoint_id, self.job_store.child(savepoint_id).url, action, reason,
+                                        conflict=conflict))
+
+    def _complete_location(self, savepoint_id: str, record: SavepointRecord | None) -> None:
+        """A location with ``_metadata``: to the policy, unless its identity is disputed."""
+        if record is not None and record.state in (SavepointState.COMPLETED, SavepointState.DISPOSING) \
+                and record.conflict is None:
+            self.completed.append(record)
+            return
+        location = self.job_store.child(savepoint_id)
+        try:  # complete, but the catalog does not know it (yet), or flagged a conflict before: look again
+            manifest = read_manifest(location)
+        except (ManifestCorruptError, ManifestVersionError, IncompleteSavepointError) as exc:
+            self._add(record, savepoint_id, Action.KEEP,
+                      f"has an unreadable _metadata ({exc.code}): left for a person to inspect")
+            return
+        found = SavepointRecord.from_manifest(manifest, location.url)
+        conflict = identity_conflict(savepoint_id, self.job, manifest, record)
+        if conflict:
+            flagged = (record or found).model_copy(update={"savepoint_id": savepoint_id, "conflict": conflict})
+            self.settle[savepoint_id] = flagged  # shown by list and the API; never restored or disposed
+            self._add(flagged, savepoint_id, Action.KEEP, f"conflict: {conflict}; never removed by retention: left "
+                      "for a person to inspect", conflict=conflict)
+            return
+        self.completed.append(found)
+        self.settle[savepoint_id] = found
+
+    def _incomplete_location(self, savepoint_id: str, record: SavepointRecord | None) -> None:
+        """A location without ``_metadata``: an orphan once nothing was written to it for the orphan timeout."""
+        if record is not None and record.state != SavepointState.IN_PROGRESS:
+            self.settle[savepoint_id] = record.model_copy(update={"state": SavepointState.FAILED})
+        age = _age(self._last_written(savepoint_id), self._now_on_store())  # the store's mtime against its clock
+        missing = "its _metadata is missing" if record is not None and record.state != SavepointState.IN_PROGRESS \
+            else "no _metadata"
+        timeout = f"orphan timeout {_human(self.policy.orphan_timeout_seconds)}"
+        if age is not None and age < self.policy.orphan_timeout_seconds:
+            self._add(record, savepoint_id, Action.KEEP, f"incomplete ({missing}), last written {_human(age)} ago: "
+                      f"may still be in progress ({timeout})")
+        else:
+            self._add(record, savepoint_id, Action.REMOVE_ORPHAN,
+                      f"orphan: {missing}, last written {_human(age)} ago ({timeout})")
+
+    def _last_written(self, savepoint_id: str) -> float | None:
+        times = [t for t in self.folders[savepoint_id] if t is not None]
+        if times:
+            return max(times)
+        try:
+            return self.job_store.stat(savepoint_id).modified
+        except (FileNotFoundError, SavepointError):
+            return None
+
+    def _now_on_store(self) -> datetime:
+        if self._store_clock is None:
+            self._store_clock = datetime.fromtimestamp(store_now(self.job_store), UTC)
+        return self._store_clock
+
+    def _apply_policy(self) -> None:
+        """Keep or dispose each completed savepoint; a disposal only when record, _metadata and folder agree."""
+        completed = sorted(self.completed, key=lambda r: (r.created_at, r.batch_id or -1))
+        live = [r for r in completed if r.state == SavepointState.COMPLETED]
+        newest = live[-1].savepoint_id if live else None
+        rank = {r.savepoint_id: i for i, r in enumerate(r for r in reversed(live) if r.type == SavepointType.PERIODIC)}
+        for record in completed:
+            action, reason = self._policy_says(record, newest, rank)
+            conflict = self._disposal_conflict(record) if action == Action.DISPOSE else None
+            if conflict:
+                action, reason = Action.KEEP, f"conflict: {conflict}; never removed by retention"
+                self.settle[record.savepoint_id] = record.model_copy(update={"conflict": conflict})
+            self._add(record, record.savepoint_id, action, reason, conflict=conflict)
+
+    def _policy_says(self, record: SavepointRecord, newest: str | None, rank: dict[str, int]) -> tuple[Action, str]:
+        pins = self.document.active_pins(record.savepoint_id, self.now)
+        age = _age(record.created_at, self.now) or 0.0
+        policy = self.policy
+        if pins:
+            return Action.KEEP, f"pinned by a {pins[0].purpose} in progress ({pins[0].owner})"
+        if record.state == SavepointState.DISPOSING:
+            return Action.DISPOSE, "an earlier disposal was interrupted: finishing it"
+        if record.savepoint_id == newest:
+            return Action.KEEP, "the newest completed savepoint of the job"
+        if record.type in PROTECTED_TYPES:
+            return Action.KEEP, f"a {record.type.value} savepoint: never removed by retention"
+        place = f"periodic #{rank[record.savepoint_id] + 1} from the newest"
+        if policy.max_periodic is not None and rank[record.savepoint_id] >= policy.max_periodic:
+            return Action.DISPOSE, f"{place}, beyond max_periodic={policy.max_periodic}"
+        if policy.max_age_seconds is not None and age > policy.max_age_seconds:
+            return Action.DISPOSE, f"periodic, {_human(age)} old, past max_age={_human(policy.max_age_seconds)}"
+        return Action.KEEP, f"{place}, {_human(age)} old: within the policy"
+
+    def _disposal_conflict(self, record: SavepointRecord) -> str | None:
+        try:
+            manifest = read_manifest(self.job_store.child(record.savepoint_id))
+        except (ManifestCorruptError, ManifestVersionError) as exc:
+            return f"its _metadata is unreadable ({exc.code})"
+        except IncompleteSavepointError:
+            return None  # gone meanwhile: apply finds it gone
+        return identity_conflict(record.savepoint_id, self.job, manifest, record)
 
 
 def identity_conflict(folder: str, job: str, manifest: SavepointManifest, record: SavepointRecord | None) -> str | None:
@@ -314,8 +356,7 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
     catalog = Catalog(job_store, plan.job)
     report = RetentionReport(plan=plan, dry_run=False)
     lock = JobLock(job_store, request_id=None)
-    lease = lock.current()
-    catalog.reconcile(in_flight=lease.savepoint_id if lease is not None and not lock.is_stale(lease) else None)
+    catalog.reconcile(in_flight=_in_flight(job_store))
     if plan.settle:
         catalog.update(lambda d: d.records.update(plan.settle))
     for decision in plan.of(Action.DISPOSE):
@@ -343,12 +384,10 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
                                        "message": "a trigger took it up again"})
                 continue
             check_no_link(job_store.child(decision.savepoint_id), root.root)
-            if MANIFEST_FILE in job_store.list_files(decision.savepoint_id):
+            if not discard_incomplete(job_store.child(decision.savepoint_id)):
                 report.skipped.append({"savepoint_id": decision.savepoint_id, "error": "completed",
                                        "message": "its _metadata appeared: it is a completed savepoint now"})
                 continue
-            job_store.remove_tree(decision.savepoint_id)
-            catalog.forget(decision.savepoint_id)
             report.removed_orphans.append(decision.savepoint_id)
         except SavepointError as exc:
             report.failed.append({"savepoint_id": decision.savepoint_id, "error": exc.code, "message": exc.message})
@@ -357,9 +396,9 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
     return report
 
 
-_TEMP_FILE = re.compile(
-    r"^\.(_catalog\.json|_inflight\.json|_run\.json|_catalog\.lock|_clock|_inflight\.json\.break|_catalog\.lock\.break)"
-    r"\.[0-9a-f]{32}\.tmp$")
+_TEMP_OF = (CATALOG_FILE, INFLIGHT_LEASE, RUN_FILE, CATALOG_LOCK, CLOCK_PROBE_PREFIX[1:-1],
+            INFLIGHT_LEASE + LEASE_BREAK_SUFFIX, CATALOG_LOCK + LEASE_BREAK_SUFFIX)  # files written in the job folder
+_TEMP_FILE = re.compile(r"^\.(" + "|".join(map(re.escape, _TEMP_OF)) + r")\.[0-9a-f]{32}\.tmp$")
 TEMP_FILE_FLOOR = 300.0  # seconds: longer than any lease's stale time; a live writer's temp file lives for milliseconds
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import configparser
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_savepoints.errors import InvalidInputError, NoSavepointDirError
@@ -16,6 +17,30 @@ from airflow_savepoints.errors import InvalidInputError, NoSavepointDirError
 SECTION = "savepoints"
 DIR_OPTION = "savepoint_dir"
 DIR_ENV = "AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of the ``[savepoints]`` section, as the provider declares it to Airflow."""
+
+    name: str
+    type: str
+    default: str
+    example: str
+    description: str
+
+
+# The one place of the defaults: retention reads them, and get_provider_info declares them to Airflow.
+OPTIONS = (
+    Option(DIR_OPTION, "string", "", "s3://bucket/savepoints",
+           "Default savepoint directory (a path or URL); a directory given to an operator or on the command line wins."),
+    Option("max_periodic_savepoints", "integer", "10", "10", "How many periodic savepoints of a job retention keeps."),
+    Option("max_savepoint_age", "string", "7d", "7d",
+           "Periodic savepoints older than this are removed by retention (e.g. 7d, 12h); none for no age limit."),
+    Option("orphan_timeout", "string", "1h", "1h",
+           "Savepoint locations without _metadata (a trigger that crashed) older than this are removed by retention."),
+)
+DEFAULTS = {option.name: option.default for option in OPTIONS}
 
 
 def _airflow_cfg_value(option: str) -> str | None:

@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from airflow_savepoints.core.models import SavepointInfo, SavepointType
+from airflow_savepoints.core.names import CHECKPOINT_METADATA
 from airflow_savepoints.core.savepoint import check_apart, take_savepoint
 from airflow_savepoints.errors import InvalidInputError, NoCommittedBatchError, NotACheckpointError
 from airflow_savepoints.storage import Store
@@ -77,7 +78,7 @@ def apply_checkpoint_retention(
             pass  # nothing committed yet: kept, but nothing to restore from
         return {"policy": policy.value, "termination": termination, "checkpoint": source.url, "action": "retained",
                 "retained_savepoint": retained.summary() if retained else None}
-    if "metadata" not in listing and not any(p.startswith("offsets/") for p in listing):
+    if CHECKPOINT_METADATA not in listing and not any(p.startswith("offsets/") for p in listing):
         raise NotACheckpointError(
             f"refusing to delete {source.url}: it is not a Spark streaming checkpoint",
             "check the job's checkpoint setting; nothing was deleted",

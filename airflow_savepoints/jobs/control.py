@@ -36,7 +36,16 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.core.names import (  # noqa: F401 - CONTROL_FOLDER, HEARTBEAT_FILE: imported from here
+    ANNOUNCE_FILE,
+    CONTROL_FOLDER,
+    FAILED_FILE,
+    FENCED_FILE,
+    HEARTBEAT_FILE,
+    STOP_REQUEST_FILE,
+    STOPPED_FILE,
+)
+from airflow_savepoints.errors import JobFencedError
 from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, LEASE_FILE, RELEASED, RunLease, RunLeaseHolder
 from airflow_savepoints.storage import Store
 
@@ -47,20 +56,7 @@ LEASE_CONF = "spark.savepoints.lease"  # the run lease URL; default: _lease.json
 HEARTBEAT_CONF = "spark.savepoints.heartbeatInterval"  # seconds between heartbeats (default 5)
 LEASE_TIMEOUT_CONF = "spark.savepoints.leaseTimeout"  # seconds without a heartbeat before the run counts as lost (30)
 CHECKPOINT_CONF = "spark.savepoints.checkpoint"  # the run's checkpoint location, recorded in its lease
-CONTROL_FOLDER = "_control"
-ANNOUNCE_FILE = "job.json"
-HEARTBEAT_FILE = "heartbeat.json"
-STOP_REQUEST_FILE = "stop-request.json"
-STOPPED_FILE = "stopped.json"
-FAILED_FILE = "failed.json"
-FENCED_FILE = "fenced.json"
 DEFAULT_HEARTBEAT_INTERVAL = 5.0
-
-
-class JobFencedError(SavepointError):
-    """Another run of the job holds its run lease: this driver stopped its query and must not write."""
-
-    code = "job_fenced"
 
 
 def new_run_id() -> str:

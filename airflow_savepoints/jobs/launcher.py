@@ -22,16 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.core.names import RUN_FILE
+from airflow_savepoints.errors import JobFailedError
 from airflow_savepoints.jobs.control import CONTROL_FOLDER, JobControl, new_run_id
 from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, process_started
 from airflow_savepoints.storage import Store
-
-RUN_FILE = "_run.json"
-
-
-class JobFailedError(SavepointError):
-    code = "job_failed"
 
 
 class JobRun(BaseModel):

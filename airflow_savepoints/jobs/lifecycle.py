@@ -33,7 +33,13 @@ from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.pointer import latest_savepoint
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
-from airflow_savepoints.errors import InvalidInputError, SavepointError, SavepointInFlightError
+from airflow_savepoints.errors import (
+    InvalidInputError,
+    JobNotStoppedError,
+    JobRunningError,
+    NoSavepointError,
+    SavepointInFlightError,
+)
 from airflow_savepoints.jobs.control import (
     CONTROL_FOLDER,
     HEARTBEAT_FILE,
@@ -59,22 +65,6 @@ from airflow_savepoints.storage import Store
 
 LIVE_STATES = ("starting", "running", "stopping", "unknown")
 State = Literal["not_started", "starting", "running", "stopping", "stopped", "failed", "lost", "unknown"]
-
-
-class NoSavepointError(SavepointError):
-    code = "no_savepoint"
-
-
-class JobRunningError(InvalidInputError):
-    """A start refused: another run of the job lives (it would write the same sink)."""
-
-    code = "job_running"
-
-
-class JobNotStoppedError(SavepointError):
-    """A stop or cancel could not end the run from here (and its lease did not lapse)."""
-
-    code = "job_not_stopped"
 
 
 class JobState(BaseModel):

@@ -18,9 +18,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from airflow_savepoints.core.lease import Lease, LeaseState, store_now
 from airflow_savepoints.core.models import validate_job_name
+from airflow_savepoints.core.names import RUN_LEASE
 from airflow_savepoints.storage import Store
 
-LEASE_FILE = "_lease.json"
+LEASE_FILE = RUN_LEASE
 DEFAULT_LEASE_TIMEOUT = 30.0
 RELEASED = "(released)"  # what renew() reports when the lease is gone
 

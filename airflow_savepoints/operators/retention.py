@@ -8,15 +8,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_savepoints.core.retention import RetentionPolicy, retain
-from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.errors import RetentionFailedError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-
-class RetentionFailedError(SavepointError):
-    code = "retention_failed"
 
 
 class ApplyRetentionOperator(BaseOperator):

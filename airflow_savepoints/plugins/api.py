@@ -29,9 +29,12 @@ from airflow_savepoints.core.dispose import check_no_link
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, list_jobs, list_savepoints, read_manifest
 from airflow_savepoints.errors import (
+    ConfigurationError,
     CredentialsError,
     IncompleteSavepointError,
     InvalidInputError,
+    InvalidSavepointIdError,
+    JobNotFoundError,
     MissingBackendError,
     NoSavepointDirError,
     OutsideRootError,
@@ -49,20 +52,6 @@ from airflow_savepoints.storage import Store
 log = logging.getLogger(__name__)
 
 USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
-
-
-class JobNotFoundError(SavepointNotFoundError):
-    code = "job_not_found"
-
-
-class InvalidSavepointIdError(InvalidInputError):
-    code = "invalid_savepoint_id"
-
-
-class ConfigurationError(SavepointError):
-    """The deployment's savepoint root is unusable (a bad connection extra or URL): not the caller's fault."""
-
-    code = "invalid_configuration"
 
 
 def http_status(exc: SavepointError) -> int:
