@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench bench-full clean browser browser-deps testbed testbed-deps
+.PHONY: install test test-fast test-not-slow demo bench bench-full clean browser browser-deps testbed testbed-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,12 @@ test: $(STAMP) browser testbed
 	$(BIN)/pip check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The unit tree (tests/unit/, one module each, no Spark): under a minute.
 test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+
+# Every test not marked slow, scenario suites included.
+test-not-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Chromium for the UI page test in tests/test_plugin.py. `make test` installs it with apt when it

@@ -1,6 +1,6 @@
 """Property-based tests of the planner: for generated checkpoints, the plan holds what Spark needs.
 
-Hypothesis builds checkpoint listings in Spark's formats (tests/test_planner.py's builder,
+Hypothesis builds checkpoint listings in Spark's formats (tests/unit/checkpoint/test_planner.py's builder,
 generalised): HDFS state stores (deltas, snapshots), RocksDB checkpoint format v1 (zips + SSTs,
 with or without changelogs) and v2 (unique ids, lineage, abandoned task attempts), stream-stream
 joins (four stores per partition), compacted file-source logs and Kafka sources, prefixes purged

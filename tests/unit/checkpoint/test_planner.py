@@ -12,7 +12,6 @@ import zipfile
 
 import pytest
 
-from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
 from airflow_savepoints.errors import (
     CheckpointError,
@@ -265,12 +264,3 @@ def test_complete_state_of_the_planned_batch_travels_with_its_offsets():
     plan = c.plan()
     assert plan.includes_next_offsets and not plan.includes_next_state
     assert not {p for p in paths(plan) if p.endswith("/5.delta")}
-
-
-@pytest.mark.parametrize("path", [
-    "state/0/1/1.delta", "state/0/1/.1.delta.crc", "state/0/1/.12.delta.3f2a.TID7.tmp", ".hidden/offsets/0",
-    "offsets/.0.tmp", "sources/0/0", "x.tmp/y", "a/b.tmpl/c", "a/b.tmp", "tmp/a", "a/.b/c", "a/b./c", "a/b/c.crc",
-])
-def test_transient_paths_are_those_with_a_hidden_or_tmp_part(path):
-    per_part = any(part.startswith(".") or part.endswith(".tmp") for part in path.split("/"))
-    assert formats.is_transient_path(path) == per_part

@@ -1,0 +1,36 @@
+"""Spark checkpoint file formats (``checkpoint/formats.py``): which paths are transient, and the parsers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_savepoints.checkpoint import formats
+from airflow_savepoints.errors import CheckpointError
+
+
+@pytest.mark.parametrize("path", [
+    "state/0/1/1.delta", "state/0/1/.1.delta.crc", "state/0/1/.12.delta.3f2a.TID7.tmp", ".hidden/offsets/0",
+    "offsets/.0.tmp", "sources/0/0", "x.tmp/y", "a/b.tmpl/c", "a/b.tmp", "tmp/a", "a/.b/c", "a/b./c", "a/b/c.crc",
+])
+def test_transient_paths_are_those_with_a_hidden_or_tmp_part(path):
+    per_part = any(part.startswith(".") or part.endswith(".tmp") for part in path.split("/"))
+    assert formats.is_transient_path(path) == per_part
+
+
+def test_stream_metadata_gives_the_query_id():
+    assert formats.parse_stream_metadata(json.dumps({"id": "q-1"}).encode() + b"\n") == "q-1"
+
+
+@pytest.mark.parametrize("data", [b"", b"not json", b"[]", b'{"no_id": 1}'])
+def test_stream_metadata_without_an_id_is_refused(data):
+    with pytest.raises(CheckpointError):
+        formats.parse_stream_metadata(data)
+
+
+def test_spark_sidecar_gives_the_signed_crc_and_the_main_file_size():
+    sidecar = formats.parse_spark_sidecar(b'{"algorithm":"CRC32C","value":-1,"mainFileSize":12}', "x.crc")
+    assert (sidecar.value, sidecar.main_file_size) == (0xFFFFFFFF, 12)
+    with pytest.raises(CheckpointError):
+        formats.parse_spark_sidecar(b'{"algorithm":"ADLER32","value":1}', "x.crc")

@@ -1,0 +1,132 @@
+"""The per-job catalog (``core/catalog.py``): records, settling, pins and disposal marks, on a local store."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from airflow_savepoints.core.catalog import Catalog, CatalogDocument, SavepointState
+from airflow_savepoints.core.models import SavepointType
+from airflow_savepoints.core.names import CATALOG_FILE, MANIFEST_FILE
+from airflow_savepoints.core.savepoint import take_savepoint
+from airflow_savepoints.errors import SavepointNotFoundError, SavepointPinnedError, StoragePermissionError
+from airflow_savepoints.storage import Store
+from tests.support.synthetic import write_checkpoint
+
+SP = "savepoint-abc123-0123456789ab"
+
+
+@pytest.fixture
+def job(tmp_path) -> Catalog:
+    return Catalog(Store(str(tmp_path / "sp" / "orders")), "orders")
+
+
+@pytest.fixture
+def taken(tmp_path):
+    """A real completed savepoint of a small synthetic checkpoint, and its job's catalog."""
+    info = take_savepoint(str(write_checkpoint(tmp_path / "ckpt")), "orders", savepoint_dir=str(tmp_path / "sp"))
+    return info, Catalog(Store(str(tmp_path / "sp" / "orders")), "orders")
+
+
+def test_begin_fail_forget(job):
+    job.begin(SP, SavepointType.MANUAL, "why", "req-1")
+    (record,) = job.records()
+    assert (record.state, record.reason, record.request_id, record.pointer) == (
+        SavepointState.IN_PROGRESS, "why", "req-1", job.store.child(SP).url)
+    job.mark_failed(SP)
+    assert job.records()[0].state == SavepointState.FAILED
+    assert job.records({SavepointState.COMPLETED}) == []
+    job.forget(SP)
+    assert job.records() == []
+    stored = json.loads(job.store.read_bytes(CATALOG_FILE))
+    assert stored["format"] == "airflow-savepoints/catalog" and stored["records"] == {}
+
+
+def test_completed_latest_and_request_are_confirmed_by_metadata(taken):
+    info, catalog = taken
+    assert [r.savepoint_id for r in catalog.completed()] == [info.manifest.savepoint_id]
+    assert catalog.latest().pointer == info.pointer
+    assert catalog.find_request("nope") is None
+    catalog.store.child(info.manifest.savepoint_id).remove_file(MANIFEST_FILE)
+    assert catalog.latest() is None  # a record alone is never enough
+
+
+def test_an_in_progress_record_with_metadata_reads_completed_and_reconcile_stores_it(taken):
+    info, catalog = taken
+    sid = info.manifest.savepoint_id
+    catalog.update(lambda d: d.records.__setitem__(sid, d.records[sid].model_copy(
+        update={"state": SavepointState.IN_PROGRESS})))
+    assert catalog.records()[0].state == SavepointState.COMPLETED
+    assert catalog.reconcile(in_flight=None) == [sid]
+    assert catalog._read().records[sid].state == SavepointState.COMPLETED
+
+
+def test_reconcile_fails_a_location_without_metadata_and_drops_a_vanished_one(job):
+    job.begin(SP, SavepointType.MANUAL, None, None)
+    job.begin("savepoint-abc123-ffffffffffff", SavepointType.MANUAL, None, None)
+    job.store.child(SP).makedirs()
+    assert sorted(job.reconcile(in_flight=None)) == [SP, "savepoint-abc123-ffffffffffff"]
+    assert {r.savepoint_id: r.state for r in job.records()} == {SP: SavepointState.FAILED}
+
+
+def test_a_record_keyed_by_anything_but_its_folder_name_is_ignored(job):
+    doc = CatalogDocument(job="orders")
+    job.store.write_bytes_atomic(CATALOG_FILE, doc.model_dump_json().encode())
+    raw = json.loads(job.store.read_bytes(CATALOG_FILE))
+    raw["records"]["../../etc"] = {"savepoint_id": "../../etc", "job": "orders", "type": "manual", "state": "completed",
+                                   "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}
+    job.store.write_bytes_atomic(CATALOG_FILE, json.dumps(raw).encode())
+    assert job.records() == []
+
+
+def test_an_unreadable_catalog_is_rebuilt_from_the_metadata_files(taken):
+    info, catalog = taken
+    catalog.store.write_bytes_atomic(CATALOG_FILE, b"{garbage")
+    assert [r.savepoint_id for r in catalog.records()] == [info.manifest.savepoint_id]
+    catalog.rebuild()
+    assert CatalogDocument.model_validate_json(catalog.store.read_bytes(CATALOG_FILE)).records
+
+
+def test_a_pin_blocks_disposal_until_released(taken):
+    info, catalog = taken
+    sid = info.manifest.savepoint_id
+    with catalog.held(sid, "restore"):
+        assert catalog.load().active_pins(sid)
+        with pytest.raises(SavepointPinnedError, match="pinned by a restore"):
+            catalog.begin_dispose(sid)
+    assert not catalog.load().active_pins(sid)
+    catalog.begin_dispose(sid)
+    assert catalog.records()[0].state == SavepointState.DISPOSING
+    with pytest.raises(SavepointNotFoundError, match="being disposed"):
+        catalog.pin(sid)
+
+
+def test_pinned_yields_whether_it_holds_and_tolerates_only_the_named_errors(taken, monkeypatch):
+    info, catalog = taken
+    sid = info.manifest.savepoint_id
+    with catalog.pinned(sid, "restore") as held:
+        assert held and catalog.load().active_pins(sid)
+    assert not catalog.load().active_pins(sid)
+
+    def refuse(*args, **kwargs):
+        raise StoragePermissionError("read-only bucket", "grant write access")
+
+    monkeypatch.setattr(catalog, "pin", refuse)  # a store the restore may not write to
+    with catalog.pinned(sid, "restore", unless=(StoragePermissionError,)) as held:
+        assert held is False
+    with pytest.raises(StoragePermissionError), catalog.pinned(sid, "restore"):
+        pass
+
+
+def test_concurrent_updates_are_never_lost(job):
+    def add(i: int) -> None:
+        job.begin(f"savepoint-abc123-{i:012x}", SavepointType.PERIODIC, None, None)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(job.records()) == 8
