@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import google_crc32c
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.catalog import Catalog
-from airflow_savepoints.core.copier import MODES, checksum_of, copy_many, workers_for
+from airflow_savepoints.core.copier import checksum_of, copy_many, workers_for
 from airflow_savepoints.core.lease import Lease
 from airflow_savepoints.core.manifest import SAVEPOINT_NAME, parse_manifest
 from airflow_savepoints.core.models import FileEntry, Request, RestoreResult, SavepointManifest
@@ -38,6 +38,7 @@ from airflow_savepoints.core.names import (
     RESTORE_CLAIM,
 )
 from airflow_savepoints.core.pointer import refuse_symlinks, resolve_pointer
+from airflow_savepoints.core.savepoint import CopyMode
 from airflow_savepoints.errors import (
     CredentialsError,
     InvalidInputError,
@@ -137,16 +138,9 @@ class RestoreRequest(Request):
     target_storage_options: dict[str, Any] | None = None
     sink_storage_options: dict[str, Any] | None = None
     parallelism: int = Field(default=8, ge=1)
-    copy_mode: str = "auto"
+    copy_mode: CopyMode = "auto"
     prefer_secondary: bool = True
     secondary_storage_options: dict[str, Any] | None = None
-
-    @field_validator("copy_mode")
-    @classmethod
-    def _known_mode(cls, value: str) -> str:
-        if value not in MODES:
-            raise InvalidInputError(f"unknown copy mode {value!r}", "use one of: " + ", ".join(MODES))
-        return value
 
 
 def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = None, **options: Any) -> RestoreResult:

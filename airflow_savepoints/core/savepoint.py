@@ -16,9 +16,9 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import field_validator, model_validator
+from pydantic import AfterValidator, field_validator, model_validator
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from airflow_savepoints import __version__
@@ -75,6 +75,15 @@ def check_apart(checkpoint: Store, root: Store) -> None:
         )
 
 
+def known_copy_mode(value: str) -> str:
+    if value not in MODES:
+        raise InvalidInputError(f"unknown copy mode {value!r}", "use one of: " + ", ".join(MODES))
+    return value
+
+
+CopyMode = Annotated[str, AfterValidator(known_copy_mode)]  # auto | stream
+
+
 class SavepointRequest(Request):
     """What a caller asks of :func:`take_savepoint` (its keyword arguments are these fields).
 
@@ -91,7 +100,7 @@ class SavepointRequest(Request):
     reason: str | None = None
     request_id: str | None = None
     spark_version: str | None = None
-    copy_mode: str = "auto"
+    copy_mode: CopyMode = "auto"
     incremental: bool = True
     secondary_dir: str | Store | None = None
     parallelism: int = 8
@@ -116,13 +125,6 @@ class SavepointRequest(Request):
             raise InvalidInputError(
                 f"unknown savepoint type {value!r}", "use one of: " + ", ".join(t.value for t in SavepointType),
             ) from None
-
-    @field_validator("copy_mode")
-    @classmethod
-    def _known_mode(cls, value: str) -> str:
-        if value not in MODES:
-            raise InvalidInputError(f"unknown copy mode {value!r}", "use one of: " + ", ".join(MODES))
-        return value
 
     @model_validator(mode="after")
     def _positive(self) -> SavepointRequest:
