@@ -243,7 +243,8 @@ def show(
     humane = {"bytes": f"{summary['bytes']} ({_human_size(summary['bytes'])})",
               "created_at": f"{summary['created_at']} ({_human_age(manifest.created_at)} ago)"}
     for key, value in summary.items():
-        out.print(f"{key:26} {escape(str(humane.get(key, value)))}")
+        if key != "conflict":  # the catalog's finding; `list` shows it
+            out.print(f"{key:26} {escape(str(humane.get(key, value)))}")
     out.print(f"{'checkpoint':26} {escape(manifest.checkpoint)}")
     out.print(f"{'state store':26} {escape(str(manifest.state_store.model_dump()))}")
 
