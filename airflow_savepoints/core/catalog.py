@@ -388,8 +388,8 @@ class Catalog:
                 stack.enter_context(self.held(savepoint_id, purpose, manifest))
                 holding = True
             except unless as exc:
-                log.warning("%s of %s goes on without a pin (%s): retention could remove it meanwhile",
-                            purpose, self.store.child(savepoint_id).url, getattr(exc, "message", exc))
+                log.warning("could not pin %s for the %s (%s): going on without the pin",
+                            self.store.child(savepoint_id).url, purpose, getattr(exc, "message", exc))
                 holding = False
             yield holding
 

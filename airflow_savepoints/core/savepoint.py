@@ -245,6 +245,8 @@ class SavepointRun:
             return
         manifest = latest.manifest
         with self.catalog.pinned(manifest.savepoint_id, "incremental savepoint", manifest, unless=(Exception,)) as held:
+            if not held:  # unpinned, retention could remove it while files are taken from it
+                log.info("not reusing the previous savepoint of %s: copying every file", self.request.job)
             yield PreviousSavepoint(self.job_folder.child(manifest.savepoint_id), manifest) if held else None
 
     def _attempts(self) -> SavepointInfo:
