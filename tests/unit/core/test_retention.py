@@ -119,6 +119,8 @@ def test_applying_a_plan_disposes_and_removes_orphans_only(tmp_path, root):
     kept = take(tmp_path, "periodic")
     folder = tmp_path / "sp" / "orders" / ORPHAN
     folder.mkdir()
-    report = apply_retention(root, plan_retention(root, "orders", RetentionPolicy(max_periodic=1, orphan_timeout_seconds=0)))
+    then = time.time() - 3600
+    os.utime(folder, (then, then))  # left by a trigger killed an hour ago
+    report = apply_retention(root, plan_retention(root, "orders", RetentionPolicy(max_periodic=1, orphan_timeout_seconds=600)))
     assert (report.disposed, report.removed_orphans, report.failed) == ([gone], [ORPHAN], [])
     assert sorted(p.name for p in (tmp_path / "sp" / "orders").iterdir() if p.name.startswith("savepoint-")) == [kept]
