@@ -105,7 +105,7 @@ class Backend:
             found = self.fs.find(base, detail=True, withdirs=False)
         except FileNotFoundError:
             return {}
-        prefix = base.rstrip("/") + "/"
+        prefix = self.strip(base).rstrip("/") + "/"  # as the filesystem writes it (memory: a leading /)
         out: dict[str, FileStat] = {}
         for path, info in found.items():
             path = self.strip(path)
@@ -149,11 +149,11 @@ class Backend:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
-        names = set()
+        names, itself = set(), self.strip(path).rstrip("/")
         for entry in entries:
             entry = self.strip(entry).rstrip("/")
             name = posixpath.basename(entry)
-            if name and entry != path.rstrip("/"):
+            if name and entry != itself:
                 names.add(name)
         return sorted(names)
 
