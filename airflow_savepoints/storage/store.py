@@ -305,16 +305,20 @@ class Store:
     def open_read(self, rel: str, block_size: int | None = None) -> Reader:
         """A binary reader; its read errors are translated like every other call's. Its ``version`` is
         the version token of exactly the file it reads, when the store can pin it (local: the inode)."""
-        with self.translate_errors(self.url_of(rel)):
+        try:  # no context manager: this runs once per file of a savepoint
             handle, version = self.backend.open_read(self.path_of(rel), block_size)
-        return Reader(handle, self, self.url_of(rel), version)
+        except Exception as exc:
+            self._raise_translated(exc, self.url_of(rel))
+        return Reader(handle, self, rel, version)
 
     # --- writing -----------------------------------------------------------------------------------
     def open_write(self, rel: str) -> IO[bytes]:
-        with self.translate_errors(self.url_of(rel)):
+        try:
             handle = self.backend.open_write(self.path_of(rel))
+        except Exception as exc:
+            self._raise_translated(exc, self.url_of(rel))
         # an object store uploads on write and close: their errors are translated too
-        return _Translated(handle, self, self.url_of(rel))
+        return _Translated(handle, self, rel)
 
     def makedirs(self, rel: str = "") -> None:
         with self.translate_errors(self.url_of(rel)):
@@ -412,36 +416,44 @@ class Store:
 
 
 class _Translated:
-    """A file object whose I/O errors become the store's :class:`StorageError` naming the file."""
+    """A file object (the store's file ``rel``) whose I/O errors become :class:`StorageError` naming it.
+    No context manager per call: these run once per chunk."""
 
-    def __init__(self, handle: IO[bytes], store: Store, where: str):
-        self._handle, self._store, self._where = handle, store, where
+    def __init__(self, handle: IO[bytes], store: Store, rel: str):
+        self._handle, self._store, self._rel = handle, store, rel
+
+    def _failed(self, exc: Exception) -> NoReturn:
+        self._store._raise_translated(exc, self._store.url_of(self._rel))
 
     def read(self, *args):
-        try:  # no context manager: this runs once per chunk
+        try:
             return self._handle.read(*args)
         except Exception as exc:
-            self._store._raise_translated(exc, self._where)
+            self._failed(exc)
 
     def readinto(self, buffer):
         try:
             return self._handle.readinto(buffer)
         except Exception as exc:
-            self._store._raise_translated(exc, self._where)
+            self._failed(exc)
 
     def write(self, data):
         try:
             return self._handle.write(data)
         except Exception as exc:
-            self._store._raise_translated(exc, self._where)
+            self._failed(exc)
 
     def flush(self) -> None:
-        with self._store.translate_errors(self._where):
+        try:
             self._handle.flush()
+        except Exception as exc:
+            self._failed(exc)
 
     def close(self) -> None:
-        with self._store.translate_errors(self._where):
+        try:
             self._handle.close()
+        except Exception as exc:
+            self._failed(exc)
 
     def __getattr__(self, name: str):
         return getattr(self._handle, name)
@@ -460,6 +472,6 @@ class _Translated:
 class Reader(_Translated):
     """A translated reader that knows the version of the file it reads (None if the store cannot pin it)."""
 
-    def __init__(self, handle: IO[bytes], store: Store, where: str, version: str | None):
-        super().__init__(handle, store, where)
+    def __init__(self, handle: IO[bytes], store: Store, rel: str, version: str | None):
+        super().__init__(handle, store, rel)
         self.version = version
