@@ -89,8 +89,22 @@ class Backend:
 
     # --- reading -----------------------------------------------------------------------------------
     def invalidate(self, path: str) -> None:
+        """Forget what the filesystem cached of ``path`` (and of its parents' listings)."""
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(path)
+
+    def invalidate_tree(self, path: str) -> None:
+        """``invalidate``, and forget the cached listings of every folder below ``path`` too: a recursive
+        listing fills them (s3fs) and never replaces one it has, so a file added since would be missing
+        from them, and a read of it that looks there would fail."""
+        self.invalidate(path)
+        cache = getattr(self.fs, "dircache", None)
+        if not cache:
+            return
+        prefix = self.strip(path).rstrip("/") + "/"
+        with contextlib.suppress(Exception):
+            for key in [k for k in list(cache) if isinstance(k, str) and k.startswith(prefix)]:
+                cache.pop(key, None)
 
     def file_stat(self, info: dict[str, Any]) -> FileStat:
         """A listing entry from the filesystem's ``info`` dict (its version token: see ``version_token``)."""
@@ -100,7 +114,7 @@ class Backend:
 
     def list_files(self, base: str) -> dict[str, FileStat]:
         """Every file below ``base`` in ONE recursive listing, keyed by path relative to ``base``."""
-        self.invalidate(base)
+        self.invalidate_tree(base)
         try:
             found = self.fs.find(base, detail=True, withdirs=False)
         except FileNotFoundError:

@@ -170,6 +170,17 @@ def test_s3_server_copy_declines_what_it_cannot_copy_and_reports_a_missing_sourc
         store.server_copy_from(store, "gone", "g")
 
 
+def test_a_file_added_after_a_listing_is_listed_and_read_the_next_time(store):
+    """A long-lived process (scheduler, triggerer) lists a checkpoint again after Spark added a batch."""
+    store.write_bytes_atomic("offsets/1", b"1")
+    assert list(store.list_files()) == ["offsets/1"]
+    writer = Store(store.url, _fs=store.fs.__class__(**store.fs.storage_options, skip_instance_cache=True)) \
+        if not store.is_local else store  # another process's filesystem object: our cache knows nothing of it
+    writer.write_bytes_atomic("offsets/2", b"2")
+    assert sorted(store.list_files()) == ["offsets/1", "offsets/2"]
+    assert store.read_bytes("offsets/2") == b"2" and store.stat("offsets/2").size == 1
+
+
 @pytest.mark.parametrize("store", ["local", pytest.param("s3", marks=pytest.mark.s3)], indirect=True)
 def test_version_tokens_change_when_a_file_is_replaced(store):  # fsspec's memory store keeps no versions
     store.write_bytes_atomic("f", b"one")
