@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench bench-full clean browser browser-deps testbed testbed-deps
+.PHONY: install test test-fast demo bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) browser testbed
+test: $(STAMP) browser testbed emulators
 	$(BIN)/pip check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -44,6 +44,25 @@ testbed-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 postgresql redis-server faketime
 
+# Azurite (Microsoft's Azure Blob emulator, from the npm registry) for tests/test_object_stores.py, into
+# .tools/azurite; Node.js and npm from apt when missing (root on Debian/Ubuntu), as for Chromium above. Without
+# them the Azure tests are skipped with the reason. fake-gcs-server comes with the test extra's wheel.
+AZURITE_VERSION := 3.35.0
+AZURITE := .tools/azurite/node_modules/.bin/azurite-blob
+
+emulators:
+	@if [ -x $(AZURITE) ]; then :; \
+	elif command -v npm >/dev/null; then $(MAKE) --no-print-directory azurite; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then $(MAKE) --no-print-directory node-deps azurite; \
+	else echo "note: no Node.js/npm and no root apt: the Azure emulator tests will be skipped"; fi
+
+node-deps:
+	DEBIAN_FRONTEND=noninteractive apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 nodejs npm
+
+azurite:
+	npm install --prefix .tools/azurite --no-audit --no-fund --no-save --silent azurite@$(AZURITE_VERSION)
+
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)
 
@@ -58,4 +77,4 @@ bench-full: $(STAMP)
 	$(BIN)/python benchmarks/run.py --json-file docs/performance.json --plot docs/performance.png $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo-run test-artifacts
+	rm -rf $(VENV) build *.egg-info demo-run test-artifacts .tools
