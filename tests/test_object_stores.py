@@ -177,3 +177,39 @@ def test_azurite_keeps_content_md5_for_single_puts_and_copies_not_for_block_list
     assert md5["large"] is None  # as on Azure: a block-list blob has no whole-object MD5 unless the writer sets one
     listed = fsspec.filesystem("abfs", skip_instance_cache=True).find(azure_container, detail=True)
     assert bytes(listed[f"{azure_container}/small"]["content_settings"]["content_md5"]) == hashlib.md5(small).digest()
+
+
+# --- one process, two savepoints of a checkpoint that moved on ------------------------------------------------
+STALE_LISTING = (
+    "storage/store.py: Store.list_files invalidates fsspec's listing cache only for the listed folder and its "
+    "parents (fs.invalidate_cache(path)); s3fs keeps the listings of its subfolders (offsets/, commits/, state/...) "
+    "that the previous recursive find cached, so read_bytes('offsets/<new batch>') (s3fs cat_file -> info) looks "
+    "the new file up in the stale 'offsets' listing and raises FileNotFoundError. fsspec's instance cache gives "
+    "every Store with the same options the same filesystem object, so a long-lived process (scheduler, "
+    "triggerer, CLI watch) taking a second savepoint of an S3 checkpoint that gained a batch fails."
+)
+
+
+@pytest.mark.parametrize("kind", [
+    pytest.param("s3", marks=[pytest.mark.s3,
+                              pytest.mark.xfail(strict=True, raises=FileNotFoundError, reason=STALE_LISTING)]),
+    pytest.param("gcs", marks=pytest.mark.gcs),  # gcsfs and adlfs do not answer info() from a parent's cached listing
+    pytest.param("azure", marks=pytest.mark.azure),
+])
+def test_second_savepoint_in_one_process_sees_the_checkpoints_new_batch(kind, request, tmp_path):
+    from airflow_savepoints.core import take_savepoint
+    from tests.support.synthetic import write_checkpoint
+
+    protocol, url = {"s3": ("s3", "s3://{}"), "gcs": ("gcs", "gs://{}"), "azure": ("abfs", "abfs://{}")}[kind]
+    bucket = request.getfixturevalue({"s3": "s3", "gcs": "gcs_bucket", "azure": "azure_container"}[kind])
+    spark_side = fsspec.filesystem(protocol, skip_instance_cache=True)  # the writer: another client, like Spark
+    local = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    spark_side.put(f"{local}/", f"{bucket}/checkpoint", recursive=True)
+    checkpoint, savepoints = url.format(f"{bucket}/checkpoint"), url.format(f"{bucket}/savepoints")
+    first = take_savepoint(checkpoint, "j", savepoint_dir=savepoints)
+    assert first.manifest.batch_id == 2
+    later = write_checkpoint(tmp_path / "later", batches=4)  # the query committed batch 3 meanwhile
+    for rel in ("offsets/3", "commits/3", "sources/0/3", "state/0/0/4.delta", "state/0/1/4.delta"):
+        spark_side.pipe_file(f"{bucket}/checkpoint/{rel}", (later / rel).read_bytes())
+    second = take_savepoint(checkpoint, "j", savepoint_dir=savepoints)
+    assert second.manifest.batch_id == 3
