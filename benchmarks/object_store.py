@@ -129,6 +129,18 @@ def next_batch(folder: Path, batch: int, seed: int = 18) -> list[str]:
     return sorted(written)
 
 
+def keep_only_planned(folder: Path) -> None:
+    """Remove what a savepoint would not copy, so that a peer copying the whole prefix copies the same files."""
+    from airflow_savepoints.checkpoint.planner import plan_checkpoint
+    from airflow_savepoints.storage import Store
+
+    store = Store(str(folder))
+    planned = {f.path for f in plan_checkpoint(store.list_files(), store.read_bytes).files}
+    for path in [p for p in folder.rglob("*") if p.is_file()]:
+        if path.relative_to(folder).as_posix() not in planned:
+            path.unlink()
+
+
 # --- services: moto's server and the counting proxy, each in its own process -----------------------------
 def _free_port() -> int:
     with socket.socket() as s:
@@ -221,17 +233,38 @@ def measured_here(fn) -> tuple[dict, object]:
     return {"seconds": round(seconds, 3), "peak_mib_above_baseline": round(max(0, peak[0] - baseline) / 2**20, 1)}, out
 
 
-def measured_child(command: list[str], env: dict) -> dict:
-    """Run a peer: seconds and its own peak resident MiB (from wait4)."""
+def _tree_rss(process) -> int:
+    import psutil
+
+    total = 0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def measured_child(command: list[str], env: dict, work: Path) -> dict:
+    """Run a peer: seconds and the peak resident MiB of its process tree (sampled every 10 ms; wait4's
+    ru_maxrss would report this process's size at fork, which Linux carries across exec)."""
+    import psutil
+
+    errors = work / "peer-stderr.txt"
     start = time.perf_counter()
-    process = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    stderr = process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
+    with open(errors, "wb") as stderr:
+        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr)
+    watched, peak = psutil.Process(process.pid), 0
+    while process.poll() is None:
+        try:
+            peak = max(peak, _tree_rss(watched))
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
     seconds = time.perf_counter() - start
     if process.returncode:
-        raise RuntimeError(f"{command[0]} failed ({process.returncode}): {stderr.decode(errors='replace')[-800:]}")
-    return {"seconds": round(seconds, 3), "peak_mib": round(usage.ru_maxrss / 1024, 1)}
+        raise RuntimeError(f"{command[0]} failed ({process.returncode}): {errors.read_text(errors='replace')[-800:]}")
+    return {"seconds": round(seconds, 3), "peak_mib": round(peak / 2**20, 1)}
 
 
 def counted(proxy: Proxy, step) -> dict:
@@ -306,11 +339,11 @@ def run_peers(proxy: Proxy, bucket_fs, bucket: str, planned: list[str], pointer_
                            f"s3://{pointer_key}/", f"{restore_dir}/"]
                 env = _aws_env(work, setting)
             log(f"  {name} at {label}: savepoint")
-            saved = counted(proxy, lambda save=save, env=env: measured_child(save, env))
+            saved = counted(proxy, lambda save=save, env=env: measured_child(save, env, work))
             copied = {p.removeprefix(f"{target}/") for p in bucket_fs.find(target)}
             saved["same_files"] = copied == set(planned)
             log(f"  {name} at {label}: restore")
-            restored = counted(proxy, lambda restore=restore, env=env: measured_child(restore, env))
+            restored = counted(proxy, lambda restore=restore, env=env: measured_child(restore, env, work))
             out[f"{name} {label}"] = {"savepoint": saved, "restore": restored}
             bucket_fs.rm(target, recursive=True)  # moto holds every copy in memory
             shutil.rmtree(restore_dir, ignore_errors=True)
@@ -323,6 +356,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
 
     local = work / f"checkpoint-{latency}"
     newest = write_checkpoint(local, files)
+    keep_only_planned(local)
     bucket = f"bench-{int(latency * 1000)}ms"
     direct = Store(f"s3://{bucket}", {"endpoint_url": moto.url, **KEYS})
     direct.fs.mkdir(bucket)
@@ -348,6 +382,8 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
         ours["savepoint"]["streamed_bytes"] = sum(e.size for e in info.manifest.files if e.method == "stream")
         ours["savepoint"]["methods"] = _tally(e.method for e in info.manifest.files)
         ours["savepoint"]["checksum_sources"] = _tally(e.checksum_source for e in info.manifest.files)
+        pointer_key = info.pointer.removeprefix("s3://")
+        peers = run_peers(proxy, direct.fs, bucket, planned, pointer_key, work, parallelism) if with_peers else None
         added = next_batch(local, newest + 1)
         for rel in added:
             direct.fs.pipe_file(f"{bucket}/checkpoint/{rel}", (local / rel).read_bytes())
@@ -372,12 +408,11 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
         ours["restore"] = counted(proxy, lambda: measured_here(
             lambda: restore_savepoint(info.pointer, str(restore_dir), storage_options=options, parallelism=parallelism))[0])
         shutil.rmtree(restore_dir, ignore_errors=True)
-        pointer_key = info.pointer.removeprefix("s3://")
         result = {"latency_ms": latency * 1000, "files": len(all_files), "planned_files": len(planned),
                   "planned_is_whole_checkpoint": planned == all_files, "bytes": info.manifest.total_bytes,
                   "listing_pages": math.ceil(len(all_files) / 1000), "parallelism": parallelism, "ours": ours}
-        if with_peers:
-            result["peers"] = run_peers(proxy, direct.fs, bucket, planned, pointer_key, work, parallelism)
+        if peers is not None:
+            result["peers"] = peers
         return result
     finally:
         proxy.stop()
