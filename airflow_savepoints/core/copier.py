@@ -121,11 +121,10 @@ def _by_link(f: _File) -> CopiedFile | None:
 
 def _by_server_copy(f: _File) -> CopiedFile | None:
     stat = f.stat
-    copied = f.dst.server_copy_from(f.src, f.src_rel, f.dst_rel, etag=stat.etag if stat else None,
-                                    size=stat.size if stat else None)
+    copied = f.dst.server_copy_from(f.src, f.src_rel, f.dst_rel, listed=stat)
     if copied is None:
         return None
-    version = stat.version if stat and stat.etag else None  # the copy was guarded by this version's ETag
+    version = stat.version if stat and copied.guarded else None  # the copy was of exactly this version
     if copied.crc is None:  # the store did not compute one: read the copy (no upload)
         size, crc = checksum_of(f.dst, f.dst_rel)
         return CopiedFile(f.src_rel, size, crc, SERVER_COPY, READ, version)

@@ -224,7 +224,7 @@ class Store:
 
     def _translated(self, exc: Exception, where: str) -> Exception | None:
         """The :class:`StorageError` that ``exc`` stands for at ``where``; None to raise ``exc`` as is."""
-        if isinstance(exc, FileNotFoundError | StorageError):
+        if isinstance(exc, FileNotFoundError | StorageError | SourceChangedError):  # the caller decides
             return None
         backend = self.backend
         if backend.is_credentials_problem(exc):
@@ -375,10 +375,11 @@ class Store:
         except OSError as exc:
             self._raise_translated(exc, self.url_of(rel))
 
-    def server_copy_from(self, other: Store, src_rel: str, rel: str, *, etag: str | None = None,
+    def server_copy_from(self, other: Store, src_rel: str, rel: str, *, listed: FileStat | None = None,
                          size: int | None = None) -> ServerCopy | None:
         """Copy ``other``'s ``src_rel`` to ``rel`` inside the object store (S3 ``CopyObject``), with the
-        CRC32C the store computed if it gives one; with ``etag``, only if the source still has that ETag.
+        CRC32C the store computed if it gives one; with ``listed`` (its listing entry), only if the source
+        is still that version (its ETag, or generation). ``size`` defaults to the listed one.
 
         None when not possible here (not one store and endpoint, over its size limit, refused): stream
         instead. Raises FileNotFoundError if the source is gone and SourceChangedError if its ETag changed."""
@@ -387,7 +388,8 @@ class Store:
         try:
             with self.translate_errors(self.url_of(rel)):
                 return self.backend.server_copy(other.backend, other.path_of(src_rel), self.path_of(rel),
-                                                etag=etag, size=size)
+                                                listed=listed, size=size if size is not None or not listed
+                                                else listed.size)
         except SourceChangedError as exc:
             raise SourceChangedError(f"{other.url_of(src_rel)} changed since it was listed") from exc
         except FileNotFoundError as exc:

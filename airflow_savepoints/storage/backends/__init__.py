@@ -44,5 +44,6 @@ def backend_class(protocol: str) -> type[Backend]:
 
 register_backend("file", f"{_PACKAGE}.local.LocalBackend")
 register_backend("s3", f"{_PACKAGE}.s3.S3Backend")
-for _protocol in ("gcs", "abfs", "memory"):  # object stores with no back end of their own yet
-    register_backend(_protocol, f"{_PACKAGE}.generic.ObjectStoreBackend")
+register_backend("gcs", f"{_PACKAGE}.gcs.GCSBackend")
+register_backend("abfs", f"{_PACKAGE}.azure.AzureBackend")
+register_backend("memory", f"{_PACKAGE}.generic.ObjectStoreBackend")  # fsspec's in-memory store

@@ -39,13 +39,17 @@ class FileStat:
     version: str
     modified: float | None = None  # seconds since the epoch, when the store reports it
     etag: str | None = None  # the object store's ETag, when it reports one
+    generation: str | None = None  # the object's generation, on stores that number them (GCS)
+    crc32c: int | None = None  # the CRC32C the store keeps for the file, where it keeps one (GCS)
 
 
 @dataclass(frozen=True)
 class ServerCopy:
-    """The result of a copy inside an object store; ``crc`` is the CRC32C the store computed, if any."""
+    """The result of a copy inside an object store; ``crc`` is the CRC32C the store computed, if any;
+    ``guarded``: the copy was of exactly the listed version of the source (its ETag or generation)."""
 
     crc: int | None
+    guarded: bool = False
 
 
 class Backend:
@@ -218,10 +222,11 @@ class Backend:
         """Hard-link ``source`` as ``target``; the linked file's stat, or None if links are refused."""
         return None
 
-    def server_copy(self, source: Backend, src_path: str, path: str, *, etag: str | None,
+    def server_copy(self, source: Backend, src_path: str, path: str, *, listed: FileStat | None,
                     size: int | None) -> ServerCopy | None:
-        """Copy ``src_path`` of ``source`` to ``path`` inside the store; with ``etag``, only if the source
-        still has it (else ``SourceChangedError``). None when the store declines: stream instead."""
+        """Copy ``src_path`` of ``source`` to ``path`` inside the store; with ``listed`` (the source's
+        listing entry), only if the source is still that version (else ``SourceChangedError``). None
+        when the store declines (``size`` over its limit, refused): stream instead."""
         return None
 
     # --- deleting ----------------------------------------------------------------------------------

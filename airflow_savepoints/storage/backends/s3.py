@@ -14,7 +14,14 @@ import posixpath
 from typing import Any, ClassVar
 
 from airflow_savepoints.errors import SourceChangedError
-from airflow_savepoints.storage.backends.base import SERVER_COPY, STREAM, Backend, ServerCopy, exception_chain
+from airflow_savepoints.storage.backends.base import (
+    SERVER_COPY,
+    STREAM,
+    Backend,
+    FileStat,
+    ServerCopy,
+    exception_chain,
+)
 from airflow_savepoints.storage.backends.generic import ObjectStoreBackend
 
 SERVER_COPY_MAX = 5 * 1024**3  # one CopyObject copies at most 5 GiB
@@ -56,37 +63,20 @@ class S3Backend(ObjectStoreBackend):
         also gets a 412 when the first attempt created the object: it is ours if it holds our bytes
         (callers put a unique token in them)."""
         bucket, key, _ = self.fs.split_path(path)
-        try:
-            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-        except Exception as exc:
-            if self.error_code(exc) not in PRECONDITION_FAILED | CONFLICT:
-                raise
-            try:
-                return self.fs.cat_file(path) == data
-            except FileNotFoundError:
-                return False
-        finally:
-            self.invalidate(posixpath.dirname(path))
-        return True
+        return self.create_if_absent(
+            path, data, lambda: self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*"),
+            lambda exc: self.error_code(exc) in PRECONDITION_FAILED | CONFLICT)
 
     def copy_methods(self, source: Backend) -> tuple[str, ...]:
-        if isinstance(source, S3Backend) and self.same_endpoint(source):
-            return (SERVER_COPY, STREAM)
-        return (STREAM,)
+        return (SERVER_COPY, STREAM) if isinstance(source, S3Backend) and self.same_service(source) else (STREAM,)
 
-    def same_endpoint(self, other: S3Backend) -> bool:
-        """Whether both reach one service with the same settings (a server-side copy can work)."""
-        if self.fs is other.fs:
-            return True
-        return getattr(self.fs, "storage_options", None) == getattr(other.fs, "storage_options", None) and \
-            getattr(self.fs, "client_kwargs", None) == getattr(other.fs, "client_kwargs", None)
-
-    def server_copy(self, source: Backend, src_path: str, path: str, *, etag: str | None,
+    def server_copy(self, source: Backend, src_path: str, path: str, *, listed: FileStat | None,
                     size: int | None) -> ServerCopy | None:
         """``CopyObject`` with ``ChecksumAlgorithm=CRC32C`` (and ``CopySourceIfMatch`` = ``etag``). None
         over 5 GiB, when the store refuses the copy, or when these credentials may not read the source."""
         if size is not None and size > SERVER_COPY_MAX:
             return None
+        etag = listed.etag if listed else None
         src_bucket, src_key, _ = source.fs.split_path(src_path)
         bucket, key, _ = self.fs.split_path(path)
         params: dict[str, Any] = {"Bucket": bucket, "Key": key, "CopySource": {"Bucket": src_bucket, "Key": src_key},
@@ -106,7 +96,7 @@ class S3Backend(ObjectStoreBackend):
                 self.fs.rm_file(path)
             raise SourceChangedError(src_path)
         value = result.get("ChecksumCRC32C")
-        return ServerCopy(crc=int.from_bytes(base64.b64decode(value), "big") if value else None)
+        return ServerCopy(crc=int.from_bytes(base64.b64decode(value), "big") if value else None, guarded=bool(etag))
 
     def _copy_declined(self, exc: Exception, src_path: str) -> None:
         """None for a copy to stream instead; raises what the caller must see."""

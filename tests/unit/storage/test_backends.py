@@ -17,20 +17,27 @@ from airflow_savepoints.core.copier import checksum_of
 from airflow_savepoints.errors import CredentialsError, SourceChangedError, StoragePermissionError
 from airflow_savepoints.storage import LINK, SERVER_COPY, STREAM, Store
 from airflow_savepoints.storage.backends import backend_class, known_backends, register_backend
+from airflow_savepoints.storage.backends.azure import AzureBackend
+from airflow_savepoints.storage.backends.gcs import GCSBackend
 from airflow_savepoints.storage.backends.generic import FsspecBackend, ObjectStoreBackend
 from airflow_savepoints.storage.backends.local import LocalBackend
 from airflow_savepoints.storage.backends.s3 import SERVER_COPY_MAX, S3Backend, s3_error_code
 
-KINDS = ["local", pytest.param("s3", marks=pytest.mark.s3), "memory"]
+S3, GCS, AZURE = (pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs),
+                  pytest.param("azure", marks=pytest.mark.azure))
+KINDS = ["local", S3, GCS, AZURE, "memory"]
+EMULATED = {"s3": ("s3://{}/root", "s3"), "gcs": ("gs://{}/root", "gcs_bucket"),
+            "azure": ("abfs://{}/root", "azure_container")}
 
 
 @pytest.fixture(params=KINDS)
 def store(request, tmp_path) -> Iterator[Store]:
-    """An empty folder on one kind of store."""
+    """An empty folder on one kind of store (moto, fake-gcs-server and Azurite on 127.0.0.1)."""
     if request.param == "local":
         yield Store(str(tmp_path / "root"))
-    elif request.param == "s3":
-        yield Store(f"s3://{request.getfixturevalue('s3')}/root")
+    elif request.param in EMULATED:
+        url, bucket = EMULATED[request.param]
+        yield Store(url.format(request.getfixturevalue(bucket)))
     else:
         memory = Store(f"memory://unit-{time.monotonic_ns()}/root")
         yield memory
@@ -40,7 +47,8 @@ def store(request, tmp_path) -> Iterator[Store]:
 
 def test_each_kind_of_store_gets_its_own_back_end():
     assert backend_class("file") is LocalBackend and backend_class("s3") is S3Backend
-    assert backend_class("gcs") is ObjectStoreBackend and backend_class("abfs") is ObjectStoreBackend
+    assert backend_class("gcs") is GCSBackend and backend_class("abfs") is AzureBackend
+    assert backend_class("memory") is ObjectStoreBackend
     assert backend_class("hdfs") is FsspecBackend  # not listed: the generic one, with folders
     assert isinstance(Store("s3a://bucket/x").backend, S3Backend)
 
@@ -86,6 +94,12 @@ def test_s3_exclusive_create_is_a_conditional_put_and_a_retried_one_recognises_i
     assert store.create_exclusive("lease", b"token-1")  # its first response was lost: the object is ours
     assert not store.create_exclusive("lease", b"token-2")
     assert store.read_bytes("lease") == b"token-1"
+
+
+@pytest.mark.parametrize("store", [GCS, AZURE], indirect=True)
+def test_gcs_and_azure_copy_inside_the_store_only(store, tmp_path):
+    assert store.copy_methods(store.child("x")) == (SERVER_COPY, STREAM)
+    assert store.copy_methods(Store(str(tmp_path))) == (STREAM,) == Store(str(tmp_path)).copy_methods(store)
 
 
 @pytest.mark.s3
@@ -139,25 +153,23 @@ def test_checksums_are_crc32c_of_the_bytes(store):
     assert checksum_of(store, "f") == (len(data), google_crc32c.value(data))
 
 
-@pytest.mark.s3
-def test_s3_server_copy_returns_the_stores_crc32c_and_moves_no_payload(s3):
-    store = Store(f"s3://{s3}/root")
+@pytest.mark.parametrize("store", [S3, GCS, AZURE], indirect=True)
+def test_a_server_copy_is_guarded_and_gives_the_stores_crc32c_where_it_keeps_one(store):
     data = b"state" * 1000
     store.write_bytes_atomic("ckpt/f", data)
     listed = store.list_files("ckpt")["f"]
-    copied = store.server_copy_from(store.child("ckpt"), "f", "sp/f", etag=listed.etag, size=listed.size)
-    assert copied is not None and copied.crc == google_crc32c.value(data)
-    assert store.read_bytes("sp/f") == data
+    copied = store.server_copy_from(store.child("ckpt"), "f", "sp/f", listed=listed)
+    assert copied is not None and copied.guarded and store.read_bytes("sp/f") == data
+    assert copied.crc == (None if store.protocol == "abfs" else google_crc32c.value(data))  # Azure keeps MD5s
 
 
-@pytest.mark.s3
-def test_s3_server_copy_detects_a_source_rewritten_since_it_was_listed(s3):
-    store = Store(f"s3://{s3}/root")
+@pytest.mark.parametrize("store", [S3, GCS, AZURE], indirect=True)
+def test_a_server_copy_detects_a_source_rewritten_since_it_was_listed(store):
     store.write_bytes_atomic("ckpt/f", b"as listed")
     listed = store.stat("ckpt/f")
     store.write_bytes_atomic("ckpt/f", b"rewritten")
     with pytest.raises(SourceChangedError, match="ckpt/f"):
-        store.server_copy_from(store, "ckpt/f", "sp/f", etag=listed.etag, size=listed.size)
+        store.server_copy_from(store, "ckpt/f", "sp/f", listed=listed)
     assert not store.exists("sp/f")  # nothing of the other bytes is left behind
 
 
@@ -181,7 +193,7 @@ def test_a_file_added_after_a_listing_is_listed_and_read_the_next_time(store):
     assert store.read_bytes("offsets/2") == b"2" and store.stat("offsets/2").size == 1
 
 
-@pytest.mark.parametrize("store", ["local", pytest.param("s3", marks=pytest.mark.s3)], indirect=True)
+@pytest.mark.parametrize("store", ["local", S3, GCS, AZURE], indirect=True)
 def test_version_tokens_change_when_a_file_is_replaced(store):  # fsspec's memory store keeps no versions
     store.write_bytes_atomic("f", b"one")
     before = store.list_files()["f"]
