@@ -254,3 +254,4 @@ def test_s3_bad_credentials_and_refused_access_become_their_own_errors(s3, s3_en
                 assert s3_error_code(info.value) == code and info.value.hint
         refused = store(key, secret)
         assert refused.server_copy_from(refused, "f", "g") is None  # may not read the source: stream instead
+
