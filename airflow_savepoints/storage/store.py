@@ -29,12 +29,8 @@ from airflow_savepoints.errors import (
     UnknownSchemeError,
 )
 from airflow_savepoints.storage.backends import LINK, SERVER_COPY, Backend, FileStat, ServerCopy, backend_class
-from airflow_savepoints.storage.backends.base import UPLOAD_BLOCK
-from airflow_savepoints.storage.backends.local import local_file_stat, local_version
-from airflow_savepoints.storage.backends.s3 import SERVER_COPY_MAX
 
-__all__ = ["EXTRA_OF_PROTOCOL", "SCHEME_ALIASES", "SERVER_COPY_MAX", "UPLOAD_BLOCK", "FileStat", "ServerCopy",
-           "SourceChangedError", "Store", "local_file_stat", "local_version", "split_url"]
+__all__ = ["EXTRA_OF_PROTOCOL", "SCHEME_ALIASES", "FileStat", "ServerCopy", "SourceChangedError", "Store", "split_url"]
 
 # fsspec protocol -> the package extra that installs its backend (pyproject.toml)
 EXTRA_OF_PROTOCOL = {"s3": "s3", "gcs": "gcs", "abfs": "azure", "az": "azure", "adl": "azure", "hdfs": "hdfs"}
