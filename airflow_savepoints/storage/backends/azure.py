@@ -16,14 +16,8 @@ from typing import ClassVar
 from fsspec.asyn import sync
 
 from airflow_savepoints.errors import SourceChangedError
-from airflow_savepoints.storage.backends.base import (
-    SERVER_COPY,
-    STREAM,
-    Backend,
-    FileStat,
-    ServerCopy,
-    exception_chain,
-)
+from airflow_savepoints.storage.backends import base
+from airflow_savepoints.storage.backends.base import SERVER_COPY, STREAM, Backend, FileStat, ServerCopy
 from airflow_savepoints.storage.backends.generic import ObjectStoreBackend
 
 COPY_POLL = 0.2  # seconds between looks at a pending copy
@@ -31,7 +25,7 @@ COPY_POLL = 0.2  # seconds between looks at a pending copy
 
 def http_status(exc: BaseException) -> int | None:
     """The HTTP status of the azure-core error behind ``exc``, if there is one."""
-    for error in exception_chain(exc):
+    for error in base.exception_chain(exc):
         status = getattr(error, "status_code", None)
         if isinstance(status, int):
             return status
