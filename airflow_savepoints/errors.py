@@ -219,3 +219,9 @@ class UnexpectedError(SavepointError):
         return cls(f"{type(exc).__name__}{where}: {exc}",
                    "nothing was reported complete by this command; run it again with AIRFLOW_SAVEPOINTS_DEBUG=1 "
                    "for the traceback and report it at the project's issue tracker")
+
+
+# --- signals between the storage back ends and the engine -------------------------------------------
+class SourceChangedError(Exception):
+    """A server-side copy found the source replaced since it was listed (its ETag changed): the
+    savepoint engine retries on a newer batch, the copier falls back to the checkpoint's file."""

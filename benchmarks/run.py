@@ -434,7 +434,18 @@ def main() -> int:
     parser.add_argument("--json-file", help="also write the JSON report to this file")
     parser.add_argument("--plot", help="draw the timings as a PNG (needs matplotlib)")
     parser.add_argument("--from-json", help="do not measure: print the table (and --plot) of a saved JSON report")
+    parser.add_argument("--object-store", action="store_true",
+                        help="instead: savepoints on S3 behind request latency against s5cmd and aws (benchmarks/object_store.py)")
     args = parser.parse_args()
+    if args.object_store:
+        from benchmarks import object_store
+
+        report = object_store.run(args.quick, workdir=args.workdir)
+        if args.json:
+            print(json.dumps(report, default=str))
+        if args.json_file:
+            Path(args.json_file).write_text(json.dumps(report, default=str, indent=1) + "\n")
+        return 0
     if args.from_json:
         text = Path(args.from_json).read_text().strip()
         try:

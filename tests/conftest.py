@@ -198,3 +198,7 @@ def remove_checkpoint(path: Path) -> None:
         except OSError:
             time.sleep(0.5)
     shutil.rmtree(path)
+
+
+# Object-store emulators (fake-gcs-server, Azurite) and a fresh bucket/container per test.
+from tests.support.emulators import azure_container, azure_emulator, gcs_bucket, gcs_emulator  # noqa: E402, F401

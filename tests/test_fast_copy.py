@@ -23,7 +23,6 @@ from airflow_savepoints.core.dispose import dispose_savepoint
 from airflow_savepoints.core.retention import RetentionPolicy, retain
 from airflow_savepoints.errors import SavepointPinnedError, VerificationError
 from airflow_savepoints.storage import Store
-from airflow_savepoints.storage.store import _file_stat
 from tests.conftest import ROOT, is_state_file, remove_checkpoint
 from tests.support.s3_payload import PayloadCounter
 from tests.support.spark_shapes import SHAPES, run_to_end
@@ -270,7 +269,7 @@ def test_the_local_listing_matches_fsspec_find(checkpoint):
     (checkpoint / "state" / "0" / "0" / ".1.delta.crc").write_bytes(b"hidden")  # hidden files are listed too
     store = Store(str(checkpoint))
     found = store.fs.find(str(checkpoint), detail=True, withdirs=False)
-    expected = {path[len(str(checkpoint)) + 1:]: _file_stat(info) for path, info in found.items()}
+    expected = {path[len(str(checkpoint)) + 1:]: store.backend.file_stat(info) for path, info in found.items()}
     assert store.list_files() == expected and len(expected) > 20
     assert store.list_files("state") == {k[len("state/"):]: v for k, v in expected.items() if k.startswith("state/")}
     assert Store(str(checkpoint / "missing")).list_files() == {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import posixpath
 from typing import Any
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
@@ -63,11 +63,11 @@ def check_no_link(location: Store, root: str) -> None:
     """Locally, ``<root>/<job>/<savepoint>`` must be real folders: deleting through a symbolic link
     (the savepoint folder or its job folder) would remove files outside the savepoint directory.
     The root itself may be a link (``/data/savepoints -> /mnt/disk1/savepoints``)."""
-    if location.protocol != "file":
+    if not location.is_local:
         return
     rel = location.root[len(root.rstrip("/")) + 1:] if location.root.startswith(root.rstrip("/") + "/") else None
-    real = os.path.realpath(location.root)
-    if rel is None or real != os.path.join(os.path.realpath(root), rel):
+    real = location.real_path(location.root)
+    if rel is None or real != posixpath.join(location.real_path(root), rel):
         raise OutsideRootError(
             f"{location.url} goes through a symbolic link (it is really {real}): refusing to delete through it",
             f"remove the link by hand; savepoints are only deleted at their real place below {root}",

@@ -69,13 +69,7 @@ def store_now(store: Store, *, fresh: bool = False) -> float:
         return cached[0] + (time.monotonic() - cached[1])
     probe = f"{CLOCK_PROBE_PREFIX}{uuid.uuid4().hex}.tmp"
     before = time.monotonic()
-    with store.translate_errors(store.url_of(probe)):  # one plain write: no temp file of its own
-        if store.protocol == "file":
-            os.makedirs(store.root, exist_ok=True)
-            with open(store.path_of(probe), "wb"):
-                pass
-        else:
-            store.fs.pipe_file(store.path_of(probe), b"")
+    store.touch(probe)  # one plain write: no temp file of its own
     try:
         modified = store.stat(probe).modified
     finally:

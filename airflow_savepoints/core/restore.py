@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import posixpath
 import re
 import uuid
@@ -178,9 +177,10 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
 
 def _fresh_target(location: Store, destination: Store) -> Store:
     """The restore target: a real folder (or nothing yet) apart from the savepoint, and empty."""
-    if destination.protocol == "file" and os.path.islink(destination.root):
+    link_target = destination.symlink_target()
+    if link_target is not None:
         raise TargetNotEmptyError(
-            f"the restore target {destination.url} is a symbolic link (to {os.readlink(destination.root)})",
+            f"the restore target {destination.url} is a symbolic link (to {link_target})",
             "give the real path of a new, empty checkpoint location",
         )
     real_location, real_destination = location.resolved(), destination.resolved()
@@ -375,12 +375,8 @@ def _undo(destination: Store, paths: list[str]) -> None:
             destination.remove_file(path)
         except Exception:  # noqa: BLE001 - best effort; the error that caused the undo is raised
             pass
-    if destination.is_local_disk:  # the folders it made, deepest first, if nothing else is in them
-        folders = {posixpath.dirname(p) for p in paths}
-        folders |= {posixpath.dirname(f) for f in list(folders)}
-        for folder in sorted({f for p in folders for f in _ancestors(p)}, key=lambda f: -f.count("/")):
-            with contextlib.suppress(OSError):
-                os.rmdir(destination.path_of(folder))
+    folders = {posixpath.dirname(p) for p in paths}  # the folders it made, if nothing else is in them
+    destination.remove_empty_folders({f for p in folders for f in _ancestors(p)})
 
 
 def _ancestors(folder: str) -> list[str]:

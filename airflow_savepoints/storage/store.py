@@ -1,21 +1,17 @@
 """A directory tree on any fsspec filesystem, addressed by paths relative to its root.
 
 Every read, write, listing and deletion of the package goes through :class:`Store`, so that URL
-schemes, credentials, error messages and the "never leave the root" rule live in one place.
+schemes, credentials, error messages and the "never leave the root" rule live in one place. What
+differs between kinds of store (atomic writes, exclusive create, links, server-side copies, version
+tokens, the store's own checksums) is done by the store's back end (``storage/backends``).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
-import os
 import posixpath
-import threading
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Iterable, Mapping
 from typing import IO, Any, NoReturn
 
 import fsspec
@@ -26,11 +22,15 @@ from airflow_savepoints.errors import (
     InvalidPathError,
     MissingBackendError,
     OutsideRootError,
+    SourceChangedError,
     StorageError,
     StorageFullError,
     StoragePermissionError,
     UnknownSchemeError,
 )
+from airflow_savepoints.storage.backends import LINK, SERVER_COPY, Backend, FileStat, ServerCopy, backend_class
+
+__all__ = ["EXTRA_OF_PROTOCOL", "SCHEME_ALIASES", "FileStat", "ServerCopy", "SourceChangedError", "Store", "split_url"]
 
 # fsspec protocol -> the package extra that installs its backend (pyproject.toml)
 EXTRA_OF_PROTOCOL = {"s3": "s3", "gcs": "gcs", "abfs": "azure", "az": "azure", "adl": "azure", "hdfs": "hdfs"}
@@ -44,45 +44,7 @@ SCHEME_ALIASES = {
     "az": "abfs",
     "local": "file",
 }
-OBJECT_STORES = {"s3", "gcs", "abfs", "memory"}
-
-_memory_create_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class FileStat:
-    """What a listing says of one file: its size and a token that changes when it is replaced."""
-
-    size: int
-    version: str
-    modified: float | None = None  # seconds since the epoch, when the store reports it
-    etag: str | None = None  # the object store's ETag, when it reports one
-
-
-class SourceChangedError(Exception):
-    """A server-side copy found the source replaced since it was listed (its ETag changed)."""
-
-
-@dataclass(frozen=True)
-class ServerCopy:
-    """The result of a copy inside an object store; ``crc`` is the CRC32C the store computed, if any."""
-
-    crc: int | None
-
-
-SERVER_COPY_MAX = 5 * 1024**3  # one CopyObject copies at most 5 GiB
-UPLOAD_BLOCK = 8 * 1024 * 1024  # multipart upload part size: what a streamed upload holds in memory
-
-
-def local_version(st: os.stat_result) -> str:
-    """The version token of a local file from its stat: ``_version_token`` of fsspec's entry for it
-    (inode, then mtime; written out because listings call it once per file)."""
-    return f"{st.st_ino}:{st.st_mtime}"
-
-
-def local_file_stat(st: os.stat_result) -> FileStat:
-    """A local file's listing entry from its stat."""
-    return FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+LOCAL = "file"  # the fsspec protocol of local paths
 
 
 def split_url(url: str) -> tuple[str, str, str]:
@@ -92,13 +54,13 @@ def split_url(url: str) -> tuple[str, str, str]:
     url = url.strip()
     if "://" not in url:
         if url.startswith("file:"):  # Hadoop/Spark style file:/abs/path
-            return "file", "file", _absolute_local(url[len("file:") :], url)
-        return "file", "file", _absolute_local(url, url)
+            return LOCAL, LOCAL, _absolute_local(url[len("file:") :], url)
+        return LOCAL, LOCAL, _absolute_local(url, url)
     scheme, rest = url.split("://", 1)
     scheme_lc = scheme.lower()
     protocol = SCHEME_ALIASES.get(scheme_lc, scheme_lc)
-    if protocol == "file":
-        return scheme_lc, "file", _absolute_local(rest, url)
+    if backend_class(protocol).local:  # file://, local://: an absolute path on this machine
+        return scheme_lc, protocol, _absolute_local(rest, url)
     if protocol not in known_implementations and protocol not in fsspec.available_protocols():
         raise UnknownSchemeError(
             f"unknown URL scheme '{scheme}' in '{url}'",
@@ -135,42 +97,11 @@ def _make_filesystem(protocol: str, storage_options: dict[str, Any] | None):
         raise UnknownSchemeError(f"unknown URL scheme '{protocol}'", str(exc)) from exc
     options = dict(storage_options or {})
     fsspec.config.apply_config(cls, options)  # fsspec's own configuration (files and FSSPEC_* variables)
-    if protocol == "file":
-        options.setdefault("auto_mkdir", True)
-    return cls(**options)
-
-
-def _is_credentials_problem(exc: BaseException) -> bool:
-    names = {type(e).__name__ for e in _exception_chain(exc)}
-    texts = " ".join(str(e) for e in _exception_chain(exc))
-    return bool(
-        names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
-                 "DefaultCredentialsError", "ClientAuthenticationError"}
-        or "InvalidAccessKeyId" in texts
-        or "SignatureDoesNotMatch" in texts
-        or "Unable to locate credentials" in texts
-    )
-
-
-# Libraries whose own (non-OSError) exceptions mean the store could not be reached or answered badly.
-_TRANSPORT_MODULES = {"botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "google", "azure"}
-
-
-def _is_transport_error(exc: BaseException) -> bool:
-    return any(type(e).__module__.split(".")[0] in _TRANSPORT_MODULES for e in _exception_chain(exc))
-
-
-def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
+    return cls(**backend_class(protocol).filesystem_options(options))
 
 
 class Store:
-    """One directory tree (``url``) on one fsspec filesystem.
+    """One directory tree (``url``) on one fsspec filesystem, through the back end of its kind.
 
     Paths given to the methods are relative to the root, use ``/``, and may not leave the root.
     """
@@ -178,7 +109,10 @@ class Store:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, _fs=None):
         self.scheme, self.protocol, self.root = split_url(url)
         self.storage_options = dict(storage_options or {})
+        kind = backend_class(self.protocol)
+        self.backend: Backend = kind(None, self.protocol)  # tells errors apart while the filesystem is made
         self.fs = _fs if _fs is not None else self._guarded(lambda: _make_filesystem(self.protocol, storage_options))
+        self.backend = kind(self.fs, self.protocol)
 
     # --- addressing --------------------------------------------------------------------------------
     @property
@@ -187,13 +121,11 @@ class Store:
 
     def url_of(self, rel: str = "") -> str:
         """The URL of ``rel`` with the scheme the user wrote (s3a stays s3a, local stays a path)."""
-        path = self.path_of(rel)
-        return path if self.protocol == "file" else f"{self.scheme}://{path}"
+        return self.backend.url(self.scheme, self.path_of(rel))
 
     def spark_url_of(self, rel: str = "") -> str:
         """The URL Spark would write for ``rel`` (``file:/abs`` for local files)."""
-        path = self.path_of(rel)
-        return f"file:{path}" if self.protocol == "file" else f"{self.scheme}://{path}"
+        return self.backend.spark_url(self.scheme, self.path_of(rel))
 
     def path_of(self, rel: str = "") -> str:
         rel = self._clean(rel)
@@ -213,10 +145,20 @@ class Store:
     def name(self) -> str:
         return posixpath.basename(self.root)
 
+    @property
+    def is_local(self) -> bool:
+        """Files on this machine's disks (links possible; copying is bound by the CPU, not the network)."""
+        return self.backend.local
+
+    @property
+    def is_local_disk(self) -> bool:
+        """A local filesystem reached without fsspec caching or wrapping (plain ``os`` calls are safe)."""
+        return self.backend.is_local_disk
+
     def _with_root(self, root: str) -> Store:
         other = Store.__new__(Store)
         other.scheme, other.protocol, other.root = self.scheme, self.protocol, root
-        other.storage_options, other.fs = self.storage_options, self.fs
+        other.storage_options, other.fs, other.backend = self.storage_options, self.fs, self.backend
         return other
 
     def contains(self, other: Store) -> bool:
@@ -226,15 +168,22 @@ class Store:
         return other.root == self.root or other.root.startswith(self.root.rstrip("/") + "/")
 
     def relative_to_root(self, full_path: str) -> str:
-        full_path = full_path.rstrip("/")
-        if self.protocol != "file":
-            full_path = self.fs._strip_protocol(full_path).rstrip("/")
+        full_path = self.backend.strip(full_path.rstrip("/")).rstrip("/")
         if full_path == self.root:
             return ""
         prefix = self.root.rstrip("/") + "/"
         if not full_path.startswith(prefix):
             raise OutsideRootError(f"'{full_path}' is outside '{self.url}'", "this is a bug; please report it")
         return full_path[len(prefix) :]
+
+    def real_path(self, path: str) -> str:
+        """``path`` (on this store's filesystem) with its symbolic links resolved; object stores: itself."""
+        return self.backend.real_path(path)
+
+    def resolved(self) -> Store:
+        """This store with every symbolic link in its root resolved (object stores: itself)."""
+        real = self.backend.real_path(self.root)
+        return self if real == self.root else self._with_root(real)
 
     @staticmethod
     def _clean(rel: str) -> str:
@@ -271,11 +220,12 @@ class Store:
 
     def _translated(self, exc: Exception, where: str) -> Exception | None:
         """The :class:`StorageError` that ``exc`` stands for at ``where``; None to raise ``exc`` as is."""
-        if isinstance(exc, FileNotFoundError | StorageError):
+        if isinstance(exc, FileNotFoundError | StorageError | SourceChangedError):  # the caller decides
             return None
+        backend = self.backend
+        if backend.is_credentials_problem(exc):
+            return self._credentials_error(where)
         if isinstance(exc, PermissionError):
-            if _is_credentials_problem(exc):
-                return self._credentials_error(where)
             return StoragePermissionError(
                 f"permission denied at '{where}': {exc}",
                 "check that the location is writable (not read-only) and that your credentials allow it",
@@ -285,173 +235,100 @@ class Store:
                 return StorageFullError(f"no space left at '{where}'", "free space or choose another location")
             if exc.errno == errno.EROFS:
                 return StoragePermissionError(f"'{where}' is on a read-only filesystem", "choose a writable location")
-            if _is_credentials_problem(exc):
-                return self._credentials_error(where)
-            hint = "check the location and try again"
-            if getattr(self, "protocol", None) == "hdfs":
-                hint = "pyarrow's HDFS client needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)"
-            return StorageError(f"storage error at '{where}': {exc}", hint)
-        if _is_credentials_problem(exc):
-            return self._credentials_error(where)
-        if _is_transport_error(exc):  # e.g. botocore's ConnectionClosedError once s3fs's retries are spent
+            return StorageError(f"storage error at '{where}': {exc}", backend.error_hint)
+        if backend.is_transport_error(exc):  # e.g. botocore's ConnectionClosedError
             return StorageError(f"storage error at '{where}': {type(exc).__name__}: {exc}",
                                 "check the store's endpoint and network, and try again")
         return None
 
     def _credentials_error(self, where: str) -> CredentialsError:
-        hints = {
-            "s3": "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or a profile), or fsspec's s3 configuration",
-            "gcs": "set GOOGLE_APPLICATION_CREDENTIALS or fsspec's gcs configuration",
-            "abfs": "set AZURE_STORAGE_ACCOUNT_NAME/AZURE_STORAGE_ACCOUNT_KEY or fsspec's abfs configuration",
-        }
-        return CredentialsError(
-            f"no valid credentials for '{where}'", hints.get(self.protocol, "configure credentials for this store")
-        )
+        return CredentialsError(f"no valid credentials for '{where}'", self.backend.credentials_hint)
 
     # --- reading -----------------------------------------------------------------------------------
-    def _invalidate(self, rel: str = "") -> None:
-        with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(self.path_of(rel))
-
-    @property
-    def is_local_disk(self) -> bool:
-        """A local filesystem reached without fsspec caching or wrapping (plain ``os`` calls are safe)."""
-        return self.protocol == "file" and type(self.fs).__name__ == "LocalFileSystem"
-
     def list_files(self, rel: str = "") -> dict[str, FileStat]:
         """Every file below ``rel`` in ONE recursive listing, keyed by path relative to ``rel``."""
-        base = self.path_of(rel)
-        if self.is_local_disk:
-            return self.list_files_lazily(rel).present()
-        self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
-            try:
-                found = self.fs.find(base, detail=True, withdirs=False)
-            except FileNotFoundError:
-                return {}
-        prefix = base.rstrip("/") + "/"
-        out: dict[str, FileStat] = {}
-        for path, info in found.items():
-            path = path if self.protocol == "file" else self.fs._strip_protocol(path)
-            if not path.startswith(prefix) or info.get("type") == "directory":
-                continue
-            out[path[len(prefix) :]] = _file_stat(info)
-        return out
+            return self.backend.list_files(self.path_of(rel))
 
     def list_files_lazily(self, rel: str = "") -> Mapping[str, FileStat]:
         """``list_files``, but on a local disk only the names are read at once; each file is stat'ed
         the first time it is looked up (for a planner that needs the stats of some of the files)."""
-        if not self.is_local_disk:
-            return self.list_files(rel)
-        base = self.path_of(rel)
         with self.translate_errors(self.url_of(rel)):
-            return LazyLocalListing(base, _scan_local_names(base), self._raise_translated)
+            return self.backend.list_files_lazily(self.path_of(rel), self._raise_translated)
 
     def stat_files(self, paths: Iterable[str]) -> dict[str, FileStat]:
         """The listing entries of ``paths`` as they are now (a missing file is left out): one stat
         per file on a local disk (cheaper than listing every version Spark keeps), else one listing."""
-        if not self.is_local_disk:
-            listing = self.list_files()
-            return {p: listing[p] for p in paths if p in listing}
-        return LazyLocalListing(self.root, list(paths), self._raise_translated).present()
+        with self.translate_errors():
+            return self.backend.stat_files(self.root, paths, self._raise_translated)
 
     def symlinks(self, rel: str = "", limit: int = 10) -> list[str]:
-        """Symbolic links below ``rel`` on a local disk (the first ``limit``); never follows one (``rel``
-        itself may be a link, like a savepoint root). Object stores have no links: always empty."""
-        if self.protocol != "file":
-            return []
-        links: list[str] = []
-        _scan_local_names(self.path_of(rel), links)
-        return sorted(links)[:limit]
+        """Symbolic links below ``rel`` (the first ``limit``); never follows one (``rel`` itself may be
+        a link, like a savepoint root). Object stores have no links: always empty."""
+        with self.translate_errors(self.url_of(rel)):
+            return self.backend.symlinks(self.path_of(rel), limit)
 
-    def resolved(self) -> Store:
-        """Locally, this store with every symbolic link in its root resolved; elsewhere itself."""
-        return self._with_root(os.path.realpath(self.root)) if self.protocol == "file" else self
+    def symlink_target(self, rel: str = "") -> str | None:
+        """Where ``rel`` (the root itself by default) points if it is a symbolic link, else None."""
+        with self.translate_errors(self.url_of(rel)):
+            return self.backend.symlink_target(self.path_of(rel))
 
     def exists(self, rel: str = "") -> bool:
-        self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
-            return self.fs.exists(self.path_of(rel))
+            return self.backend.exists(self.path_of(rel))
 
     def isdir(self, rel: str = "") -> bool:
-        self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
-            return self.fs.isdir(self.path_of(rel))
+            return self.backend.isdir(self.path_of(rel))
 
     def isfile(self, rel: str = "") -> bool:
-        self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
-            return self.fs.isfile(self.path_of(rel))
+            return self.backend.isfile(self.path_of(rel))
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the direct children of ``rel`` (files and folders); empty if it does not exist."""
-        self._invalidate(rel)
-        base = self.path_of(rel)
         with self.translate_errors(self.url_of(rel)):
-            try:
-                entries = self.fs.ls(base, detail=False)
-            except FileNotFoundError:
-                return []
-        names = []
-        for entry in entries:
-            entry = entry if self.protocol == "file" else self.fs._strip_protocol(entry)
-            name = posixpath.basename(entry.rstrip("/"))
-            if name and entry.rstrip("/") != base.rstrip("/"):
-                names.append(name)
-        return sorted(set(names))
+            return self.backend.listdir(self.path_of(rel))
 
     def stat(self, rel: str) -> FileStat:
-        self._invalidate(rel)
         with self.translate_errors(self.url_of(rel)):
-            info = self.fs.info(self.path_of(rel))
-        return _file_stat(info)
+            return self.backend.stat(self.path_of(rel))
 
     def read_bytes(self, rel: str) -> bytes:
         with self.translate_errors(self.url_of(rel)):
-            return self.fs.cat_file(self.path_of(rel))
+            return self.backend.read_bytes(self.path_of(rel))
 
-    def open_read(self, rel: str, block_size: int | None = None) -> IO[bytes]:
-        """A binary reader; its read errors are translated like every other call's."""
-        with self.translate_errors(self.url_of(rel)):
-            kwargs = {"block_size": block_size} if block_size and self.protocol != "file" else {}
-            return _Translated(self.fs.open(self.path_of(rel), "rb", **kwargs), self, self.url_of(rel))
+    def open_read(self, rel: str, block_size: int | None = None) -> Reader:
+        """A binary reader; its read errors are translated like every other call's. Its ``version`` is
+        the version token of exactly the file it reads, when the store can pin it (local: the inode)."""
+        try:  # no context manager: this runs once per file of a savepoint
+            handle, version = self.backend.open_read(self.path_of(rel), block_size)
+        except Exception as exc:
+            self._raise_translated(exc, self.url_of(rel))
+        return Reader(handle, self, rel, version)
 
     # --- writing -----------------------------------------------------------------------------------
     def open_write(self, rel: str) -> IO[bytes]:
-        with self.translate_errors(self.url_of(rel)):
-            if self.protocol == "file":
-                os.makedirs(posixpath.dirname(self.path_of(rel)), exist_ok=True)
-                handle = open(self.path_of(rel), "wb")  # noqa: SIM115 - the caller closes it
-            else:
-                handle = self.fs.open(self.path_of(rel), "wb", block_size=UPLOAD_BLOCK)
+        try:
+            handle = self.backend.open_write(self.path_of(rel))
+        except Exception as exc:
+            self._raise_translated(exc, self.url_of(rel))
         # an object store uploads on write and close: their errors are translated too
-        return _Translated(handle, self, self.url_of(rel))
+        return _Translated(handle, self, rel)
 
     def makedirs(self, rel: str = "") -> None:
-        if self.protocol in OBJECT_STORES:
-            return  # object stores have no folders
         with self.translate_errors(self.url_of(rel)):
-            self.fs.makedirs(self.path_of(rel), exist_ok=True)
+            self.backend.makedirs(self.path_of(rel))
+
+    def make_parents(self, paths: Iterable[str]) -> None:
+        """Make the folders the files ``paths`` go into (stores without folders: nothing to do)."""
+        with self.translate_errors():
+            self.backend.make_parents(self.path_of(p) for p in paths)
 
     def write_bytes_atomic(self, rel: str, data: bytes) -> None:
         """Write ``data`` so that readers see either nothing or the whole file."""
-        target = self.path_of(rel)
         with self.translate_errors(self.url_of(rel)):
-            if self.protocol in OBJECT_STORES:
-                self.fs.pipe_file(target, data)  # a PUT is atomic
-                return
-            parent = posixpath.dirname(target)
-            tmp = posixpath.join(parent, f".{posixpath.basename(target)}.{uuid.uuid4().hex}.tmp")
-            if self.protocol == "file":
-                os.makedirs(parent, exist_ok=True)
-                with open(tmp, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, target)
-            else:
-                self.fs.pipe_file(tmp, data)
-                self.fs.mv(tmp, target)
+            self.backend.write_atomic(self.path_of(rel), data)
         self._invalidate(rel)
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
@@ -462,168 +339,119 @@ class Store:
         (If-None-Match). Other stores fall back to check-then-write, which two processes can race;
         docs/concepts.md says so.
         """
-        target = self.path_of(rel)
         with self.translate_errors(self.url_of(rel)):
-            if self.protocol == "file":
-                parent = posixpath.dirname(target)
-                os.makedirs(parent, exist_ok=True)
-                tmp = posixpath.join(parent, f".{posixpath.basename(target)}.{uuid.uuid4().hex}.tmp")
-                with open(tmp, "wb") as handle:  # no fsync: after a crash a lease is judged by its mtime
-                    handle.write(data)
-                try:
-                    os.link(tmp, target)
-                except FileExistsError:
-                    return False
-                except OSError as exc:
-                    if exc.errno not in _NO_LINK_ERRNOS:
-                        raise
-                    return _create_without_link(target, data)  # a filesystem without hard links
-                finally:
-                    os.unlink(tmp)
-                return True
-            if self.protocol == "s3":
-                return self._s3_put_if_absent(target, data)
-            with _memory_create_lock:
-                if self.fs.exists(target):
-                    return False
-                self.fs.pipe_file(target, data)
-                return True
+            return self.backend.create_exclusive(self.path_of(rel), data)
 
-    def _s3_put_if_absent(self, target: str, data: bytes) -> bool:
-        bucket, key, _ = self.fs.split_path(target)
-        try:
-            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-        except Exception as exc:  # s3fs wraps botocore errors; look for the 412
-            text = " ".join(str(e) for e in _exception_chain(exc))
-            if "PreconditionFailed" in text or "412" in text or "ConditionalRequestConflict" in text:
-                # A retried PUT (its first response was lost) also gets a 412 when the first attempt
-                # created the object: it is ours if it holds our bytes (callers put a unique token in them).
-                try:
-                    return self.fs.cat_file(target) == data
-                except FileNotFoundError:
-                    return False
-            raise
-        finally:
-            self._invalidate(posixpath.dirname(target))
-        return True
+    def touch(self, rel: str) -> None:
+        """Create (or empty) ``rel`` with one plain write, no temporary file (a clock probe)."""
+        with self.translate_errors(self.url_of(rel)):
+            self.backend.touch(self.path_of(rel))
+
+    def _invalidate(self, rel: str = "") -> None:
+        self.backend.invalidate(self.path_of(rel))
 
     # --- copying without moving the bytes -----------------------------------------------------------
+    def copy_methods(self, source: Store) -> tuple[str, ...]:
+        """How files of ``source`` can be copied here, cheapest first (``storage.backends``: LINK,
+        SERVER_COPY, STREAM); STREAM always applies and comes last."""
+        return self.backend.copy_methods(source.backend)
+
     def link_from(self, other: Store, src_rel: str, rel: str, *, parent_ready: bool = False) -> FileStat | None:
         """Hard-link ``other``'s file ``src_rel`` as ``rel`` here and return the linked file's stat.
 
         None when no link is possible: not both local, different filesystems, or links refused. A
         missing source raises FileNotFoundError; an existing target raises FileExistsError."""
-        if self.protocol != "file" or other.protocol != "file":
+        if LINK not in self.backend.copy_methods(other.backend):
             return None
         source, target = other.path_of(src_rel), self.path_of(rel)
-        if not parent_ready:
-            with self.translate_errors(self.url_of(rel)):
-                os.makedirs(posixpath.dirname(target), exist_ok=True)
         try:  # no context manager: this runs once per file of a savepoint
-            os.link(source, target, follow_symlinks=False)
+            return self.backend.link(source, target, parent_ready=parent_ready)
         except (FileNotFoundError, FileExistsError):
             raise
         except OSError as exc:
-            if exc.errno in _NO_LINK_ERRNOS:
-                return None
             self._raise_translated(exc, self.url_of(rel))
-        try:
-            st = os.stat(target)
-        except OSError as exc:
-            self._raise_translated(exc, self.url_of(rel))
-        return local_file_stat(st)
 
-    def server_copy_from(self, other: Store, src_rel: str, rel: str, *, etag: str | None = None) -> ServerCopy | None:
-        """Copy ``other``'s ``src_rel`` to ``rel`` inside the object store (S3 ``CopyObject``), asking
-        it for the CRC32C of the copy; with ``etag``, only if the source still has that ETag.
+    def server_copy_from(self, other: Store, src_rel: str, rel: str, *, listed: FileStat | None = None,
+                         size: int | None = None) -> ServerCopy | None:
+        """Copy ``other``'s ``src_rel`` to ``rel`` inside the object store (S3 ``CopyObject``), with the
+        CRC32C the store computed if it gives one; with ``listed`` (its listing entry), only if the source
+        is still that version (its ETag, or generation). ``size`` defaults to the listed one.
 
-        None when not possible here (not both S3 on one endpoint, over 5 GiB, refused): stream instead.
-        Raises FileNotFoundError if the source is gone and SourceChangedError if its ETag changed."""
-        if self.protocol != "s3" or other.protocol != "s3" or not _same_endpoint(self, other):
+        None when not possible here (not one store and endpoint, over its size limit, refused): stream
+        instead. Raises FileNotFoundError if the source is gone and SourceChangedError if its ETag changed."""
+        if SERVER_COPY not in self.backend.copy_methods(other.backend):
             return None
-        src_bucket, src_key, _ = other.fs.split_path(other.path_of(src_rel))
-        bucket, key, _ = self.fs.split_path(self.path_of(rel))
-        params: dict[str, Any] = {"Bucket": bucket, "Key": key, "CopySource": {"Bucket": src_bucket, "Key": src_key},
-                                  "ChecksumAlgorithm": "CRC32C"}
-        if etag:
-            params["CopySourceIfMatch"] = etag
         try:
-            out = self.fs.call_s3("copy_object", **params)
-        except FileNotFoundError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - s3fs wraps botocore errors; decide by their text
-            text = " ".join(str(e) for e in _exception_chain(exc))
-            if "PreconditionFailed" in text or "(412)" in text:
-                raise SourceChangedError(f"{other.url_of(src_rel)} changed since it was listed") from exc
-            if "NoSuchKey" in text or "Not Found" in text:
-                raise FileNotFoundError(other.url_of(src_rel)) from exc
-            if "InvalidRequest" in text and "larger than" in text:  # over 5 GiB: stream it
-                return None
-            if _is_credentials_problem(exc) or isinstance(exc, PermissionError):
-                return None  # the target's credentials may not read the source: stream instead
             with self.translate_errors(self.url_of(rel)):
-                raise
-        finally:
-            self._invalidate(posixpath.dirname(rel))
-        result = out.get("CopyObjectResult") or {}
-        if etag and _etags_comparable(etag, out) and result.get("ETag") and result["ETag"].strip('"') != etag.strip('"'):
-            # a store that ignored CopySourceIfMatch copied other bytes than were listed: undo, report
-            with contextlib.suppress(Exception):
-                self.fs.rm_file(self.path_of(rel))
-            raise SourceChangedError(f"{other.url_of(src_rel)} changed since it was listed")
-        value = result.get("ChecksumCRC32C")
-        return ServerCopy(crc=int.from_bytes(base64.b64decode(value), "big") if value else None)
+                return self.backend.server_copy(other.backend, other.path_of(src_rel), self.path_of(rel),
+                                                listed=listed, size=size if size is not None or not listed
+                                                else listed.size)
+        except SourceChangedError as exc:
+            raise SourceChangedError(f"{other.url_of(src_rel)} changed since it was listed") from exc
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(other.url_of(src_rel)) from exc
 
     # --- deleting ----------------------------------------------------------------------------------
     def remove_file(self, rel: str) -> None:
-        target = self.path_of(rel)
         if not self._clean(rel):
             raise OutsideRootError("refusing to delete the store's root as a file", "this is a bug; please report it")
         with self.translate_errors(self.url_of(rel)):
-            try:
-                self.fs.rm_file(target)
-            except FileNotFoundError:
-                pass
+            self.backend.remove_file(self.path_of(rel))
         self._invalidate(posixpath.dirname(rel))
 
     def remove_tree(self, rel: str) -> None:
         """Delete the folder ``rel`` below the root and everything in it; a missing folder is fine."""
         if not self._clean(rel):
             raise OutsideRootError("refusing to delete a store's whole root", "name a folder below the root")
-        target = self.path_of(rel)
         with self.translate_errors(self.url_of(rel)):
-            try:
-                self.fs.rm(target, recursive=True)
-            except FileNotFoundError:
-                pass
+            self.backend.remove_tree(self.path_of(rel))
         self._invalidate(rel)
+
+    def remove_empty_folders(self, rels: Iterable[str]) -> None:
+        """Remove each of the folders ``rels`` that is empty, deepest first (never the root; stores
+        without folders: nothing to do)."""
+        self.backend.remove_empty_folders(self.path_of(r) for r in rels if self._clean(r))
 
 
 class _Translated:
-    """A file object whose I/O errors become the store's :class:`StorageError` naming the file."""
+    """A file object (the store's file ``rel``) whose I/O errors become :class:`StorageError` naming it.
+    No context manager per call: these run once per chunk."""
 
-    def __init__(self, handle: IO[bytes], store: Store, where: str):
-        self._handle, self._store, self._where = handle, store, where
+    def __init__(self, handle: IO[bytes], store: Store, rel: str):
+        self._handle, self._store, self._rel = handle, store, rel
+
+    def _failed(self, exc: Exception) -> NoReturn:
+        self._store._raise_translated(exc, self._store.url_of(self._rel))
 
     def read(self, *args):
-        with self._store.translate_errors(self._where):
+        try:
             return self._handle.read(*args)
+        except Exception as exc:
+            self._failed(exc)
 
     def readinto(self, buffer):
-        with self._store.translate_errors(self._where):
+        try:
             return self._handle.readinto(buffer)
+        except Exception as exc:
+            self._failed(exc)
 
     def write(self, data):
-        with self._store.translate_errors(self._where):
+        try:
             return self._handle.write(data)
+        except Exception as exc:
+            self._failed(exc)
 
     def flush(self) -> None:
-        with self._store.translate_errors(self._where):
+        try:
             self._handle.flush()
+        except Exception as exc:
+            self._failed(exc)
 
     def close(self) -> None:
-        with self._store.translate_errors(self._where):
+        try:
             self._handle.close()
+        except Exception as exc:
+            self._failed(exc)
 
     def __getattr__(self, name: str):
         return getattr(self._handle, name)
@@ -639,128 +467,9 @@ class _Translated:
             self._handle.close()
 
 
-def _create_without_link(target: str, data: bytes) -> bool:
-    """O_EXCL create, then write: for local filesystems that refuse hard links (readers may see it
-    empty for a moment; a lease judges an unreadable file by its mtime, so that is not fatal)."""
-    try:
-        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    return True
+class Reader(_Translated):
+    """A translated reader that knows the version of the file it reads (None if the store cannot pin it)."""
 
-
-_NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}
-
-
-def _scan_local_names(base: str, links: list[str] | None = None) -> list[str]:
-    """The files of a local tree, relative to ``base``, with one ``scandir`` per folder (no stat).
-    A linked folder is never walked into; symbolic links are also added to ``links`` if given."""
-    out: list[str] = []
-    pending = [(base, "")]
-    while pending:
-        folder, prefix = pending.pop()
-        try:
-            entries = list(os.scandir(folder))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for entry in entries:
-            if links is not None and entry.is_symlink():
-                links.append(prefix + entry.name)
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # removed since the folder was read
-            if is_dir:
-                pending.append((entry.path, prefix + entry.name + "/"))
-            else:
-                out.append(prefix + entry.name)
-    return out
-
-
-class LazyLocalListing(Mapping[str, FileStat]):
-    """Local file names below ``base``; a file's stat (the same entry and version token fsspec's
-    ``find`` gives) is taken when first looked up. A file removed since the scan is missing; any
-    other error of the stat goes to ``on_error(exc, path)`` (the store's error translation)."""
-
-    def __init__(self, base: str, names: list[str], on_error: Callable[[OSError, str], NoReturn]):
-        self._base, self._names = base.rstrip("/") or "", dict.fromkeys(names)
-        self._stats: dict[str, FileStat] = {}
-        self._on_error = on_error
-
-    def __getitem__(self, rel: str) -> FileStat:
-        stat = self._stats.get(rel)
-        if stat is None:
-            if rel not in self._names:
-                raise KeyError(rel)
-            path = f"{self._base}/{rel}"
-            try:
-                st = os.stat(path)
-            except (FileNotFoundError, NotADirectoryError):
-                raise KeyError(rel) from None
-            except OSError as exc:
-                self._on_error(exc, path)
-            stat = self._stats[rel] = local_file_stat(st)
-        return stat
-
-    def present(self) -> dict[str, FileStat]:
-        """Every listed file that is still there, stat'ed."""
-        return {name: stat for name in self._names if (stat := self.get(name)) is not None}
-
-    def __contains__(self, rel: object) -> bool:
-        return rel in self._names
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-
-def _etags_comparable(etag: str, copy_response: dict[str, Any]) -> bool:
-    """Whether a copy's ETag must equal its source's: both the MD5 of the bytes (a single-part
-    source, no KMS or customer-key encryption, which make ETags opaque)."""
-    if "-" in etag.strip('"'):
-        return False  # a multipart source: its ETag is not the MD5 a single-part copy gets
-    encryption = str(copy_response.get("ServerSideEncryption") or "")
-    return "kms" not in encryption and not copy_response.get("SSECustomerAlgorithm")
-
-
-def _same_endpoint(a: Store, b: Store) -> bool:
-    """Whether two S3 stores reach one service with the same settings (a server-side copy can work)."""
-    if a.fs is b.fs:
-        return True
-    return getattr(a.fs, "storage_options", None) == getattr(b.fs, "storage_options", None) and \
-        getattr(a.fs, "client_kwargs", None) == getattr(b.fs, "client_kwargs", None)
-
-
-def _file_stat(info: dict[str, Any]) -> FileStat:
-    etag = info.get("ETag") or info.get("etag")
-    return FileStat(size=int(info.get("size") or 0), version=_version_token(info), modified=_modified(info),
-                    etag=str(etag) if etag else None)
-
-
-def _modified(info: dict[str, Any]) -> float | None:
-    """Last modification time in epoch seconds from any backend's listing entry."""
-    value = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
-    if value is None or value == "":
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
-    try:
-        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
-
-
-def _version_token(info: dict[str, Any]) -> str:
-    """A token that changes when a file is replaced: inode + mtime locally, ETag + mtime elsewhere."""
-    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
-    mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
-    ino = info.get("ino")
-    parts = [str(p) for p in (ino, etag, mtime) if p not in (None, "")]
-    return ":".join(parts)
+    def __init__(self, handle: IO[bytes], store: Store, rel: str, version: str | None):
+        super().__init__(handle, store, rel)
+        self.version = version

@@ -9,12 +9,25 @@ server as is; :class:`Rule` objects decide, on a schedule, which requests instea
   body are sent and the connection is closed (``drop``; a response without a body is cut off
   before its status line, after the server acted on the request).
 
-Requests and injected faults are counted (per rule, per method) and logged.
+Requests and injected faults are counted (per rule, per method, per S3 request kind: LIST, GET,
+HEAD, PUT, COPY, ...) and logged, and so are the object payload bytes through the proxy (request
+bodies of uploads, response bodies of object reads). ``latency`` adds that many seconds to every
+request (a far-away service); ``keep_alive`` reuses one upstream connection per client connection.
+
+Run on its own (own process, so its work does not share a benchmark's interpreter)::
+
+    python -m tests.support.fault_proxy --upstream http://127.0.0.1:PORT --latency 0.02 --port-file F
+
+It writes its URL to F; ``GET /__proxy__/counts`` returns the counts as JSON and ``POST
+/__proxy__/reset`` clears them (neither is forwarded nor counted).
 """
 
 from __future__ import annotations
 
+import argparse
 import http.client
+import json
+import os
 import re
 import socket
 import threading
@@ -27,6 +40,25 @@ from urllib.parse import urlsplit
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "proxy-connection"}
 ERROR_STATUS = {"SlowDown": 503, "ServiceUnavailable": 503, "InternalError": 500}
+CONTROL = "/__proxy__/"
+
+
+def s3_request_kind(method: str, target: str, headers) -> str:
+    """What an S3 request does, from its method, path and query, and headers (for counting)."""
+    path, _, query = target.partition("?")
+    params = {part.split("=", 1)[0] for part in query.split("&") if part}
+    bucket_only = path.strip("/").count("/") == 0
+    copy = any(name.lower() == "x-amz-copy-source" for name in headers.keys())
+    if method == "GET":
+        return "LIST" if bucket_only and not params & {"location", "versioning", "acl"} else "GET"
+    if method == "PUT" and "partNumber" in params:
+        return "UPLOAD_PART_COPY" if copy else "UPLOAD_PART"
+    if method == "PUT":
+        return "COPY" if copy else ("CREATE_BUCKET" if bucket_only else "PUT")
+    if method == "POST":
+        return "DELETE_MANY" if "delete" in params else ("CREATE_MULTIPART" if "uploads" in params else
+                                                         "COMPLETE_MULTIPART" if "uploadId" in params else "POST")
+    return method
 
 
 @dataclass
@@ -80,15 +112,23 @@ def error_body(code: str, target: str, number: int) -> bytes:
     ).encode()
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 512  # many clients connect at once (s5cmd opens hundreds)
+
+
 class FaultProxy:
     """A threaded forwarding proxy on 127.0.0.1 with a fault schedule (see the module docstring)."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, *, latency: float = 0.0, keep_alive: bool = False):
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.latency, self.keep_alive = latency, keep_alive
+        self._upstream_connections = threading.local()
         self.rules: list[Rule] = []
         self.lock = threading.Lock()
         self.requests: Counter[str] = Counter()  # by method
+        self.kinds: Counter[str] = Counter()  # by S3 request kind (s3_request_kind)
+        self.payload_bytes: Counter[str] = Counter()  # "sent" (uploads) and "received" (object reads)
         self.faults: Counter[str] = Counter()  # by "<action>:<code or drop> <method>"
         self.log: list[tuple[str, str, int | str]] = []  # (method, target, status or fault)
         proxy = self
@@ -104,7 +144,7 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True)
 
@@ -129,6 +169,8 @@ class FaultProxy:
         with self.lock:
             self.rules = []
             self.requests.clear()
+            self.kinds.clear()
+            self.payload_bytes.clear()
             self.faults.clear()
             self.log.clear()
 
@@ -140,6 +182,12 @@ class FaultProxy:
     def total_faults(self) -> int:
         return sum(self.faults.values())
 
+    def counts(self) -> dict:
+        """The counts as plain JSON-able data."""
+        with self.lock:
+            return {"requests": self.total_requests, "by_method": dict(self.requests), "by_kind": dict(self.kinds),
+                    "payload_bytes": dict(self.payload_bytes), "faults": dict(self.faults)}
+
     def figures(self) -> str:
         return (f"{self.total_requests} requests ({dict(sorted(self.requests.items()))}), "
                 f"{self.total_faults} faults injected ({dict(sorted(self.faults.items()))})")
@@ -148,8 +196,15 @@ class FaultProxy:
     def _serve(self, handler: BaseHTTPRequestHandler) -> None:
         method, target = handler.command, handler.path
         body = _read_body(handler)
+        if target.startswith(CONTROL):
+            self._control(handler, target[len(CONTROL):])
+            return
+        kind = s3_request_kind(method, target, handler.headers)
         with self.lock:
             self.requests[method] += 1
+            self.kinds[kind] += 1
+            if kind in ("PUT", "UPLOAD_PART"):
+                self.payload_bytes["sent"] += len(body)
             number = self.total_requests
             fault = next((r for r in self.rules if r.decide(method, target)), None)
             if fault is not None:
@@ -166,7 +221,12 @@ class FaultProxy:
         if fault is not None and fault.action == "delay":
             time.sleep(fault.seconds)
             fault = None
+        if self.latency:
+            time.sleep(self.latency)
         status, reason, headers, data = self._forward(method, target, handler, body)
+        if kind == "GET" and 200 <= status < 300:
+            with self.lock:
+                self.payload_bytes["received"] += len(data)
         if fault is not None:  # drop: the server acted; the client sees the response cut off
             self._note(method, target, "drop")
             handler.close_connection = True
@@ -198,17 +258,40 @@ class FaultProxy:
         with self.lock:
             self.log.append((method, target, outcome))
 
+    def _control(self, handler: BaseHTTPRequestHandler, command: str) -> None:
+        if command == "reset":
+            self.reset()
+        payload = json.dumps(self.counts()).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
+
     def _forward(self, method: str, target: str, handler: BaseHTTPRequestHandler, body: bytes):
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["Content-Length"] = str(len(body))
+        if self.keep_alive:
+            connection = getattr(self._upstream_connections, "connection", None)
+            if connection is not None:
+                try:
+                    return _exchange(connection, method, target, body, headers)
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                    connection.close()  # the server closed the idle connection before reading: send again
+            connection = self._upstream_connections.connection = http.client.HTTPConnection(*self.upstream, timeout=60)
+            return _exchange(connection, method, target, body, headers)
         connection = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
-            headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP}
-            headers["Content-Length"] = str(len(body))
-            connection.request(method, target, body=body, headers=headers)
-            response = connection.getresponse()
-            data = response.read()
-            return response.status, response.reason, response.getheaders(), data
+            return _exchange(connection, method, target, body, headers)
         finally:
             connection.close()
+
+
+def _exchange(connection: http.client.HTTPConnection, method: str, target: str, body: bytes, headers: dict):
+    connection.request(method, target, body=body, headers=headers)
+    response = connection.getresponse()
+    data = response.read()
+    return response.status, response.reason, response.getheaders(), data
 
 
 def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
@@ -226,9 +309,26 @@ def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
     return handler.rfile.read(length) if length else b""
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description="a counting, delaying HTTP proxy in front of an S3 server")
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
+    parser.add_argument("--port-file", required=True, help="where to write the proxy's URL once it listens")
+    args = parser.parse_args()
+    proxy = FaultProxy(args.upstream, latency=args.latency, keep_alive=True)
+    with open(args.port_file + ".tmp", "w") as out:
+        out.write(proxy.url)
+    os.replace(args.port_file + ".tmp", args.port_file)
+    proxy.server.serve_forever()
+
+
 def _cut(connection: socket.socket) -> None:
     """Close the client's connection at once (what a crashed server or a network failure looks like)."""
     try:
         connection.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+if __name__ == "__main__":
+    main()

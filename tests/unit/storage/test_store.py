@@ -1,4 +1,4 @@
-"""The storage module on a local filesystem and on a real S3 server (moto on 127.0.0.1)."""
+"""Store: URL forms, the root guard, listings and error reporting, on a local disk and on a real S3 server (moto on 127.0.0.1)."""
 
 from __future__ import annotations
 

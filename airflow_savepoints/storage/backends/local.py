@@ -1,0 +1,232 @@
+"""Local disks: plain ``os`` calls where they are cheaper or safer than fsspec's.
+
+Writes are a temporary file renamed into place (fsync'ed first); exclusive create is a temporary
+file hard-linked as the name (``link`` fails if the name exists); copies are hard links where the
+filesystem allows them; a read pins the inode it opened. Listings read the names with one
+``scandir`` per folder and stat a file when it is first looked up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO, Any, ClassVar
+
+from airflow_savepoints.storage.backends.base import LINK, STREAM, Backend, FileStat, OnError
+from airflow_savepoints.storage.backends.generic import temporary_name
+
+# errnos of a link the filesystem refuses (another device, no hard links, not allowed): copy instead
+NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}
+
+
+def local_version(st: os.stat_result) -> str:
+    """The version token of a local file from its stat: ``version_token`` of fsspec's entry for it
+    (inode, then mtime; written out because listings call it once per file)."""
+    return f"{st.st_ino}:{st.st_mtime}"
+
+
+def local_file_stat(st: os.stat_result) -> FileStat:
+    """A local file's listing entry from its stat."""
+    return FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+
+
+class LocalBackend(Backend):
+    """This machine's filesystems (``file://`` and plain absolute paths)."""
+
+    local: ClassVar[bool] = True
+
+    @classmethod
+    def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        return {"auto_mkdir": True, **options}
+
+    @property
+    def is_local_disk(self) -> bool:
+        return type(self.fs).__name__ == "LocalFileSystem"  # not wrapped (a cache, a test's counter)
+
+    def url(self, scheme: str, path: str) -> str:
+        return path
+
+    def spark_url(self, scheme: str, path: str) -> str:
+        return f"file:{path}"
+
+    def strip(self, path: str) -> str:
+        return path
+
+    def real_path(self, path: str) -> str:
+        return os.path.realpath(path)
+
+    # --- reading -----------------------------------------------------------------------------------
+    def list_files(self, base: str) -> dict[str, FileStat]:
+        if not self.is_local_disk:
+            return super().list_files(base)
+        return LazyLocalListing(base, scan_names(base), _raise).present()
+
+    def list_files_lazily(self, base: str, on_error: OnError) -> Mapping[str, FileStat]:
+        if not self.is_local_disk:
+            return super().list_files(base)
+        return LazyLocalListing(base, scan_names(base), on_error)
+
+    def stat_files(self, base: str, paths: Iterable[str], on_error: OnError) -> dict[str, FileStat]:
+        """One stat per file (cheaper than listing every version Spark keeps)."""
+        if not self.is_local_disk:
+            return super().stat_files(base, paths, on_error)
+        return LazyLocalListing(base, list(paths), on_error).present()
+
+    def symlinks(self, path: str, limit: int) -> list[str]:
+        links: list[str] = []
+        scan_names(path, links)
+        return sorted(links)[:limit]
+
+    def symlink_target(self, path: str) -> str | None:
+        return os.readlink(path) if os.path.islink(path) else None
+
+    def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
+        handle = open(path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+        return handle, local_version(os.fstat(handle.fileno()))  # the inode read, whatever Spark renames
+
+    # --- writing -----------------------------------------------------------------------------------
+    def open_write(self, path: str) -> IO[bytes]:
+        os.makedirs(posixpath.dirname(path), exist_ok=True)
+        return open(path, "wb")  # noqa: SIM115 - the caller closes it
+
+    def make_parents(self, paths: Iterable[str]) -> None:
+        for folder in sorted({posixpath.dirname(p) for p in paths}):
+            os.makedirs(folder, exist_ok=True)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        tmp = temporary_name(path)
+        os.makedirs(posixpath.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """A temporary file hard-linked as ``path``; a filesystem without links: ``O_EXCL``, then write."""
+        os.makedirs(posixpath.dirname(path), exist_ok=True)
+        tmp = temporary_name(path)
+        with open(tmp, "wb") as handle:  # no fsync: after a crash a lease is judged by its mtime
+            handle.write(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in NO_LINK_ERRNOS:
+                raise
+            return _create_without_link(path, data)
+        finally:
+            os.unlink(tmp)
+        return True
+
+    def touch(self, path: str) -> None:
+        os.makedirs(posixpath.dirname(path), exist_ok=True)
+        with open(path, "wb"):
+            pass
+
+    # --- copying -----------------------------------------------------------------------------------
+    def copy_methods(self, source: Backend) -> tuple[str, ...]:
+        return (LINK, STREAM) if isinstance(source, LocalBackend) else (STREAM,)
+
+    def link(self, source: str, target: str, *, parent_ready: bool) -> FileStat | None:
+        """Spark never edits a checkpoint file in place and this tool never edits a savepoint file, so
+        a link is an independent copy: replacing or purging the original only removes its own name."""
+        if not parent_ready:
+            os.makedirs(posixpath.dirname(target), exist_ok=True)
+        try:
+            os.link(source, target, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno in NO_LINK_ERRNOS:  # a missing source or an existing target raise
+                return None
+            raise
+        return local_file_stat(os.stat(target))
+
+    # --- deleting ----------------------------------------------------------------------------------
+    def remove_empty_folders(self, paths: Iterable[str]) -> None:
+        for folder in sorted(set(paths), key=lambda f: -f.count("/")):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+
+def _raise(exc: OSError, path: str):
+    raise exc
+
+
+def _create_without_link(target: str, data: bytes) -> bool:
+    """O_EXCL create, then write: for local filesystems that refuse hard links (readers may see it
+    empty for a moment; a lease judges an unreadable file by its mtime, so that is not fatal)."""
+    try:
+        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    return True
+
+
+def scan_names(base: str, links: list[str] | None = None) -> list[str]:
+    """The files of a local tree, relative to ``base``, with one ``scandir`` per folder (no stat).
+    A linked folder is never walked into; symbolic links are also added to ``links`` if given."""
+    out: list[str] = []
+    pending = [(base, "")]
+    while pending:
+        folder, prefix = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if links is not None and entry.is_symlink():
+                links.append(prefix + entry.name)
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed since the folder was read
+            if is_dir:
+                pending.append((entry.path, prefix + entry.name + "/"))
+            else:
+                out.append(prefix + entry.name)
+    return out
+
+
+class LazyLocalListing(Mapping[str, FileStat]):
+    """Local file names below ``base``; a file's stat (the same entry and version token fsspec's
+    ``find`` gives) is taken when first looked up. A file removed since the scan is missing; any
+    other error of the stat goes to ``on_error(exc, path)`` (the store's error translation)."""
+
+    def __init__(self, base: str, names: list[str], on_error: OnError):
+        self._base, self._names = base.rstrip("/") or "", dict.fromkeys(names)
+        self._stats: dict[str, FileStat] = {}
+        self._on_error = on_error
+
+    def __getitem__(self, rel: str) -> FileStat:
+        stat = self._stats.get(rel)
+        if stat is None:
+            if rel not in self._names:
+                raise KeyError(rel)
+            path = f"{self._base}/{rel}"
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                raise KeyError(rel) from None
+            except OSError as exc:
+                self._on_error(exc, path)
+            stat = self._stats[rel] = local_file_stat(st)
+        return stat
+
+    def present(self) -> dict[str, FileStat]:
+        """Every listed file that is still there, stat'ed."""
+        return {name: stat for name in self._names if (stat := self.get(name)) is not None}
+
+    def __contains__(self, rel: object) -> bool:
+        return rel in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)

