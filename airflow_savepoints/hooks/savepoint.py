@@ -69,7 +69,10 @@ class SavepointStorageHook(BaseHook):
             parsed, problem = None, "is not JSON"
         else:
             problem = "is not a JSON object of storage options"
-        options = parsed.get("storage_options") or parsed if isinstance(parsed, dict) else None
+        options = None
+        if isinstance(parsed, dict):
+            rest = {k: v for k, v in parsed.items() if k != "storage_options"}
+            options = parsed.get("storage_options") or rest
         if not isinstance(options, dict):
             raise InvalidInputError(
                 f"the extra field of connection '{self.savepoints_conn_id}' {problem}",

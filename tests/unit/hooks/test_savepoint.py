@@ -33,6 +33,8 @@ def test_options_nested_under_storage_options_and_explicit_keys_win_over_login(a
                                 extra={"storage_options": {"key": "extra-key", "anon": False}})
     assert SavepointStorageHook(conn_id).storage_options() == {"key": "extra-key", "anon": False,
                                                                "secret": "password-secret"}
+    conn_id = stored_connection(monkeypatch, host=str(tmp_path), extra={"storage_options": None, "anon": True})
+    assert SavepointStorageHook(conn_id).storage_options() == {"anon": True}
 
 
 def test_the_savepoint_directory_is_the_override_then_the_host_then_configuration(airflow_db, monkeypatch, tmp_path):
