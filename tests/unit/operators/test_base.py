@@ -83,16 +83,17 @@ print(json.dumps([BatchCommittedSensor(task_id="b", job="j").deferrable,
 """
 
 
-@pytest.mark.parametrize("configured, expected", [(None, [False, False, False]), ("true", [True, True, False])])
-def test_deferrable_defaults_to_the_operators_default_deferrable_option(configured, expected):
-    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"}
-    if configured is not None:
-        env["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] = configured
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+def test_deferrable_defaults_to_the_operators_default_deferrable_option():
+    """Read when the module is imported, as in every provider: a fresh interpreter with the option set."""
+    assert "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE" not in os.environ
+    assert [BatchCommittedSensor(task_id="b", job="j").deferrable,
+            SavepointCompletedSensor(task_id="s", pointer="/p").deferrable] == [False, False]
+    env = {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "true",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", DEFERRABLE_DEFAULTS], env=env, capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == expected
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True, False]
 
 
 def test_deferrable_sensors_defer_with_a_trigger_naming_the_connection(airflow_db, monkeypatch, tmp_path):
