@@ -321,6 +321,19 @@ def click_in_page(browser: WebDriver, css: str) -> None:
     browser.script(in_page(f"doc.querySelector({json.dumps(css)}).click(); return true;"))
 
 
+@contextmanager
+def inside_console(browser: WebDriver):
+    """WebDriver commands (real clicks: a user's gesture, which the clipboard needs) go to the console's iframe."""
+    framed = browser.script("return document.querySelector('iframe') !== null;")
+    if framed:
+        browser.call("POST", f"{browser.session}/frame", {"id": {WebDriver.ELEMENT: browser.find("iframe")}})
+    try:
+        yield
+    finally:
+        if framed:
+            browser.call("POST", f"{browser.session}/frame/parent", {})
+
+
 def wait_loaded(browser: WebDriver, what: str, timeout: float = 60) -> None:
     browser._wait(lambda: browser.script(PAGE), timeout, what)
 
@@ -331,8 +344,11 @@ def reload_page(browser: WebDriver) -> None:
 
 
 def luminance(css_color: str) -> float:
-    numbers = [float(x) for x in css_color[css_color.index("(") + 1:css_color.index(")")].replace(",", " ").split()[:3]]
-    return sum(numbers) / 3
+    """0 (black) to 255 (white), from ``rgb(...)`` or ``oklch(L ...)`` (Airflow's colours)."""
+    numbers = [x for x in css_color[css_color.index("(") + 1:css_color.index(")")].replace(",", " ").split()]
+    if css_color.startswith("oklch"):
+        return float(numbers[0].rstrip("%")) / (100 if numbers[0].endswith("%") else 1) * 255
+    return sum(float(x) for x in numbers[:3]) / 3
 
 
 def login(browser: WebDriver, c: Console, username: str, password: str, path: str = "/plugin/savepoints") -> None:
@@ -423,7 +439,8 @@ def test_console_in_chromium(console, tmp_path):
         assert detail["values"]["restore"].startswith(f"airflow-savepoints restore {pointer} --to ")
         assert detail["facts"]["Batch"] == "4" and "not verified" in detail["facts"]["Checksums"]
         assert ids[-1] in detail["facts"]["A restore would pick"] and detail["facts"]["Spark version"]
-        click_in_page(browser, "#detail button[data-copy=restore]")
+        with inside_console(browser):
+            browser.click("#detail button[data-copy=restore]")
         assert browser._wait(lambda: browser.script(in_page(
             "return doc.querySelector('#detail button[data-copy=restore]').textContent === 'Copied';")), 5, "no copy")
         click_in_page(browser, "#detail .facts button.link")  # verify now
@@ -467,7 +484,7 @@ def test_console_in_chromium(console, tmp_path):
         stop = browser._wait(lambda: browser.script(SAVEPOINT_ROWS), 30, "payments did not expand")[0]
         created = json.loads((c.root / "payments" / c.taken["payments"][0] / "_metadata").read_text())["created_at"]
         india = datetime.fromisoformat(created).astimezone(timezone(timedelta(hours=5, minutes=30)))
-        assert stop[8] == india.strftime("%Y-%m-%d %H:%M:%S") + " GMT+5:30", stop
+        assert stop[8] == india.strftime("%Y-%m-%d %H:%M:%S") + " +05:30", stop
         browser.screenshot(ARTIFACTS / "console-dark.png")
 
 

@@ -35,7 +35,7 @@ h2 { font-size: 16px; font-weight: 600; margin: 0; }
 h3 { font-size: 13px; font-weight: 600; margin: 16px 0 6px; color: var(--fg-muted); text-transform: uppercase;
   letter-spacing: .04em; }
 a { color: var(--info); text-decoration: none; } a:hover { text-decoration: underline; }
-button { font: inherit; font-size: 13px; color: var(--fg); background: var(--bg-panel); border: 1px solid var(--border);
+button { font: inherit; font-size: 13px; color: var(--fg); background: transparent; border: 1px solid var(--border);
   border-radius: 6px; padding: 3px 10px; cursor: pointer; white-space: nowrap; }
 button:hover:not(:disabled) { background: var(--bg-muted); }
 button:disabled { opacity: .5; cursor: not-allowed; }
@@ -43,7 +43,7 @@ button.primary { background: var(--accent); color: var(--accent-fg); border-colo
 button.danger { color: var(--error); border-color: var(--error); }
 button.danger.primary { background: var(--error); color: var(--bg); }
 button.link { border: 0; background: none; color: var(--info); padding: 0 4px; }
-input[type=search] { font: inherit; color: var(--fg); background: var(--bg-panel); border: 1px solid var(--border);
+input[type=search] { font: inherit; color: var(--fg); background: transparent; border: 1px solid var(--border);
   border-radius: 6px; padding: 4px 10px; width: 240px; }
 header { display: flex; align-items: center; gap: 12px; flex-wrap: wrap; margin-bottom: 4px; }
 header .spacer { flex: 1; }
@@ -61,15 +61,19 @@ header .spacer { flex: 1; }
 table { border-collapse: collapse; width: 100%; table-layout: fixed; }
 th, td { text-align: left; padding: 7px 8px; border-bottom: 1px solid var(--border); vertical-align: middle;
   overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
-th { font-size: 12px; font-weight: 600; color: var(--fg-muted); background: var(--bg-subtle); }
+th { font-size: 12px; font-weight: 600; color: var(--fg-muted); background: var(--bg-muted); }
+td.wrap { white-space: normal; line-height: 24px; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.job > td { background: var(--bg-panel); }
-tr.job:hover > td { background: var(--bg-subtle); }
+tr.job { cursor: pointer; }
+tr.job:hover > td { background: var(--bg-muted); }
 tr.job .name { font-weight: 600; }
 tr.job .toggle { border: 0; background: none; padding: 0 4px; width: 22px; color: var(--fg-muted); }
-tr.savepoints-row > td { padding: 0 0 12px 30px; background: var(--bg-subtle); white-space: normal; }
+tr.savepoints-row > td { padding: 0 0 12px 30px; white-space: normal; }
+tr.savepoints-row table { border-left: 2px solid var(--border); }
+tr.savepoints-row th { background: transparent; }
 tr.savepoint { cursor: pointer; } tr.savepoint:hover td { background: var(--bg-muted); }
-tr.savepoint.selected td { background: var(--bg-muted); box-shadow: inset 3px 0 0 var(--accent); }
+tr.savepoint.selected td { background: var(--bg-muted); }
+tr.savepoint.selected td:first-child { box-shadow: inset 3px 0 0 var(--accent); }
 .badge { display: inline-block; border-radius: 999px; padding: 0 8px; font-size: 12px; line-height: 20px; font-weight: 500;
   border: 1px solid var(--border); color: var(--fg-muted); background: var(--bg-subtle); margin-right: 4px; }
 .badge.running, .badge.completed { color: var(--success); border-color: var(--success); }
@@ -79,14 +83,15 @@ tr.savepoint.selected td { background: var(--bg-muted); box-shadow: inset 3px 0 
 .badge.manual, .badge.stop, .badge.retained_checkpoint { color: var(--warning); border-color: var(--warning); }
 .pager { display: flex; gap: 8px; align-items: center; justify-content: flex-end; padding: 6px 0 0; font-size: 13px; }
 .empty { padding: 10px 0; color: var(--fg-muted); }
-#detail { margin-top: 16px; border: 1px solid var(--border); border-radius: 8px; background: var(--bg-panel); padding: 12px 16px; }
+#detail { position: fixed; top: 0; right: 0; bottom: 0; width: min(680px, 60vw); overflow: auto; z-index: 10;
+  border-left: 1px solid var(--border); background: var(--bg); padding: 12px 16px; box-shadow: -8px 0 24px rgba(0, 0, 0, .18); }
 #detail[hidden] { display: none; }
 #detail header { margin-bottom: 8px; }
-dl.facts { display: grid; grid-template-columns: 190px 1fr; gap: 4px 16px; margin: 0; }
+dl.facts { display: grid; grid-template-columns: 170px 1fr; gap: 4px 16px; margin: 0; }
 dl.facts dt { color: var(--fg-muted); } dl.facts dd { margin: 0; overflow-wrap: anywhere; }
 .copyline { display: flex; gap: 8px; align-items: center; margin: 4px 0; }
 .copyline code { flex: 1; font-family: var(--mono); font-size: 12px; background: var(--bg-muted); border-radius: 6px;
-  padding: 5px 8px; white-space: nowrap; overflow-x: auto; }
+  padding: 5px 8px; white-space: pre-wrap; word-break: break-all; }
 pre { font-family: var(--mono); font-size: 12px; background: var(--bg-muted); border-radius: 6px; padding: 8px; overflow: auto;
   max-height: 220px; margin: 0; }
 .actions { display: flex; gap: 6px; justify-content: flex-end; }
@@ -112,8 +117,8 @@ BODY = """
 <div id="notice"></div>
 <div id="problem"></div>
 <table id="jobs" hidden>
-  <colgroup><col style="width:30px"><col style="width:20%"><col style="width:11%"><col style="width:8%">
-    <col style="width:19%"><col><col style="width:9%"><col style="width:240px"></colgroup>
+  <colgroup><col style="width:30px"><col style="width:16%"><col style="width:10%"><col style="width:8%">
+    <col style="width:19%"><col><col style="width:8%"><col style="width:180px"></colgroup>
   <thead><tr><th></th><th>Job</th><th>State</th><th class="num">Last batch</th><th>Newest savepoint</th>
     <th>Savepoints</th><th class="num">Size</th><th></th></tr></thead>
   <tbody></tbody>

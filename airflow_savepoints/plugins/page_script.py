@@ -3,6 +3,7 @@
 SCRIPT = r"""
 const API = CONFIG.api, AIRFLOW = CONFIG.airflow;
 const PAGE_SIZE = 10;
+const LIVE = ["starting", "running", "stopping", "unknown"];  // lifecycle states a stop applies to
 const ONLY_JOB = new URLSearchParams(location.search).get("job");  // the operators' extra link names one job
 const ui = {overview: null, actions: {}, expanded: null, pages: {}, selected: null, filter: ""};
 const $ = id => document.getElementById(id);
@@ -51,9 +52,10 @@ function formatTime(iso) {
   const time = new Date(iso);
   if (isNaN(time)) return iso || "";
   const parts = new Intl.DateTimeFormat("en-CA", {timeZone: timezone(), year: "numeric", month: "2-digit", day: "2-digit",
-    hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "shortOffset"}).formatToParts(time);
+    hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "longOffset"}).formatToParts(time);
   const part = type => (parts.find(p => p.type === type) || {}).value || "";
-  return `${part("year")}-${part("month")}-${part("day")} ${part("hour")}:${part("minute")}:${part("second")} ${part("timeZoneName")}`;
+  const offset = part("timeZoneName").replace("GMT", "") || "UTC";  // +05:30, or UTC
+  return `${part("year")}-${part("month")}-${part("day")} ${part("hour")}:${part("minute")}:${part("second")} ${offset}`;
 }
 
 function relative(iso) {
@@ -205,22 +207,31 @@ async function runAction(action, conf, subject) {
 }
 
 // ---- copy ----------------------------------------------------------------------------------------
-async function copy(text, button) {
+async function copy(text, button, code) {
   let done = false;
-  try { await navigator.clipboard.writeText(text); done = true; } catch (e) {
-    const area = el("textarea", {style: "position:fixed;left:-9999px"}); area.value = text;
-    document.body.append(area); area.select();
+  const patience = new Promise((_, reject) => setTimeout(() => reject(new Error("no answer")), 1500));
+  try { await Promise.race([navigator.clipboard.writeText(text), patience]); done = true; } catch (e) {
+    const area = el("textarea", {style: "position:fixed;left:-9999px"});
+    area.value = text;
+    document.body.append(area);
+    area.select();
     try { done = document.execCommand("copy"); } catch (e2) { done = false; }
     area.remove();
   }
-  button.textContent = done ? "Copied" : "Select and copy";
-  setTimeout(() => { button.textContent = "Copy"; }, 2000);
+  if (!done) {  // the browser refused: select the text for the user's own Ctrl+C
+    const range = document.createRange();
+    range.selectNodeContents(code);
+    getSelection().removeAllRanges();
+    getSelection().addRange(range);
+  }
+  button.textContent = done ? "Copied" : "Press Ctrl+C";
+  setTimeout(() => { button.textContent = "Copy"; }, 2500);
 }
 
 function copyLine(label, text, name) {
-  const button = el("button", {type: "button", text: "Copy", data: {copy: name}, onclick: () => copy(text, button)});
-  return el("div", {}, el("div", {class: "muted", text: label}),
-    el("div", {class: "copyline"}, el("code", {data: {value: name}, text}), button));
+  const code = el("code", {data: {value: name}, text});
+  const button = el("button", {type: "button", text: "Copy", data: {copy: name}, onclick: () => copy(text, button, code)});
+  return el("div", {}, el("div", {class: "muted", text: label}), el("div", {class: "copyline"}, code, button));
 }
 
 // ---- jobs view -----------------------------------------------------------------------------------
@@ -245,18 +256,18 @@ function jobRow(job) {
   const stateTitle = job.state ? [lifecycle.detail, lifecycle.error,
     lifecycle.host && "host " + lifecycle.host].filter(Boolean).join("; ")
     : "no run of this job was started by the job lifecycle (no run lease, run record or control folder)";
-  const newest = job.newest ? [badge(job.newest.type), age(job.newest.created_at),
+  const newest = job.newest ? [badge(job.newest.type), age(job.newest.created_at), " ",
     job.stale ? badge("stale", "stale",
       `older than twice the periodic interval (${duration(ui.overview.periodic_interval_s)})`) : null]
-    : [el("span", {class: "muted", text: "none completed"})];
+    : [el("span", {class: "muted", text: job.conflicts ? "none restorable" : "none completed"})];
   const counts = Object.entries(job.by_type).map(([type, count]) => badge(`${type} ${count}`, type));
   for (const [state, count] of Object.entries(job.by_state)) if (state !== "completed") counts.push(badge(`${state} ${count}`, state));
   if (job.conflicts) counts.push(badge(`conflict ${job.conflicts}`, "conflict"));
   if (!job.savepoints) counts.push(el("span", {class: "muted", text: "no savepoints"}));
   row.append(el("td", {title: stateTitle}, job.state ? badge(job.state) : el("span", {class: "muted", text: "\u2014"})),
-    el("td", {class: "num", text: job.last_batch ?? ""}), el("td", {}, newest), el("td", {}, counts),
+    el("td", {class: "num", text: job.last_batch ?? ""}), el("td", {}, newest), el("td", {class: "wrap"}, counts),
     el("td", {class: "num", text: size(job.total_bytes)}),
-    el("td", {}, el("div", {class: "actions"}, actionButton("stop", {job: job.job}, job.job))));
+    el("td", {}, el("div", {class: "actions"}, LIVE.includes(job.state) ? actionButton("stop", {job: job.job}, job.job) : null)));
   return row;
 }
 
@@ -290,7 +301,7 @@ function savepointTable(job, page) {
       el("td", {class: "time", text: formatTime(sp.created_at)})));
   }
   const table = el("table", {class: "savepoints"},
-    el("colgroup", {}, ["26%", "10%", "13%", "", "7%", "8%", "9%", "17%"].map(width => el("col", {style: width && "width:" + width}))),
+    el("colgroup", {}, ["24%", "10%", "12%", "", "6%", "8%", "8%", "18%"].map(width => el("col", {style: width && "width:" + width}))),
     el("thead", {}, el("tr", {}, ["Savepoint", "Type", "State", "Reason", "Batch", "Size", "Age", "Created"].map(
       (name, i) => el("th", {class: [4, 5, 6].includes(i) ? "num" : "", text: name})))), body);
   const last = Math.min(page.offset + PAGE_SIZE, page.total);
