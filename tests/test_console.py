@@ -513,11 +513,11 @@ def test_console_states_and_a_viewer_in_chromium(console, tmp_path):
             title, text = problem["color"], browser.script(in_page("return getComputedStyle(doc.body).color;"))
             assert title != text, (title, text)  # the error's own colour, not the page's text colour
             browser.screenshot(ARTIFACTS / "console-missing-root.png")
-        with silent_endpoint() as endpoint, c.connection(host="s3://console-bucket/savepoints",
-                                                         extra=json.dumps({"endpoint_url": endpoint})):
+        hung_store = {"host": "s3://console-bucket/savepoints", "login": "console-key", "password": "console-secret"}
+        with silent_endpoint() as endpoint, c.connection(**hung_store, extra=json.dumps({"endpoint_url": endpoint})):
             reload_page(browser)
             problem = browser._wait(lambda: browser.script(PROBLEM), 30, "no timeout shown")
-            assert problem["code"] == "store_timeout" and "did not answer within 3 s" in problem["text"]
+            assert problem["code"] == "store_timeout" and "did not answer within 3 s" in problem["text"], problem
             browser.screenshot(ARTIFACTS / "console-store-timeout.png")
         click_in_page(browser, "#problem button")  # retry, now that the store is back
         wait_loaded(browser, "the retry did not load")

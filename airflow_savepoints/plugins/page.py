@@ -75,7 +75,7 @@ tr.savepoint { cursor: pointer; } tr.savepoint:hover td { background: var(--bg-m
 tr.savepoint.selected td { background: var(--bg-muted); }
 tr.savepoint.selected td:first-child { box-shadow: inset 3px 0 0 var(--accent); }
 .badge { display: inline-block; border-radius: 999px; padding: 0 8px; font-size: 12px; line-height: 20px; font-weight: 500;
-  border: 1px solid var(--border); color: var(--fg-muted); background: var(--bg-subtle); margin-right: 4px; }
+  border: 1px solid var(--border); color: var(--fg-muted); background: transparent; margin-right: 4px; }
 .badge.running, .badge.completed { color: var(--success); border-color: var(--success); }
 .badge.starting, .badge.stopping, .badge.in_progress, .badge.periodic { color: var(--info); border-color: var(--info); }
 .badge.failed, .badge.lost, .badge.conflict, .badge.stale { color: var(--error); border-color: var(--error); }

@@ -136,6 +136,9 @@ async function call(url, options) {
 const PROBLEM_TITLES = {
   savepoint_root_not_found: "The savepoint root does not exist",
   store_timeout: "The savepoint store did not answer",
+  missing_credentials: "The savepoint store needs credentials",
+  permission_denied: "The savepoint store refused access",
+  storage_error: "The savepoint store failed",
   no_savepoint_dir: "No savepoint root is configured",
   not_authenticated: "You are not logged in to Airflow",
   forbidden: "Airflow refused the request",
@@ -418,7 +421,7 @@ function detailView(answer) {
     parts.push(detail.state_stores.length ? el("table", {class: "stores"},
       el("thead", {}, el("tr", {}, ["Operator", "Provider", "Format", "Partitions", "Files", "Size"].map(n => el("th", {text: n})))),
       el("tbody", {}, detail.state_stores.map(s => el("tr", {}, el("td", {text: s.operator}), el("td",
-        {text: s.provider || "default"}),
+        {text: (s.provider || "default").split(".").pop(), title: s.provider || ""}),
         el("td", {text: "v" + s.format_version}), el("td", {text: s.partitions}), el("td", {text: s.files}), el("td",
           {text: size(s.bytes)})))))
       : el("div", {class: "empty", text: "A stateless query: no state store files."}));
@@ -450,6 +453,7 @@ async function load() {
     if (ui.selected) openDetail(ui.selected.job, ui.selected.id);
   } catch (error) {
     $("jobs").hidden = true;
+    $("root").textContent = "";
     showProblem(error);
   } finally {
     $("refresh").disabled = false;
@@ -465,7 +469,7 @@ function start() {
   window.addEventListener("storage", () => { applyTheme(); if (ui.overview) renderJobs(); });
   if (ONLY_JOB !== null) { $("filter").value = ONLY_JOB; $("filter").disabled = true; }
   $("filter").addEventListener("input", event => { ui.filter = event.target.value; if (ui.overview) renderJobs(); });
-  $("refresh").addEventListener("click", load);
+  $("refresh").addEventListener("click", () => { $("notice").replaceChildren(); load(); });
   $("collapse").addEventListener("click", () => {
     ui.expanded = ui.expanded.size ? new Set() : new Set(visibleJobs().map(job => job.job));
     renderJobs();
