@@ -1,15 +1,17 @@
 """The savepoint API served inside the Airflow API server (mounted at ``/savepoints``).
 
 Read-only and thin: the savepoint root comes from the ``savepoints_default`` connection (its host)
-or ``[savepoints] savepoint_dir``; jobs and savepoints come from the core (``list_jobs``,
-``list_savepoints``, ``read_manifest``). No request parameter names a location: a job name and a
-savepoint id are validated and only ever taken as one folder name below the root.
+or ``[savepoints] savepoint_dir``; savepoints come from the core (``list_savepoints``,
+``read_manifest``), job states from the job lifecycle's ``status``, and the console's summaries
+from :mod:`airflow_savepoints.plugins.console`. No request parameter names a location: a job name
+and a savepoint id are validated and only ever taken as one folder name below the root. Storage
+calls run in the plugin's own threads and wait at most ``[savepoints] api_timeout`` seconds.
 
 Every route requires an authenticated Airflow user allowed to read DAGs and their XComs (the
 savepoint DAGs publish the same pointers as XComs): Airflow's own dependency
 (``requires_access_dag``) reads the JWT from the ``Authorization: Bearer`` header or the UI's
-``_token`` cookie. Errors are JSON: ``{"error": {"code", "message", "hint"}}``.
-"""
+``_token`` cookie. Errors are JSON: ``{"error": {"code", "message", "hint"}}``; a browser opening
+the page without a login is sent to Airflow's login page instead."""
 
 from __future__ import annotations
 
