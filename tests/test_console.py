@@ -439,6 +439,8 @@ def test_console_in_chromium(console, tmp_path):
         assert detail["values"]["restore"].startswith(f"airflow-savepoints restore {pointer} --to ")
         assert detail["facts"]["Batch"] == "4" and "not verified" in detail["facts"]["Checksums"]
         assert ids[-1] in detail["facts"]["A restore would pick"] and detail["facts"]["Spark version"]
+        assert browser._wait(lambda: "no asset events yet" in browser.script(FACTS)["facts"]["In Airflow"], 30,
+                             "the asset link was not resolved")  # core-taken savepoints: Airflow saw no asset event
         with inside_console(browser):
             browser.click("#detail button[data-copy=restore]")
         assert browser._wait(lambda: browser.script(in_page(

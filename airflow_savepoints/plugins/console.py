@@ -12,6 +12,7 @@ import logging
 import os
 import shlex
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -114,15 +115,20 @@ def job_summary(root: Store, job: str, *, interval_s: float, jobs_file: str | No
     }
 
 
-def overview(root: Store, *, interval_s: float, jobs_file: str | None) -> dict[str, Any]:
-    """Every job's summary; a job whose catalog cannot be read gets an error instead of failing the page."""
+def overview(root: Store, *, interval_s: float, jobs_file: str | None, parallelism: int = 8) -> dict[str, Any]:
+    """Every job's summary, several jobs at a time (each is a handful of reads of an object store);
+    a job whose catalog cannot be read gets an error instead of failing the page."""
     now = datetime.now(UTC)
-    jobs = []
-    for job in job_folders(root):
+
+    def summary(job: str) -> dict[str, Any]:
         try:
-            jobs.append(job_summary(root, job, interval_s=interval_s, jobs_file=jobs_file, now=now))
+            return job_summary(root, job, interval_s=interval_s, jobs_file=jobs_file, now=now)
         except SavepointError as exc:
-            jobs.append({"job": job, "error": exc.to_dict()})
+            return {"job": job, "error": exc.to_dict()}
+
+    names = job_folders(root)
+    with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(names)))) as pool:
+        jobs = list(pool.map(summary, names))
     return {"root": root.url, "checked_at": now.isoformat(), "periodic_interval_s": interval_s, "jobs": jobs}
 
 

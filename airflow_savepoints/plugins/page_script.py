@@ -393,6 +393,16 @@ function restorePickFact(answer) {
     onclick: () => openDetail(answer.job, pick.savepoint_id)}), " (the newest completed one)"];
 }
 
+function assetLink(job) {  // the job's asset (savepoints/<job>): its events are the job's savepoints as Airflow saw them
+  const link = el("a", {target: "_top", data: {asset: job}, text: `asset savepoints/${job}`});
+  call(`${AIRFLOW}/api/v2/assets?name_pattern=${encodeURIComponent("savepoints/" + job)}&limit=5`).then(found => {
+    const asset = (found.assets || []).find(a => a.name === "savepoints/" + job);
+    if (asset) link.href = `${AIRFLOW}/assets/${encodeURIComponent(asset.id)}`;
+    else link.replaceWith(el("span", {class: "muted", text: "no asset events yet"}));
+  }).catch(() => link.replaceWith(el("span", {class: "muted", text: "assets not readable"})));
+  return link;
+}
+
 function detailView(answer) {
   const sp = answer.savepoint, manifest = answer.manifest || {}, detail = answer.detail || {};
   const close = el("button", {type: "button", text: "Close",
@@ -411,6 +421,8 @@ function detailView(answer) {
     fact("Files", `${sp.files ?? ""} files, ${size(sp.bytes)}`),
     fact("Checksums", checksumsFact(answer)),
     fact("A restore would pick", restorePickFact(answer)),
+    fact("In Airflow", el("a", {href: `${AIRFLOW}/dags?tags=savepoints`, target: "_top", text: "savepoint DAGs"}), " \u00b7 ",
+      assetLink(sp.job)),
     sp.conflict ? fact("Conflict", sp.conflict) : [],
     answer.manifest_error ? fact("Manifest", el("span", {style: "color:var(--error)", text: answer.manifest_error.message})) : []);
   const parts = [head, facts, el("h3", {text: "Pointer and commands"}), copyLine("Pointer", sp.pointer, "pointer")];
