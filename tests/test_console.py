@@ -82,6 +82,42 @@ def populate(root: Path, checkpoint: Path, earlier: Path) -> dict[str, list[str]
     return taken
 
 
+# ---- pure parts (fast) -----------------------------------------------------------------------------
+
+def test_job_folders_are_directories_and_a_missing_root_says_so(tmp_path):
+    from airflow_savepoints.plugins.console import SavepointRootMissingError, job_folders
+
+    root = tmp_path / "savepoints"
+    with pytest.raises(SavepointRootMissingError, match="does not exist") as missing:
+        job_folders(Store(str(root)))
+    assert missing.value.code == "savepoint_root_not_found" and "savepoint_dir" in missing.value.hint
+    for name in ("orders", "payments", ".hidden", "_tmp", "a..b"):
+        (root / name).mkdir(parents=True)
+    (root / "README.md").write_text("not a job")
+    (root / "notes").write_text("a file with a job-like name")
+    assert job_folders(Store(str(root))) == ["orders", "payments"]
+    (root / "empty").mkdir()
+    assert job_folders(Store(str(tmp_path / "savepoints" / "empty"))) == []  # exists, no jobs: not an error
+
+
+def test_pages_commands_and_intervals():
+    from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
+    from airflow_savepoints.plugins.console import commands, page_of, periodic_interval_s
+
+    now = datetime.now(UTC)
+    records = [SavepointRecord(savepoint_id=f"savepoint-abc123-{i:012x}", job="orders", type=SavepointType.PERIODIC,
+                               state=SavepointState.COMPLETED, created_at=now, updated_at=now) for i in range(25)]
+    page = page_of(records, 20, 10, newest_first=True)
+    assert (page["total"], page["offset"], page["order"]) == (25, 20, "newest")
+    assert [s["savepoint_id"][-2:] for s in page["savepoints"]] == ["04", "03", "02", "01", "00"]
+    assert len(page_of(records, 0, None, newest_first=False)["savepoints"]) == 25
+    made = commands("orders", "s3://b/sp/orders/savepoint-abc123-00000000000a", "s3://b/cp/it's here", "savepoint-abc123-00000000000a")
+    assert made["restore"] == ("airflow-savepoints restore s3://b/sp/orders/savepoint-abc123-00000000000a "
+                               "--to 's3://b/cp/it'\"'\"'s here-restore-00000000000a'")  # quoted for a shell
+    assert made["start"] == "airflow-savepoints job start orders --from s3://b/sp/orders/savepoint-abc123-00000000000a"
+    assert periodic_interval_s("1h") == 3600 and periodic_interval_s(None) > 0
+
+
 # ---- one deployment for the module ----------------------------------------------------------------
 
 class Console:

@@ -299,10 +299,8 @@ def _register_api(app: FastAPI) -> None:
         return await answer(request, lambda root: savepoint_answer(root, job, savepoint_id, verify))
 
     @app.get("/api/actions")
-    def actions(request: Request, user: GetUserDep, job: str | None = None) -> JSONResponse:
+    def actions(user: GetUserDep) -> JSONResponse:
         """The console's actions: the DAG each triggers, whether it is deployed and whether this user may trigger it."""
-        if job is not None:
-            validate_job_name(job)
         return JSONResponse({"actions": available_actions(user)})
 
 
