@@ -35,6 +35,7 @@ from tests.test_plugin import ARTIFACTS, CHROMEDRIVER, CHROMIUM, WebDriver
 
 API = "/savepoints/api"
 VIEWER = "viewer-vera"
+JOBS = ["clicks", "empty-job", "fraud", "inventory", "ledger", "orders", "payments"]
 EXAMPLE_DAGS = ("periodic_savepoints.py", "stop_job_with_savepoint.py", "restore_from_savepoint.py", "jobs.yaml")
 browser_needed = pytest.mark.skipif(
     not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
@@ -80,6 +81,16 @@ def populate(root: Path, checkpoint: Path, earlier: Path) -> dict[str, list[str]
     (root / "empty-job").mkdir()
     (root / "README.md").write_text("savepoints of the streaming jobs; see the runbook\n")  # not a job
     return taken
+
+
+def jobs_file(path: Path, root: Path) -> Path:
+    """The jobs file the API server reads: a job declared on this root before its first savepoint
+    (shown, not started), one of another root (not shown), and orders."""
+    job = "application: /opt/jobs/{name}.py\n    checkpoint: /data/checkpoints/{name}\n    savepoint_dir: {where}"
+    entries = [("ledger", root), ("elsewhere", path.parent / "other-savepoints"), ("orders", root)]
+    path.write_text("jobs:\n" + "".join(f"  - name: {name}\n    " + job.format(name=name, where=where) + "\n"
+                                          for name, where in entries))
+    return path
 
 
 # ---- pure parts (fast) -----------------------------------------------------------------------------
@@ -197,6 +208,7 @@ def console(stopped_checkpoint, tmp_path_factory):
     for name in EXAMPLE_DAGS:
         shutil.copy2(ROOT / "dags" / name, dags / name)
     env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"e2e-admin:admin,{VIEWER}:viewer",
+           "AIRFLOW__SAVEPOINTS__JOBS_FILE": str(jobs_file(base / "console-jobs.yaml", root)),
            "AIRFLOW__SAVEPOINTS__API_TIMEOUT": "3", "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}
     with airflow_cluster(base / "airflow-home", dags, env, components=("api-server",)) as cluster:
         airflow = str(Path(sys.executable).parent / "airflow")
@@ -218,8 +230,9 @@ def test_overview_summarises_every_job_folder(console):
     overview = answer.json()
     assert overview["root"] == str(c.root) and overview["periodic_interval_s"] == 900
     jobs = {job["job"]: job for job in overview["jobs"]}
-    assert sorted(jobs) == ["clicks", "empty-job", "fraud", "inventory", "orders", "payments"]  # README.md is no job
-    assert c.get(f"{API}/jobs").json()["jobs"] == sorted(jobs)
+    assert sorted(jobs) == JOBS  # README.md is no job; ledger is declared on this root, elsewhere on another
+    assert c.get(f"{API}/jobs").json()["jobs"] == [job for job in JOBS if job != "ledger"]  # the folders
+    assert (jobs["ledger"]["state"], jobs["ledger"]["savepoints"], jobs["ledger"]["newest"]) == ("not_started", 0, None)
 
     orders = jobs["orders"]
     assert (orders["state"], orders["last_batch"], orders["stale"]) == ("running", 5, False)
@@ -447,19 +460,19 @@ def test_console_in_chromium(console, tmp_path):
         wait_loaded(browser, "the console did not load in the UI's iframe")
         assert browser.url() == f"{c.cluster.base_url}{ui_route()}"
         jobs = {row["job"]: row for row in browser.script(JOB_ROWS)}
-        assert list(jobs) == ["clicks", "empty-job", "fraud", "inventory", "orders", "payments"]
+        assert list(jobs) == JOBS and jobs["ledger"]["cells"][2] == "not started"
         assert jobs["orders"]["cells"][2:4] == ["running", "5"] and "stale" in jobs["inventory"]["cells"][4]
         assert jobs["payments"]["cells"][2] == "stopped" and jobs["fraud"]["cells"][2] == "failed"
         assert "Kafka topic 'fraud' was deleted" in jobs["fraud"]["title"]
         assert "no savepoints" in jobs["empty-job"]["cells"][5] and "conflict 1" in jobs["fraud"]["cells"][5]
-        assert "in_progress 1" in jobs["orders"]["cells"][5] and jobs["clicks"]["cells"][2] == "\u2014"
+        assert "in progress 1" in jobs["orders"]["cells"][5] and jobs["clicks"]["cells"][2] == "\u2014"
         assert browser.script(SAVEPOINT_ROWS) == []  # six jobs: collapsed at first
 
         # collapse and paging: the newest ten of orders, then the older ones
         click_in_page(browser, "tr.job[data-job=orders]")
         rows = browser._wait(lambda: browser.script(SAVEPOINT_ROWS), 30, "orders did not expand")
         ids = c.taken["orders"]
-        assert [r[1] for r in rows[1:]] == ids[::-1][:9] and rows[0][3] == "in_progress"
+        assert [r[1] for r in rows[1:]] == ids[::-1][:9] and rows[0][3] == "in progress"
         assert rows[1][2:6] == ["manual", "completed", "<script>alert('x')</script> before upgrade", "5"]
         assert all(r[7].endswith("ago") and r[6].endswith("B") for r in rows[1:]), rows
         browser.screenshot(ARTIFACTS / "console-jobs.png")

@@ -23,7 +23,7 @@ from airflow_savepoints.core.pointer import latest_savepoint, list_savepoints
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.errors import SavepointError, SavepointNotFoundError
-from airflow_savepoints.storage import Store
+from airflow_savepoints.storage import Store, split_url
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +64,44 @@ def job_folders(root: Store) -> list[str]:
 
 # ---- job summaries ------------------------------------------------------------------------------
 
-def lifecycle_state(root: Store, job: str, jobs_file: str | None) -> dict[str, Any] | None:
+def job_specs(jobs_file: str | None) -> dict[str, Any]:
+    """The jobs of the jobs file (empty when there is none or it does not read: states then come from
+    the job folders' files alone)."""
+    from airflow_savepoints.jobs.model import load_jobs
+
+    if not jobs_file or not Path(jobs_file).is_file():
+        return {}
+    try:
+        return load_jobs(jobs_file)
+    except SavepointError as exc:
+        log.warning("savepoints console: cannot read the jobs file %s: %s", jobs_file, exc)
+        return {}
+
+
+def declared_here(root: Store, specs: dict[str, Any]) -> set[str]:
+    """Jobs of the jobs file whose savepoints go to this root (their own ``savepoint_dir``, or none:
+    the configured one): shown before their first savepoint too."""
+    here = (root.protocol, root.root)
+    found = set()
+    for name, spec in specs.items():
+        try:
+            if not spec.savepoint_dir or split_url(spec.savepoint_dir)[1:] == here:
+                found.add(name)
+        except SavepointError:
+            continue  # a savepoint_dir that is no URL: the job's own commands report it
+    return found
+
+
+def lifecycle_state(root: Store, job: str, specs: dict[str, Any]) -> dict[str, Any] | None:
     """The lifecycle's status of a job whose folder holds a run lease, run record or control folder
     (``jobs/lifecycle.status``, read-only); None for a job the lifecycle never ran."""
     from airflow_savepoints.jobs.lifecycle import JobContext, status
-    from airflow_savepoints.jobs.model import StreamingJob, load_jobs
+    from airflow_savepoints.jobs.model import StreamingJob
 
     folder = root.child(job)
     if not any(folder.exists(mark) for mark in LIFECYCLE_MARKS):
         return None
-    spec = None
-    if jobs_file and Path(jobs_file).is_file():
-        try:
-            spec = load_jobs(jobs_file).get(job)
-        except SavepointError as exc:
-            log.warning("savepoints console: cannot read the jobs file %s: %s", jobs_file, exc)
-    spec = spec or StreamingJob(name=job, application="", checkpoint="")
+    spec = specs.get(job) or StreamingJob(name=job, application="", checkpoint="")
     try:
         state = status(JobContext(spec, root))
     except SavepointError as exc:
@@ -88,15 +110,15 @@ def lifecycle_state(root: Store, job: str, jobs_file: str | None) -> dict[str, A
                                                   "error", "detail", "spark_version", "ended"})
 
 
-def job_summary(root: Store, job: str, *, interval_s: float, jobs_file: str | None,
+def job_summary(root: Store, job: str, *, interval_s: float, specs: dict[str, Any],
                 now: datetime | None = None) -> dict[str, Any]:
     """One row of the jobs view."""
     now = now or datetime.now(UTC)
     records = list_savepoints(root, job)
     completed = [r for r in records if r.state == SavepointState.COMPLETED and r.conflict is None]
     newest = completed[-1] if completed else None
-    lifecycle = lifecycle_state(root, job, jobs_file)
-    state = lifecycle["state"] if lifecycle else None
+    lifecycle = lifecycle_state(root, job, specs)
+    state = lifecycle["state"] if lifecycle else ("not_started" if job in specs and not records else None)
     newest_age = (now - newest.created_at).total_seconds() if newest else None
     expects_savepoints = state not in ("stopped", "failed", "not_started")
     return {
@@ -119,14 +141,15 @@ def overview(root: Store, *, interval_s: float, jobs_file: str | None, paralleli
     """Every job's summary, several jobs at a time (each is a handful of reads of an object store);
     a job whose catalog cannot be read gets an error instead of failing the page."""
     now = datetime.now(UTC)
+    specs = job_specs(jobs_file)
 
     def summary(job: str) -> dict[str, Any]:
         try:
-            return job_summary(root, job, interval_s=interval_s, jobs_file=jobs_file, now=now)
+            return job_summary(root, job, interval_s=interval_s, specs=specs, now=now)
         except SavepointError as exc:
             return {"job": job, "error": exc.to_dict()}
 
-    names = job_folders(root)
+    names = sorted(set(job_folders(root)) | declared_here(root, specs))
     with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(names)))) as pool:
         jobs = list(pool.map(summary, names))
     return {"root": root.url, "checked_at": now.isoformat(), "periodic_interval_s": interval_s, "jobs": jobs}

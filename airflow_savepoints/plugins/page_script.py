@@ -87,7 +87,7 @@ function el(tag, props, ...children) {
   return node;
 }
 
-const badge = (text, kind, title) => el("span", {class: "badge " + (kind || text), text, title});
+const badge = (text, kind, title) => el("span", {class: "badge " + (kind || text), text: text.replace(/_/g, " "), title});
 const age = iso => el("span", {data: {age: iso}, title: formatTime(iso), text: relative(iso)});
 
 function size(bytes) {
