@@ -1,33 +1,40 @@
 """The savepoint API served inside the Airflow API server (mounted at ``/savepoints``).
 
 Read-only and thin: the savepoint root comes from the ``savepoints_default`` connection (its host)
-or ``[savepoints] savepoint_dir``; jobs and savepoints come from the core (``list_jobs``,
-``list_savepoints``, ``read_manifest``). No request parameter names a location: a job name and a
-savepoint id are validated and only ever taken as one folder name below the root.
+or ``[savepoints] savepoint_dir``; savepoints come from the core (``list_savepoints``,
+``read_manifest``), job states from the job lifecycle's ``status``, and the console's summaries
+from :mod:`airflow_savepoints.plugins.console`. No request parameter names a location: a job name
+and a savepoint id are validated and only ever taken as one folder name below the root. Storage
+calls run in the plugin's own threads and wait at most ``[savepoints] api_timeout`` seconds.
 
 Every route requires an authenticated Airflow user allowed to read DAGs and their XComs (the
 savepoint DAGs publish the same pointers as XComs): Airflow's own dependency
 (``requires_access_dag``) reads the JWT from the ``Authorization: Bearer`` header or the UI's
-``_token`` cookie. Errors are JSON: ``{"error": {"code", "message", "hint"}}``.
-"""
+``_token`` cookie. Errors are JSON: ``{"error": {"code", "message", "hint"}}``; a browser opening
+the page without a login is sent to Airflow's login page instead."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
+import os
 import re
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-from airflow.api_fastapi.core_api.security import requires_access_dag
-from fastapi import Depends, FastAPI, Request
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from airflow.configuration import conf
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
 from airflow_savepoints.core.dispose import check_no_link
 from airflow_savepoints.core.models import validate_job_name
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, list_jobs, list_savepoints, read_manifest
+from airflow_savepoints.core.pointer import SAVEPOINT_NAME, list_savepoints, read_manifest
 from airflow_savepoints.errors import (
     ConfigurationError,
     CredentialsError,
@@ -46,7 +53,10 @@ from airflow_savepoints.errors import (
     UnknownSchemeError,
 )
 from airflow_savepoints.hooks.savepoint import SECRET_OPTION_WORDS, SavepointStorageHook
-from airflow_savepoints.plugins.page import render_page
+from airflow_savepoints.plugins.actions import available_actions
+from airflow_savepoints.plugins.console import job_folders, overview, page_of, periodic_interval_s, savepoint_detail
+from airflow_savepoints.plugins.page import page_refusal, render_page, wants_page
+from airflow_savepoints.plugins.savepoints import URL_PREFIX
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
@@ -61,6 +71,7 @@ def http_status(exc: SavepointError) -> int:
         ((InvalidInputError, OutsideRootError), 400),
         ((SavepointNotFoundError, IncompleteSavepointError), 404),
         (SavepointInFlightError, 409),  # the job's catalog stayed locked
+        (StoreTimeoutError, 504),  # the store did not answer in time
         ((MissingBackendError, UnknownSchemeError), 503),
         ((CredentialsError, StoragePermissionError, StorageError), 502),  # the store refused or failed
     ]
@@ -120,6 +131,27 @@ class SavepointRoot:
         return job_store
 
 
+class StoreTimeoutError(StorageError):
+    code = "store_timeout"
+
+
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="savepoints-api")  # a hung store ties up these, not the server's
+
+
+def store_timeout() -> float:
+    """Seconds a request waits for the store (``[savepoints] api_timeout``, default 10)."""
+    return conf.getfloat("savepoints", "api_timeout", fallback=10.0)
+
+
+def jobs_file() -> str | None:
+    """The jobs file the example DAGs use: ``$SAVEPOINTS_JOBS_FILE``, ``[savepoints] jobs_file``, or ``<dags_folder>/jobs.yaml``."""
+    configured = os.environ.get("SAVEPOINTS_JOBS_FILE") or conf.get("savepoints", "jobs_file", fallback="")
+    if configured:
+        return configured
+    dags_folder = conf.get("core", "dags_folder", fallback="")
+    return os.path.join(dags_folder, "jobs.yaml") if dags_folder else None
+
+
 def _json(data: Any, scrub: Scrubber, status: int = 200) -> JSONResponse:
     return JSONResponse(scrub(data), status_code=status)
 
@@ -139,22 +171,71 @@ def _root_or_error() -> SavepointRoot:
                            "check the savepoints_default connection and [savepoints] savepoint_dir") from exc
 
 
-def create_app() -> FastAPI:
-    authorized = Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.XCOM))
-    app = FastAPI(
-        title="airflow-savepoints",
-        description="Savepoints of Spark Structured Streaming jobs (read-only).",
-        dependencies=[authorized],
-        docs_url=None, redoc_url=None, openapi_url=None,
-    )
+async def answer(request: Request, work: Callable[[SavepointRoot], Any]) -> JSONResponse:
+    """Resolve the root and run ``work(root)`` in the plugin's threads; a store that does not answer
+    within :func:`store_timeout` is a 504 ``store_timeout`` (the thread is left to finish on its own)."""
+    seen: dict[str, SavepointRoot] = {}
 
+    def run() -> Any:
+        root = seen["root"] = _root_or_error()
+        request.state.savepoints_scrub = root.scrub
+        return work(root)
+
+    timeout = store_timeout()
+    try:
+        data = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(_POOL, run), timeout)
+    except TimeoutError:
+        where = seen["root"].store.url if "root" in seen else "the savepoint root's connection"
+        raise StoreTimeoutError(
+            f"the savepoint store did not answer within {timeout:g} s ({where})",
+            "check that the store is reachable from the API server (endpoint, network, credentials) and retry; "
+            "[savepoints] api_timeout sets how long to wait",
+        ) from None
+    return _json(data, seen["root"].scrub)
+
+
+def _savepoint_record(root: SavepointRoot, job: str, savepoint_id: str) -> SavepointRecord:
+    validate_job_name(job)
+    if not SAVEPOINT_NAME.match(savepoint_id):
+        raise InvalidSavepointIdError(
+            f"invalid savepoint id {savepoint_id!r}",
+            "a savepoint id looks like savepoint-<query id[0:6]>-<12 hex digits>",
+        )
+    root.job(job)
+    found = [r for r in list_savepoints(root.store, job) if r.savepoint_id == savepoint_id]
+    if not found:
+        raise SavepointNotFoundError(
+            f"job '{job}' has no savepoint '{savepoint_id}'",
+            f"list the job's savepoints (GET .../savepoints/api/jobs/{job}/savepoints)",
+        )
+    return found[-1]
+
+
+def savepoint_answer(root: SavepointRoot, job: str, savepoint_id: str, verify: bool) -> dict[str, Any]:
+    """One savepoint: its record, its manifest (without the file list) and the detail view's facts."""
+    record = _savepoint_record(root, job, savepoint_id)
+    manifest, manifest_error = None, None
+    if record.state == SavepointState.COMPLETED:
+        try:
+            manifest = read_manifest(root.store.child(job).child(savepoint_id))
+        except SavepointError as exc:
+            manifest_error = exc.to_dict()
+    return {"job": job, "savepoint": record.summary(),
+            "manifest": manifest.model_dump(mode="json", exclude={"files"}) if manifest else None,
+            "manifest_error": manifest_error,
+            "detail": savepoint_detail(root.store, job, record, manifest, verify)}
+
+
+def _register_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SavepointError)
     async def savepoint_error(request: Request, exc: SavepointError) -> JSONResponse:
         scrub = getattr(request.state, "savepoints_scrub", None) or Scrubber()
         return _json({"error": exc.to_dict()}, scrub, http_status(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code in (401, 403) and wants_page(request):
+            return page_refusal(request, exc.status_code)
         codes = {401: "not_authenticated", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
         hints = {
             401: "log in to Airflow, or send 'Authorization: Bearer <JWT from POST /auth/token>'",
@@ -167,7 +248,10 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body("invalid_input", "invalid request parameters", None), status_code=400)
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        return JSONResponse(error_body("invalid_input", f"invalid request parameters: {where}: {first.get('msg', '')}",
+                                       "see docs/api.md for the parameters"), status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -175,55 +259,57 @@ def create_app() -> FastAPI:
         return JSONResponse(error_body("internal_error", f"unexpected {type(exc).__name__}",
                                        "see the API server log"), status_code=500)
 
+
+def _register_api(app: FastAPI) -> None:
     @app.get("/api/jobs")
-    def jobs(request: Request) -> JSONResponse:
-        """Job folders under the savepoint root (also of jobs that have ended)."""
-        root = _root_or_error()
-        request.state.savepoints_scrub = root.scrub
-        return _json({"root": root.store.url, "jobs": list_jobs(root.store)}, root.scrub)
+    async def jobs(request: Request) -> JSONResponse:
+        """Job folders under the savepoint root (also of jobs that have ended); files are not jobs."""
+        return await answer(request, lambda root: {"root": root.store.url, "jobs": job_folders(root.store)})
+
+    @app.get("/api/overview")
+    async def jobs_overview(request: Request) -> JSONResponse:
+        """One summary per job: lifecycle state, newest savepoint and its age, counts, size."""
+        interval = periodic_interval_s(conf.get("savepoints", "periodic_interval", fallback="") or None)
+        return await answer(request, lambda root: overview(root.store, interval_s=interval, jobs_file=jobs_file()))
 
     @app.get("/api/jobs/{job}/savepoints")
-    def savepoints(request: Request, job: str) -> JSONResponse:
-        """The job's savepoints, oldest first (records of the job's catalog)."""
-        root = _root_or_error()
-        request.state.savepoints_scrub = root.scrub
-        root.job(job)
-        records = [record.summary() for record in list_savepoints(root.store, job)]
-        return _json({"job": job, "savepoints": records}, root.scrub)
+    async def savepoints(request: Request, job: str, offset: int = Query(0, ge=0),
+                         limit: int | None = Query(None, ge=1, le=1000),
+                         order: Literal["oldest", "newest"] = "oldest") -> JSONResponse:
+        """The job's savepoints (records of its catalog), oldest first unless ``order=newest``; paged with offset/limit."""
+        def work(root: SavepointRoot) -> dict[str, Any]:
+            root.job(job)
+            return {"job": job, **page_of(list_savepoints(root.store, job), offset, limit, order == "newest")}
+        return await answer(request, work)
 
     @app.get("/api/jobs/{job}/savepoints/{savepoint_id}")
-    def savepoint(request: Request, job: str, savepoint_id: str) -> JSONResponse:
-        """One savepoint: its listing record and, when completed, its manifest (without the file list)."""
-        root = _root_or_error()
-        request.state.savepoints_scrub = root.scrub
-        validate_job_name(job)
-        if not SAVEPOINT_NAME.match(savepoint_id):
-            raise InvalidSavepointIdError(
-                f"invalid savepoint id {savepoint_id!r}",
-                "a savepoint id looks like savepoint-<query id[0:6]>-<12 hex digits>",
-            )
-        job_store = root.job(job)
-        found = [r for r in list_savepoints(root.store, job) if r.summary()["savepoint_id"] == savepoint_id]
-        if not found:
-            raise SavepointNotFoundError(
-                f"job '{job}' has no savepoint '{savepoint_id}'",
-                f"list the job's savepoints (GET .../savepoints/api/jobs/{job}/savepoints)",
-            )
-        summary = found[-1].summary()
-        manifest, manifest_error = None, None
-        if summary.get("state", "completed") == "completed":
-            try:
-                manifest = read_manifest(job_store.child(savepoint_id)).model_dump(mode="json", exclude={"files"})
-            except SavepointError as exc:
-                manifest_error = exc.to_dict()
-        return _json({"job": job, "savepoint": summary, "manifest": manifest, "manifest_error": manifest_error},
-                     root.scrub)
+    async def savepoint(request: Request, job: str, savepoint_id: str, verify: bool = False) -> JSONResponse:
+        """One savepoint; ``verify=true`` reads every file again and compares its checksum."""
+        return await answer(request, lambda root: savepoint_answer(root, job, savepoint_id, verify))
+
+    @app.get("/api/actions")
+    def actions(user: GetUserDep) -> JSONResponse:
+        """The console's actions: the DAG each triggers, whether it is deployed and whether this user may trigger it."""
+        return JSONResponse({"actions": available_actions(user)})
+
+
+def create_app() -> FastAPI:
+    authorized = Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.XCOM))
+    app = FastAPI(
+        title="airflow-savepoints",
+        description="Savepoints of Spark Structured Streaming jobs (read-only).",
+        dependencies=[authorized],
+        docs_url=None, redoc_url=None, openapi_url=None,
+    )
+    _register_error_handlers(app)
+    _register_api(app)
 
     @app.get("/ui", response_class=HTMLResponse)
     def page(request: Request) -> HTMLResponse:
-        """The page the Airflow UI shows in an iframe (Browse > Savepoints)."""
-        api_base = request.scope.get("root_path", "").rstrip("/") + "/api"
-        return HTMLResponse(render_page(json.dumps(api_base)),
+        """The savepoints console the Airflow UI shows in an iframe (Browse > Savepoints)."""
+        root_path = request.scope.get("root_path", "").rstrip("/")
+        airflow_base = root_path[: -len(URL_PREFIX)] if root_path.endswith(URL_PREFIX) else ""
+        return HTMLResponse(render_page({"api": root_path + "/api", "airflow": airflow_base}),
                             headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
 
     return app

@@ -1,146 +1,174 @@
-"""The savepoint page the Airflow UI shows in an iframe: plain HTML and a little JavaScript.
+"""The savepoints console: one HTML page (CSS and JavaScript inline, no build step) that the Airflow
+UI shows in an iframe (Browse > Savepoints), and the answers a browser gets instead of JSON.
 
-The page calls the JSON API of the same app with the browser's own credentials: the Airflow UI
-keeps its JWT in the ``_token`` cookie of the same origin, which ``fetch`` sends. Every value is
-inserted with ``textContent`` (never as HTML): job names and reasons come from users.
+The page calls the plugin's JSON API, and Airflow's own REST API for actions, with the browser's
+own credentials (the UI's ``_token`` cookie of the same origin). It takes Airflow's look from the
+UI around it (same origin): Chakra's colour and font variables, the light or dark mode and the
+user's timezone from the UI's settings. Every value is inserted with ``textContent`` (never as
+HTML): job names and reasons come from users.
 """
 
 from __future__ import annotations
 
-PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Savepoints</title>
-<style>
-  :root { color-scheme: light dark; --line: #d0d7de; --muted: #6e7781; --bad: #cf222e; }
-  @media (prefers-color-scheme: dark) { :root { --line: #30363d; --muted: #8b949e; --bad: #ff7b72; } }
-  body { font: 14px/1.4 system-ui, sans-serif; margin: 16px; }
-  h1 { font-size: 20px; margin: 0 0 4px; }
-  h2 { font-size: 16px; margin: 20px 0 6px; }
-  #status { color: var(--muted); margin-bottom: 8px; }
-  .error { color: var(--bad); }
-  table { border-collapse: collapse; width: 100%; }
-  th, td { border-bottom: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
-  th { font-weight: 600; white-space: nowrap; }
-  td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-  td.id, td.time { white-space: nowrap; }
-  td.pointer { font-family: ui-monospace, monospace; font-size: 12px; word-break: break-all; }
-  .empty { color: var(--muted); }
-</style>
-</head>
-<body>
-<h1>Savepoints</h1>
-<div id="status">Loading&hellip;</div>
-<div id="jobs"></div>
-<script>
-"use strict";
-const API = __API_BASE__;
-const ONLY_JOB = new URLSearchParams(location.search).get("job");  // the operators' extra link names one job
-const COLUMNS = ["Savepoint", "Type", "State", "Reason", "Batch", "Size", "Age", "Created", "Pointer"];
+import html
+import json
+from typing import Any
 
-function el(tag, text, cls) {
-  const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  if (cls) node.className = cls;
-  return node;
-}
+from fastapi import Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-function size(bytes) {
-  if (bytes === null || bytes === undefined) return "";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let value = bytes, unit = 0;
-  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit++; }
-  return (unit ? value.toFixed(1) : value) + " " + units[unit];
-}
+from airflow_savepoints.plugins.page_script import SCRIPT
 
-function utc(iso) {
-  const time = new Date(iso);
-  return isNaN(time) ? iso : time.toISOString().slice(0, 19).replace("T", " ") + " UTC";
-}
+STYLE = """
+:root { color-scheme: light; --bg: #ffffff; --bg-subtle: #f8fafc; --bg-muted: #f1f5f9; --bg-panel: #ffffff;
+  --fg: #1e293b; --fg-muted: #64748b; --border: #e2e8f0; --accent: #2563eb; --accent-fg: #ffffff;
+  --error: #dc2626; --warning: #b45309; --success: #15803d; --info: #2563eb;
+  --font: Inter, ui-sans-serif, system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+  --mono: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+:root.dark { color-scheme: dark; --bg: #0f172a; --bg-subtle: #111827; --bg-muted: #1e293b; --bg-panel: #111827;
+  --fg: #e2e8f0; --fg-muted: #94a3b8; --border: #334155; --accent: #60a5fa; --accent-fg: #0f172a;
+  --error: #f87171; --warning: #fbbf24; --success: #4ade80; --info: #60a5fa; }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 12px 16px 24px; background: var(--bg); color: var(--fg); font: 14px/1.45 var(--font); }
+h1 { font-size: 20px; font-weight: 600; margin: 0; }
+h2 { font-size: 16px; font-weight: 600; margin: 0; }
+h3 { font-size: 13px; font-weight: 600; margin: 16px 0 6px; color: var(--fg-muted); text-transform: uppercase;
+  letter-spacing: .04em; }
+a { color: var(--info); text-decoration: none; } a:hover { text-decoration: underline; }
+button { font: inherit; font-size: 13px; color: var(--fg); background: transparent; border: 1px solid var(--border);
+  border-radius: 6px; padding: 3px 10px; cursor: pointer; white-space: nowrap; }
+button:hover:not(:disabled) { background: var(--bg-muted); }
+button:disabled { opacity: .5; cursor: not-allowed; }
+button.primary { background: var(--accent); color: var(--accent-fg); border-color: var(--accent); }
+button.danger { color: var(--error); border-color: var(--error); }
+button.danger.primary { background: var(--error); color: var(--bg); }
+button.link { border: 0; background: none; color: var(--info); padding: 0 4px; }
+input[type=search] { font: inherit; color: var(--fg); background: transparent; border: 1px solid var(--border);
+  border-radius: 6px; padding: 4px 10px; width: 240px; }
+header { display: flex; align-items: center; gap: 12px; flex-wrap: wrap; margin-bottom: 4px; }
+header .spacer { flex: 1; }
+.muted { color: var(--fg-muted); }
+.mono { font-family: var(--mono); font-size: 12px; }
+#summary { margin: 0 0 12px; color: var(--fg-muted); font-size: 13px; }
+.banner { border: 1px solid var(--border); border-left-width: 4px; border-radius: 6px; padding: 10px 12px; margin: 10px 0;
+  background: var(--bg-subtle); display: flex; gap: 12px; align-items: flex-start; }
+.banner .text { flex: 1; }
+.banner .title { font-weight: 600; }
+.banner.error { border-left-color: var(--error); } .banner.error .title { color: var(--error); }
+.banner.warning { border-left-color: var(--warning); } .banner.warning .title { color: var(--warning); }
+.banner.info { border-left-color: var(--info); }
+.banner.success { border-left-color: var(--success); }
+table { border-collapse: collapse; width: 100%; table-layout: fixed; }
+th, td { text-align: left; padding: 7px 8px; border-bottom: 1px solid var(--border); vertical-align: middle;
+  overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+th { font-size: 12px; font-weight: 600; color: var(--fg-muted); background: var(--bg-muted); }
+td.wrap { white-space: normal; line-height: 24px; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.job { cursor: pointer; }
+tr.job:hover > td { background: var(--bg-muted); }
+tr.job .name { font-weight: 600; }
+tr.job .toggle { border: 0; background: none; padding: 0 4px; width: 22px; color: var(--fg-muted); }
+tr.savepoints-row > td { padding: 0 0 12px 30px; white-space: normal; }
+tr.savepoints-row table { border-left: 2px solid var(--border); }
+tr.savepoints-row th { background: transparent; }
+tr.savepoint { cursor: pointer; } tr.savepoint:hover td { background: var(--bg-muted); }
+tr.savepoint.selected td { background: var(--bg-muted); }
+tr.savepoint.selected td:first-child { box-shadow: inset 3px 0 0 var(--accent); }
+.badge { display: inline-block; border-radius: 999px; padding: 0 8px; font-size: 12px; line-height: 20px; font-weight: 500;
+  border: 1px solid var(--border); color: var(--fg-muted); background: transparent; margin-right: 4px; }
+.badge.running, .badge.completed { color: var(--success); border-color: var(--success); }
+.badge.starting, .badge.stopping, .badge.in_progress, .badge.periodic { color: var(--info); border-color: var(--info); }
+.badge.failed, .badge.lost, .badge.conflict, .badge.stale { color: var(--error); border-color: var(--error); }
+.badge.stopped, .badge.not_started, .badge.unknown, .badge.disposing { color: var(--fg-muted); }
+.badge.manual, .badge.stop, .badge.retained_checkpoint { color: var(--warning); border-color: var(--warning); }
+.pager { display: flex; gap: 8px; align-items: center; justify-content: flex-end; padding: 6px 0 0; font-size: 13px; }
+.empty { padding: 10px 0; color: var(--fg-muted); }
+#detail { position: fixed; top: 0; right: 0; bottom: 0; width: min(680px, 60vw); overflow: auto; z-index: 10;
+  border-left: 1px solid var(--border); background: var(--bg); padding: 12px 16px; box-shadow: -8px 0 24px rgba(0, 0, 0, .18); }
+#detail[hidden] { display: none; }
+#detail header { margin-bottom: 8px; }
+dl.facts { display: grid; grid-template-columns: 170px 1fr; gap: 4px 16px; margin: 0; }
+dl.facts dt { color: var(--fg-muted); } dl.facts dd { margin: 0; overflow-wrap: anywhere; }
+.copyline { display: flex; gap: 8px; align-items: center; margin: 4px 0; }
+.copyline code { flex: 1; font-family: var(--mono); font-size: 12px; background: var(--bg-muted); border-radius: 6px;
+  padding: 5px 8px; white-space: pre-wrap; word-break: break-all; }
+pre { font-family: var(--mono); font-size: 12px; background: var(--bg-muted); border-radius: 6px; padding: 8px; overflow: auto;
+  max-height: 220px; margin: 0; }
+.actions { display: flex; gap: 6px; justify-content: flex-end; }
+dialog { border: 1px solid var(--border); border-radius: 8px; background: var(--bg-panel); color: var(--fg); max-width: 520px; }
+dialog::backdrop { background: rgba(0, 0, 0, .45); }
+dialog .buttons { display: flex; gap: 8px; justify-content: flex-end; margin-top: 14px; }
+.spinner { display: inline-block; width: 12px; height: 12px; border: 2px solid var(--border); border-top-color: var(--accent);
+  border-radius: 50%; animation: spin .8s linear infinite; vertical-align: -2px; }
+@keyframes spin { to { transform: rotate(360deg); } }
+"""
 
-function age(iso) {
-  const seconds = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
-  if (!isFinite(seconds)) return "";
-  const steps = [[86400, "d"], [3600, "h"], [60, "m"]];
-  for (const [length, name] of steps) if (seconds >= length) return Math.floor(seconds / length) + name;
-  return Math.floor(seconds) + "s";
-}
-
-async function getJson(path) {
-  const response = await fetch(API + path, {credentials: "same-origin", headers: {Accept: "application/json"}});
-  let body = null;
-  try { body = await response.json(); } catch (e) { body = null; }
-  if (!response.ok) {
-    const error = (body && body.error) || {message: response.status + " " + response.statusText};
-    throw new Error(error.message + (error.hint ? " (" + error.hint + ")" : ""));
-  }
-  return body;
-}
-
-function jobSection(job, savepoints) {
-  const section = el("section");
-  section.dataset.job = job;
-  section.appendChild(el("h2", job + " (" + savepoints.length + ")"));
-  if (!savepoints.length) { section.appendChild(el("div", "no savepoints", "empty")); return section; }
-  const table = el("table");
-  const head = table.createTHead().insertRow();
-  for (const name of COLUMNS) head.appendChild(el("th", name));
-  const body = table.createTBody();
-  for (const sp of savepoints.slice().reverse()) {  // newest first
-    const row = body.insertRow();
-    row.className = "savepoint";
-    row.dataset.savepointId = sp.savepoint_id;
-    const cells = [
-      [sp.savepoint_id, "id"], [sp.type], [sp.state || "completed"], [sp.reason || ""],
-      [sp.batch_id, "num"], [size(sp.bytes), "num"], [age(sp.created_at), "num"],
-      [utc(sp.created_at), "time"], [sp.pointer, "pointer"],
-    ];
-    for (const [text, cls] of cells) row.appendChild(el("td", text, cls));
-  }
-  section.appendChild(table);
-  return section;
-}
-
-async function load() {
-  const status = document.getElementById("status");
-  const container = document.getElementById("jobs");
-  try {
-    const listing = await getJson("/jobs");
-    const jobs = ONLY_JOB === null ? listing.jobs : listing.jobs.filter(job => job === ONLY_JOB);
-    let total = 0;
-    const sections = [];
-    for (const job of jobs) {
-      try {
-        const result = await getJson("/jobs/" + encodeURIComponent(job) + "/savepoints");
-        total += result.savepoints.length;
-        sections.push(jobSection(job, result.savepoints));
-      } catch (error) {
-        const section = el("section");
-        section.appendChild(el("h2", job));
-        section.appendChild(el("div", error.message, "error"));
-        sections.push(section);
-      }
-    }
-    container.replaceChildren(...sections);
-    status.textContent = total + " savepoint(s) in " + jobs.length + " job(s) under " + listing.root
-      + (ONLY_JOB === null ? "" : " (job " + ONLY_JOB + " only)");
-  } catch (error) {
-    status.textContent = "Cannot list savepoints: " + error.message;
-    status.className = "error";
-  } finally {
-    document.body.dataset.loaded = "true";
-  }
-}
-
-load();
-</script>
-</body>
-</html>
+BODY = """
+<header>
+  <h1>Savepoints</h1>
+  <span id="root" class="muted mono"></span>
+  <span class="spacer"></span>
+  <input id="filter" type="search" placeholder="Filter jobs" aria-label="Filter jobs">
+  <button id="collapse" type="button">Collapse all</button>
+  <span id="savepoint-now"></span>
+  <button id="refresh" type="button" title="Reload from storage">Refresh</button>
+</header>
+<div id="summary"><span class="spinner"></span> Loading&hellip;</div>
+<div id="notice"></div>
+<div id="problem"></div>
+<table id="jobs" hidden>
+  <colgroup><col style="width:30px"><col style="width:16%"><col style="width:10%"><col style="width:8%">
+    <col style="width:19%"><col><col style="width:8%"><col style="width:180px"></colgroup>
+  <thead><tr><th></th><th>Job</th><th>State</th><th class="num">Last batch</th><th>Newest savepoint</th>
+    <th>Savepoints</th><th class="num">Size</th><th></th></tr></thead>
+  <tbody></tbody>
+</table>
+<section id="detail" hidden></section>
+<dialog id="confirm"><form method="dialog">
+  <h2 id="confirm-title"></h2><p id="confirm-text"></p>
+  <div class="buttons"><button value="cancel" type="submit">Cancel</button>
+  <button id="confirm-ok" value="ok" type="submit" class="primary">Confirm</button></div>
+</form></dialog>
 """
 
 
-def render_page(api_base_json: str) -> str:
-    """The page, with the API's base path as a JSON string literal."""
-    return PAGE.replace("__API_BASE__", api_base_json.replace("</", "<\\/"))
+def render_page(config: dict[str, Any]) -> str:
+    """The page, with the paths it calls (``{"api": ..., "airflow": ...}``) as a JSON literal."""
+    literal = json.dumps(config).replace("</", "<\\/")
+    return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>Savepoints</title>\n"
+            f"<style>{STYLE}</style>\n</head>\n<body>{BODY}<script>\n\"use strict\";\nconst CONFIG = {literal};\n"
+            f"{SCRIPT}</script>\n</body>\n</html>\n")
+
+
+def wants_page(request: Request) -> bool:
+    """A browser opening the page itself (not a script or the page's own API calls)."""
+    return request.url.path.rstrip("/").endswith("/ui") and "text/html" in request.headers.get("accept", "")
+
+
+def _airflow_base(request: Request) -> str:
+    root_path = request.scope.get("root_path", "").rstrip("/")
+    return root_path.rsplit("/", 1)[0] if root_path else ""
+
+
+def page_refusal(request: Request, status: int) -> Response:
+    """Not logged in: off to Airflow's login page, back here after it. Logged in without the
+    permission (or with an expired token): a page that says so."""
+    login = "/auth/login"
+    try:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        login = get_auth_manager().get_url_login(next_url=str(request.url))
+    except Exception:  # noqa: BLE001 - an auth manager without a login URL: Airflow's default path
+        pass
+    if login.startswith("/"):
+        login = _airflow_base(request) + login
+    if status == 401:
+        return RedirectResponse(login, status_code=303)
+    message = ("Your Airflow login has expired, or your role may not read DAGs and their XComs, which the "
+               "savepoints console requires.")
+    return HTMLResponse(
+        f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Savepoints</title></head>"
+        f"<body style=\"font: 14px system-ui, sans-serif; margin: 24px\"><h1 style=\"font-size: 20px\">Savepoints</h1>"
+        f"<p>{html.escape(message)}</p><p><a href=\"{html.escape(login)}\">Log in to Airflow again</a></p></body></html>",
+        status_code=status, headers={"Cache-Control": "no-store"})

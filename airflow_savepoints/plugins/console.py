@@ -1,0 +1,224 @@
+"""What the savepoints console shows, computed from storage (no Airflow import, read-only).
+
+One summary per job folder (lifecycle state, last committed batch, newest savepoint and its age,
+counts, size), pages of a job's savepoints, and one savepoint's detail (manifest facts, state
+stores, checksums, which savepoint a restore would pick, ready commands). Everything reads the
+job's catalog, its ``_metadata`` files and the lifecycle's files; nothing is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
+from airflow_savepoints.core.models import JOB_NAME, SavepointManifest
+from airflow_savepoints.core.pointer import latest_savepoint, list_savepoints
+from airflow_savepoints.core.restore import verify_savepoint
+from airflow_savepoints.core.settings import parse_duration
+from airflow_savepoints.errors import SavepointError, SavepointNotFoundError
+from airflow_savepoints.storage import Store, split_url
+
+log = logging.getLogger(__name__)
+
+LIFECYCLE_MARKS = ("_lease.json", "_run.json", "_control")  # a job folder the lifecycle has written to
+DEFAULT_PERIODIC_INTERVAL = "15m"  # dags/periodic_savepoints.py's default
+
+
+class SavepointRootMissingError(SavepointNotFoundError):
+    code = "savepoint_root_not_found"
+
+
+def periodic_interval_s(configured: str | None = None) -> float:
+    """The periodic savepoint interval: configured, else the example DAG's ``SAVEPOINTS_PERIODIC_INTERVAL``, else 15m."""
+    return parse_duration(configured or os.environ.get("SAVEPOINTS_PERIODIC_INTERVAL") or DEFAULT_PERIODIC_INTERVAL)
+
+
+def job_folders(root: Store) -> list[str]:
+    """Names of the job folders under the root: directories with a valid job name (a stray
+    ``README.md`` or any other file is not a job). Raises when the root itself does not exist."""
+    with root.translate_errors(root.url):
+        try:
+            entries = root.fs.ls(root.path_of(), detail=True)
+        except FileNotFoundError:
+            entries = None
+    if entries is None or (not entries and not root.exists()):
+        raise SavepointRootMissingError(
+            f"the savepoint root {root.url} does not exist",
+            "no savepoint has been taken there yet, or the savepoints_default connection (its host) or "
+            "[savepoints] savepoint_dir names the wrong place",
+        )
+    names = set()
+    for entry in entries:
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+        if entry.get("type") == "directory" and JOB_NAME.match(name) and ".." not in name:
+            names.add(name)
+    return sorted(names)
+
+
+# ---- job summaries ------------------------------------------------------------------------------
+
+def job_specs(jobs_file: str | None) -> dict[str, Any]:
+    """The jobs of the jobs file (empty when there is none or it does not read: states then come from
+    the job folders' files alone)."""
+    from airflow_savepoints.jobs.model import load_jobs
+
+    if not jobs_file or not Path(jobs_file).is_file():
+        return {}
+    try:
+        return load_jobs(jobs_file)
+    except SavepointError as exc:
+        log.warning("savepoints console: cannot read the jobs file %s: %s", jobs_file, exc)
+        return {}
+
+
+def declared_here(root: Store, specs: dict[str, Any]) -> set[str]:
+    """Jobs of the jobs file whose savepoints go to this root (their own ``savepoint_dir``, or none:
+    the configured one): shown before their first savepoint too."""
+    here = (root.protocol, root.root)
+    found = set()
+    for name, spec in specs.items():
+        try:
+            if not spec.savepoint_dir or split_url(spec.savepoint_dir)[1:] == here:
+                found.add(name)
+        except SavepointError:
+            continue  # a savepoint_dir that is no URL: the job's own commands report it
+    return found
+
+
+def lifecycle_state(root: Store, job: str, specs: dict[str, Any]) -> dict[str, Any] | None:
+    """The lifecycle's status of a job whose folder holds a run lease, run record or control folder
+    (``jobs/lifecycle.status``, read-only); None for a job the lifecycle never ran."""
+    from airflow_savepoints.jobs.lifecycle import JobContext, status
+    from airflow_savepoints.jobs.model import StreamingJob
+
+    folder = root.child(job)
+    if not any(folder.exists(mark) for mark in LIFECYCLE_MARKS):
+        return None
+    spec = specs.get(job) or StreamingJob(name=job, application="", checkpoint="")
+    try:
+        state = status(JobContext(spec, root))
+    except SavepointError as exc:
+        return {"state": "unknown", "error": exc.message}
+    return state.model_dump(mode="json", include={"state", "run_id", "host", "last_batch", "heartbeat_age_s",
+                                                  "error", "detail", "spark_version", "ended"})
+
+
+def job_summary(root: Store, job: str, *, interval_s: float, specs: dict[str, Any],
+                now: datetime | None = None) -> dict[str, Any]:
+    """One row of the jobs view."""
+    now = now or datetime.now(UTC)
+    records = list_savepoints(root, job)
+    completed = [r for r in records if r.state == SavepointState.COMPLETED and r.conflict is None]
+    newest = completed[-1] if completed else None
+    lifecycle = lifecycle_state(root, job, specs)
+    state = lifecycle["state"] if lifecycle else ("not_started" if job in specs and not records else None)
+    newest_age = (now - newest.created_at).total_seconds() if newest else None
+    expects_savepoints = state not in ("stopped", "failed", "not_started")
+    return {
+        "job": job,
+        "state": state,
+        "lifecycle": lifecycle,
+        "last_batch": (lifecycle or {}).get("last_batch"),
+        "newest": newest.summary() if newest else None,
+        "newest_age_s": round(newest_age, 1) if newest_age is not None else None,
+        "stale": bool(expects_savepoints and newest_age is not None and newest_age > 2 * interval_s),
+        "savepoints": len(records),
+        "by_type": dict(Counter(r.type.value for r in records)),
+        "by_state": dict(Counter(r.state.value for r in records)),
+        "conflicts": sum(1 for r in records if r.conflict),
+        "total_bytes": sum(r.bytes or 0 for r in records if r.state == SavepointState.COMPLETED),
+    }
+
+
+def overview(root: Store, *, interval_s: float, jobs_file: str | None, parallelism: int = 8) -> dict[str, Any]:
+    """Every job's summary, several jobs at a time (each is a handful of reads of an object store);
+    a job whose catalog cannot be read gets an error instead of failing the page."""
+    now = datetime.now(UTC)
+    specs = job_specs(jobs_file)
+
+    def summary(job: str) -> dict[str, Any]:
+        try:
+            return job_summary(root, job, interval_s=interval_s, specs=specs, now=now)
+        except SavepointError as exc:
+            return {"job": job, "error": exc.to_dict()}
+
+    names = sorted(set(job_folders(root)) | declared_here(root, specs))
+    with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(names)))) as pool:
+        jobs = list(pool.map(summary, names))
+    return {"root": root.url, "checked_at": now.isoformat(), "periodic_interval_s": interval_s, "jobs": jobs}
+
+
+def page_of(records: list[SavepointRecord], offset: int, limit: int | None, newest_first: bool) -> dict[str, Any]:
+    ordered = list(reversed(records)) if newest_first else records
+    end = None if limit is None else offset + limit
+    return {"total": len(records), "offset": offset, "limit": limit,
+            "order": "newest" if newest_first else "oldest",
+            "savepoints": [r.summary() for r in ordered[offset:end]]}
+
+
+# ---- one savepoint ------------------------------------------------------------------------------
+
+def state_stores(manifest: SavepointManifest) -> list[dict[str, Any]]:
+    """Per stateful operator: partitions, files and bytes (from the manifest's ``state/<op>/<partition>/`` files)."""
+    operators: dict[str, dict[str, Any]] = {}
+    for entry in manifest.files:
+        parts = entry.path.split("/")
+        if len(parts) < 3 or parts[0] != "state":
+            continue
+        found = operators.setdefault(parts[1], {"operator": parts[1], "partitions": set(), "files": 0, "bytes": 0})
+        if parts[2].isdigit():
+            found["partitions"].add(parts[2])
+        found["files"] += 1
+        found["bytes"] += entry.size
+    settings = manifest.state_store
+    return [{**op, "partitions": len(op["partitions"]), "provider": settings.provider,
+             "format_version": settings.checkpoint_format_version}
+            for _, op in sorted(operators.items(), key=lambda item: (len(item[0]), item[0]))]
+
+
+def commands(job: str, pointer: str, checkpoint: str, savepoint_id: str) -> dict[str, str]:
+    """Ready commands: restore into a fresh location beside the job's checkpoint, or start the job from it."""
+    target = f"{checkpoint.rstrip('/')}-restore-{savepoint_id.rsplit('-', 1)[-1]}"
+    return {
+        "restore": f"airflow-savepoints restore {shlex.quote(pointer)} --to {shlex.quote(target)}",
+        "start": f"airflow-savepoints job start {shlex.quote(job)} --from {shlex.quote(pointer)}",
+        "verify": f"airflow-savepoints verify {shlex.quote(pointer)}",
+    }
+
+
+def checksums(root: Store, pointer: str, manifest: SavepointManifest, verify: bool) -> dict[str, Any]:
+    """The manifest's checksums; with ``verify``, every file read again and compared (nothing is changed)."""
+    sources = Counter(entry.checksum_source or "read" for entry in manifest.files)
+    result: dict[str, Any] = {"algorithm": manifest.checksum_algorithm, "files": len(manifest.files),
+                              "sources": dict(sources), "verified": None, "problem": None}
+    if verify:
+        try:
+            verify_savepoint(pointer, root.storage_options)
+            result.update(verified=True, verified_at=datetime.now(UTC).isoformat())
+        except SavepointError as exc:
+            result.update(verified=False, problem=exc.message)
+    return result
+
+
+def savepoint_detail(root: Store, job: str, record: SavepointRecord, manifest: SavepointManifest | None,
+                     verify: bool = False) -> dict[str, Any]:
+    """What the detail view shows beside the record and the manifest."""
+    pick = latest_savepoint(root, job)
+    detail: dict[str, Any] = {
+        "restore_pick": {"savepoint_id": pick.manifest.savepoint_id, "pointer": pick.pointer,
+                         "is_this": pick.manifest.savepoint_id == record.savepoint_id} if pick else None,
+    }
+    if manifest is not None:
+        detail.update(
+            state_stores=state_stores(manifest),
+            checksums=checksums(root, record.pointer, manifest, verify),
+            commands=commands(job, record.pointer, manifest.checkpoint, record.savepoint_id),
+        )
+    return detail

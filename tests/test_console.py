@@ -1,0 +1,575 @@
+"""The savepoints console (Browse > Savepoints) in a real Airflow 3.3 API server, in headless Chromium.
+
+One deployment for the module: savepoints of a real PySpark checkpoint in five jobs whose lifecycle
+files say running, stopped, failed (and one job the lifecycle never ran), a job folder without
+savepoints, a stray README.md in the root, a savepoint in progress and one in conflict, the
+example DAGs serialized (no scheduler: a triggered run stays queued, which is what is checked), an
+admin and a viewer. The API is checked over HTTP, the page after a real login through Airflow's
+form; screenshots go to test-artifacts/ (the main ones are copied into docs/ by hand).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.core.catalog import Catalog
+from airflow_savepoints.core.models import SavepointType
+from airflow_savepoints.jobs.control import CONTROL_FOLDER, JobControl
+from airflow_savepoints.storage import Store
+from tests.conftest import ROOT
+from tests.support.airflow_cluster import airflow_cluster, tail
+from tests.test_plugin import ARTIFACTS, CHROMEDRIVER, CHROMIUM, WebDriver
+
+API = "/savepoints/api"
+VIEWER = "viewer-vera"
+JOBS = ["clicks", "empty-job", "fraud", "inventory", "ledger", "orders", "payments"]
+EXAMPLE_DAGS = ("periodic_savepoints.py", "stop_job_with_savepoint.py", "restore_from_savepoint.py", "jobs.yaml")
+browser_needed = pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="the console tests need /usr/bin/chromium and /usr/bin/chromedriver "
+           "(Debian: apt-get install -y chromium chromium-driver, or `make browser-deps` as root)")
+
+
+# ---- the savepoint root the console shows ----------------------------------------------------------
+
+def _beat(root: Path, job: str, run_id: str, **facts: Any) -> JobControl:
+    control = JobControl(Store(str(root / job / CONTROL_FOLDER / run_id)))
+    control.beat(**{"state": "running", "timeout_s": 3600, "spark_version": "4.1.0", **facts})
+    return control
+
+
+def populate(root: Path, checkpoint: Path, earlier: Path) -> dict[str, list[str]]:
+    """Jobs in every state the console shows; returns each job's savepoint ids, oldest first."""
+    def take(source: Path, job: str, kind: str, reason: str) -> str:
+        return take_savepoint(str(source), job, savepoint_dir=str(root), savepoint_type=kind,
+                              reason=reason).manifest.savepoint_id
+
+    taken: dict[str, list[str]] = {"orders": [take(earlier, "orders", "periodic", f"round {i}") for i in range(11)]}
+    taken["orders"].append(take(checkpoint, "orders", "manual", "<script>alert('x')</script> before upgrade"))
+    Catalog(Store(str(root / "orders")), "orders").begin("savepoint-0a1b2c-00000000abcd", SavepointType.PERIODIC,
+                                                         "in flight", None)
+    _beat(root, "orders", "run-orders-1", last_committed_batch=5)
+
+    taken["payments"] = [take(checkpoint, "payments", "stop", "decommissioned")]
+    payments = _beat(root, "payments", "run-payments-1", last_committed_batch=5)
+    payments.acknowledge_stop({"request_id": "stop-1"}, last_committed_batch=5)
+
+    taken["inventory"] = [take(checkpoint, "inventory", "periodic", "hourly")]  # made two hours old below: stale
+    Catalog(Store(str(root / "inventory")), "inventory").update(
+        lambda doc: setattr(doc.records[taken["inventory"][0]], "created_at", datetime.now(UTC) - timedelta(hours=2)))
+    _beat(root, "inventory", "run-inventory-1", last_committed_batch=5)
+
+    taken["fraud"] = [take(checkpoint, "fraud", "manual", "before a schema change")]
+    Catalog(Store(str(root / "fraud")), "fraud").update(
+        lambda doc: setattr(doc.records[taken["fraud"][0]], "conflict", "its _metadata names another query"))
+    _beat(root, "fraud", "run-fraud-1").report_failure(RuntimeError("the Kafka topic 'fraud' was deleted"))
+
+    taken["clicks"] = [take(checkpoint, "clicks", "periodic", "hourly")]  # the lifecycle never ran it
+    (root / "empty-job").mkdir()
+    (root / "README.md").write_text("savepoints of the streaming jobs; see the runbook\n")  # not a job
+    return taken
+
+
+def jobs_file(path: Path, root: Path) -> Path:
+    """The jobs file the API server reads: a job declared on this root before its first savepoint
+    (shown, not started), one of another root (not shown), and orders."""
+    job = "application: /opt/jobs/{name}.py\n    checkpoint: /data/checkpoints/{name}\n    savepoint_dir: {where}"
+    entries = [("ledger", root), ("elsewhere", path.parent / "other-savepoints"), ("orders", root)]
+    path.write_text("jobs:\n" + "".join(f"  - name: {name}\n    " + job.format(name=name, where=where) + "\n"
+                                          for name, where in entries))
+    return path
+
+
+# ---- pure parts (fast) -----------------------------------------------------------------------------
+
+def test_job_folders_are_directories_and_a_missing_root_says_so(tmp_path):
+    from airflow_savepoints.plugins.console import SavepointRootMissingError, job_folders
+
+    root = tmp_path / "savepoints"
+    with pytest.raises(SavepointRootMissingError, match="does not exist") as missing:
+        job_folders(Store(str(root)))
+    assert missing.value.code == "savepoint_root_not_found" and "savepoint_dir" in missing.value.hint
+    for name in ("orders", "payments", ".hidden", "_tmp", "a..b"):
+        (root / name).mkdir(parents=True)
+    (root / "README.md").write_text("not a job")
+    (root / "notes").write_text("a file with a job-like name")
+    assert job_folders(Store(str(root))) == ["orders", "payments"]
+    (root / "empty").mkdir()
+    assert job_folders(Store(str(tmp_path / "savepoints" / "empty"))) == []  # exists, no jobs: not an error
+
+
+def test_pages_commands_and_intervals():
+    from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
+    from airflow_savepoints.plugins.console import commands, page_of, periodic_interval_s
+
+    now = datetime.now(UTC)
+    records = [SavepointRecord(savepoint_id=f"savepoint-abc123-{i:012x}", job="orders", type=SavepointType.PERIODIC,
+                               state=SavepointState.COMPLETED, created_at=now, updated_at=now) for i in range(25)]
+    page = page_of(records, 20, 10, newest_first=True)
+    assert (page["total"], page["offset"], page["order"]) == (25, 20, "newest")
+    assert [s["savepoint_id"][-2:] for s in page["savepoints"]] == ["04", "03", "02", "01", "00"]
+    assert len(page_of(records, 0, None, newest_first=False)["savepoints"]) == 25
+    made = commands("orders", "s3://b/sp/orders/savepoint-abc123-00000000000a", "s3://b/cp/it's here", "savepoint-abc123-00000000000a")
+    assert made["restore"] == ("airflow-savepoints restore s3://b/sp/orders/savepoint-abc123-00000000000a "
+                               "--to 's3://b/cp/it'\"'\"'s here-restore-00000000000a'")  # quoted for a shell
+    assert made["start"] == "airflow-savepoints job start orders --from s3://b/sp/orders/savepoint-abc123-00000000000a"
+    assert periodic_interval_s("1h") == 3600 and periodic_interval_s(None) > 0
+
+
+# ---- one deployment for the module ----------------------------------------------------------------
+
+class Console:
+    def __init__(self, cluster, base: Path, root: Path, taken: dict[str, list[str]], viewer_password: str):
+        self.cluster, self.base, self.root, self.taken = cluster, base, root, taken
+        self.viewer_password = viewer_password
+
+    def get(self, path: str, token: str | None = None, *, auth: bool = True, **kwargs: Any):
+        """GET as the admin (bearer token), as the holder of ``token``, or with ``auth=False`` as nobody."""
+        headers = {**kwargs.pop("headers", {}), **({"Authorization": f"Bearer {token}"} if token else {})}
+        return self.cluster.request("GET", path, auth=auth and token is None, headers=headers, **kwargs)
+
+    def token_of(self, username: str, password: str) -> str:
+        response = self.cluster.request("POST", "/auth/token", auth=False,
+                                        json={"username": username, "password": password})
+        assert response.status_code == 201, response.text
+        return response.json()["access_token"]
+
+    @contextmanager
+    def connection(self, **fields: Any):
+        """``savepoints_default`` replaced by another definition for the block."""
+        self.cluster.api("DELETE", "/api/v2/connections/savepoints_default", expect=(204,))
+        try:
+            self.cluster.api("POST", "/api/v2/connections", expect=(201,),
+                             json={"connection_id": "savepoints_default", "conn_type": "savepoints", **fields})
+            yield
+        finally:
+            self.cluster.api("DELETE", "/api/v2/connections/savepoints_default", expect=(204, 404))
+            create_connection(self.cluster, self.root)
+
+
+def create_connection(cluster, root: Path) -> None:
+    cluster.api("POST", "/api/v2/connections", expect=(201,), json={
+        "connection_id": "savepoints_default", "conn_type": "savepoints", "host": str(root)})
+
+
+@contextmanager
+def silent_endpoint():
+    """A TCP endpoint on 127.0.0.1 that accepts connections and never answers (a hung store)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        for connection in held:
+            connection.close()
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def console(stopped_checkpoint, tmp_path_factory):
+    base = tmp_path_factory.mktemp("console")
+    checkpoint, earlier = base / "checkpoint", base / "checkpoint-earlier"
+    shutil.copytree(stopped_checkpoint, checkpoint)
+    shutil.copytree(stopped_checkpoint, earlier)
+    (earlier / "commits" / "5").unlink()
+    root = base / "savepoints"
+    taken = populate(root, checkpoint, earlier)
+    dags = base / "dags"
+    dags.mkdir()
+    for name in EXAMPLE_DAGS:
+        shutil.copy2(ROOT / "dags" / name, dags / name)
+    env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"e2e-admin:admin,{VIEWER}:viewer",
+           "AIRFLOW__SAVEPOINTS__JOBS_FILE": str(jobs_file(base / "console-jobs.yaml", root)),
+           "AIRFLOW__SAVEPOINTS__API_TIMEOUT": "3", "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}
+    with airflow_cluster(base / "airflow-home", dags, env, components=("api-server",)) as cluster:
+        airflow = str(Path(sys.executable).parent / "airflow")
+        serialized = subprocess.run([airflow, "dags", "reserialize"], env=cluster.env, capture_output=True, text=True,
+                                    timeout=300, cwd=cluster.home)
+        assert serialized.returncode == 0, serialized.stderr[-3000:]
+        create_connection(cluster, root)
+        passwords = json.loads((cluster.home / "simple_auth_manager_passwords.json").read_text())
+        yield Console(cluster, base, root, taken, passwords[VIEWER])
+
+
+# ---- the API ---------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_overview_summarises_every_job_folder(console):
+    c = console
+    answer = c.get(f"{API}/overview")
+    assert answer.status_code == 200, answer.text
+    overview = answer.json()
+    assert overview["root"] == str(c.root) and overview["periodic_interval_s"] == 900
+    jobs = {job["job"]: job for job in overview["jobs"]}
+    assert sorted(jobs) == JOBS  # README.md is no job; ledger is declared on this root, elsewhere on another
+    assert c.get(f"{API}/jobs").json()["jobs"] == [job for job in JOBS if job != "ledger"]  # the folders
+    assert (jobs["ledger"]["state"], jobs["ledger"]["savepoints"], jobs["ledger"]["newest"]) == ("not_started", 0, None)
+
+    orders = jobs["orders"]
+    assert (orders["state"], orders["last_batch"], orders["stale"]) == ("running", 5, False)
+    assert orders["newest"]["savepoint_id"] == c.taken["orders"][-1] and orders["newest"]["type"] == "manual"
+    assert orders["by_type"] == {"periodic": 12, "manual": 1}  # 11 completed periodic + the one in progress
+    assert orders["by_state"] == {"completed": 12, "in_progress": 1} and orders["savepoints"] == 13
+    manifests = [json.loads((c.root / "orders" / sid / "_metadata").read_text()) for sid in c.taken["orders"]]
+    assert orders["total_bytes"] == sum(m["total_bytes"] for m in manifests)
+    assert 0 <= orders["newest_age_s"] < 3600
+
+    assert (jobs["payments"]["state"], jobs["payments"]["stale"]) == ("stopped", False)
+    assert jobs["inventory"]["state"] == "running" and jobs["inventory"]["stale"] is True
+    assert jobs["inventory"]["newest_age_s"] >= 7200 - 5
+    assert jobs["fraud"]["state"] == "failed" and "Kafka topic 'fraud' was deleted" in jobs["fraud"]["lifecycle"]["error"]
+    assert jobs["fraud"]["newest"] is None and jobs["fraud"]["conflicts"] == 1  # a savepoint in conflict is never "newest"
+    assert jobs["clicks"]["state"] is None and jobs["clicks"]["lifecycle"] is None
+    assert jobs["empty-job"]["savepoints"] == 0 and jobs["empty-job"]["newest"] is None
+
+
+@pytest.mark.slow
+def test_savepoints_are_paged_newest_first(console):
+    c = console
+    ids = c.taken["orders"]
+    first = c.get(f"{API}/jobs/orders/savepoints", params={"order": "newest", "limit": 5}).json()
+    assert (first["total"], first["offset"], first["limit"]) == (13, 0, 5)
+    assert first["savepoints"][0]["state"] == "in_progress"  # begun last
+    assert [s["savepoint_id"] for s in first["savepoints"][1:]] == ids[::-1][:4]
+    last = c.get(f"{API}/jobs/orders/savepoints", params={"order": "newest", "offset": 10, "limit": 5}).json()
+    assert [s["savepoint_id"] for s in last["savepoints"]] == ids[:3][::-1]
+    everything = c.get(f"{API}/jobs/orders/savepoints").json()  # no paging asked: all of them, oldest first
+    assert [s["savepoint_id"] for s in everything["savepoints"] if s["state"] == "completed"] == ids
+    for bad in ({"limit": 0}, {"offset": -1}, {"order": "random"}, {"limit": 5000}):
+        answer = c.get(f"{API}/jobs/orders/savepoints", params=bad)
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_input", (bad, answer.text)
+
+
+@pytest.mark.slow
+def test_savepoint_detail_has_what_a_restore_needs(console):
+    c = console
+    newest, older = c.taken["orders"][-1], c.taken["orders"][0]
+    detail = c.get(f"{API}/jobs/orders/savepoints/{older}").json()
+    manifest = json.loads((c.root / "orders" / older / "_metadata").read_text())
+    assert detail["savepoint"]["batch_id"] == manifest["batch_id"] == 4
+    assert detail["manifest"]["source_offsets"] == manifest["source_offsets"]
+    assert detail["manifest"]["checkpoint"] == manifest["checkpoint"]
+    extra = detail["detail"]
+    assert extra["restore_pick"] == {"savepoint_id": newest, "pointer": str(c.root / "orders" / newest), "is_this": False}
+    stores = extra["state_stores"]
+    state_files = [f for f in manifest["files"] if f["path"].startswith("state/")]
+    assert sum(s["files"] for s in stores) == len(state_files) and stores[0]["operator"] == "0"
+    assert stores[0]["partitions"] == len({f["path"].split("/")[2] for f in state_files if f["path"].split("/")[2].isdigit()})
+    assert stores[0]["provider"] == manifest["state_store"]["provider"]
+    assert extra["checksums"]["verified"] is None and extra["checksums"]["files"] == len(manifest["files"])
+    pointer = str(c.root / "orders" / older)
+    assert extra["commands"]["restore"].startswith(f"airflow-savepoints restore {pointer} --to ")
+    assert extra["commands"]["start"] == f"airflow-savepoints job start orders --from {pointer}"
+
+    verified = c.get(f"{API}/jobs/orders/savepoints/{newest}", params={"verify": "true"}).json()["detail"]
+    assert verified["checksums"]["verified"] is True and verified["restore_pick"]["is_this"] is True
+
+    in_flight = c.get(f"{API}/jobs/orders/savepoints/savepoint-0a1b2c-00000000abcd").json()
+    assert in_flight["savepoint"]["state"] == "in_progress" and in_flight["manifest"] is None
+    conflicted = c.get(f"{API}/jobs/fraud/savepoints/{c.taken['fraud'][0]}").json()
+    assert conflicted["savepoint"]["conflict"] and conflicted["detail"]["restore_pick"] is None
+
+
+@pytest.mark.slow
+def test_errors_say_what_is_wrong(console):
+    c = console
+    with c.connection(host=str(c.base / "no-such-root")):
+        answer = c.get(f"{API}/overview")
+        assert answer.status_code == 404, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "savepoint_root_not_found" and str(c.base / "no-such-root") in error["message"]
+    with silent_endpoint() as endpoint, c.connection(host="s3://console-bucket/savepoints",
+                                                     extra=json.dumps({"endpoint_url": endpoint, "key": "k", "secret": "s"})):
+        started = time.monotonic()
+        answer = c.get(f"{API}/overview")
+        waited = time.monotonic() - started
+        assert answer.status_code == 504, answer.text
+        assert answer.json()["error"]["code"] == "store_timeout" and "within 3 s" in answer.json()["error"]["message"]
+        assert waited < 20, waited
+    page = c.get("/savepoints/ui", auth=False, headers={"Accept": "text/html"}, follow_redirects=False)
+    assert page.status_code == 303 and "/auth/login?next=" in page.headers["location"], page.headers
+    assert c.get("/savepoints/ui", auth=False).status_code == 401  # a script still gets JSON
+
+
+@pytest.mark.slow
+def test_actions_follow_airflow_permissions(console):
+    c = console
+    admin = {a["action"]: a for a in c.get(f"{API}/actions").json()["actions"]}
+    assert {name: (a["dag_id"], a["deployed"], a["allowed"]) for name, a in admin.items()} == {
+        "savepoint": ("periodic_savepoints", True, True), "stop": ("stop_job_with_savepoint", True, True),
+        "restore": ("restore_from_savepoint", True, True)}
+    assert admin["stop"]["stops_job"] is True and admin["restore"]["stops_job"] is False
+    viewer = c.token_of(VIEWER, c.viewer_password)
+    refused = {a["action"]: a["allowed"] for a in c.get(f"{API}/actions", token=viewer).json()["actions"]}
+    assert refused == {"savepoint": False, "stop": False, "restore": False}
+    assert c.get(f"{API}/overview", token=viewer).status_code == 200  # a viewer still sees everything
+
+
+# ---- the page in Chromium --------------------------------------------------------------------------
+
+PAGE = """
+const frame = document.querySelector('iframe');
+const doc = frame ? frame.contentDocument : document;
+return doc && doc.body && doc.body.dataset.loaded === 'true' ? true : null;
+"""
+
+
+def in_page(script: str) -> str:
+    """Run ``script`` with ``doc`` = the console's document (in the UI's iframe or opened alone)."""
+    return ("const frame = document.querySelector('iframe');\n"
+            "const doc = frame ? frame.contentDocument : document;\n" + script)
+
+
+JOB_ROWS = in_page("""return Array.from(doc.querySelectorAll('tr.job')).map(row => ({job: row.dataset.job,
+  cells: Array.from(row.cells).map(cell => cell.textContent.trim()), title: row.cells[2] && row.cells[2].title}));""")
+SAVEPOINT_ROWS = in_page("""return Array.from(doc.querySelectorAll('tr.savepoint')).map(
+  row => [row.dataset.job, ...Array.from(row.cells).map(cell => cell.textContent)]);""")
+FACTS = in_page("""const detail = doc.getElementById('detail');
+if (detail.hidden || detail.dataset.loaded !== 'true') return null;
+const facts = Object.fromEntries(Array.from(detail.querySelectorAll('dd[data-fact]')).map(dd => [dd.dataset.fact, dd.textContent]));
+const values = Object.fromEntries(Array.from(detail.querySelectorAll('code[data-value]')).map(c => [c.dataset.value, c.textContent]));
+return {facts, values, title: detail.querySelector('h2').textContent};""")
+PROBLEM = in_page("""const banner = doc.querySelector('#problem .banner');
+return doc.body.dataset.loaded === 'true' && banner ? {code: banner.dataset.code, text: banner.textContent,
+  color: getComputedStyle(banner.querySelector('.title')).color} : null;""")
+STYLE = in_page("""const style = getComputedStyle(doc.body);
+return {background: style.backgroundColor, color: style.color, font: style.fontFamily, theme: doc.body.dataset.theme,
+  hostFont: getComputedStyle(document.body).fontFamily};""")
+
+
+def click_in_page(browser: WebDriver, css: str) -> None:
+    browser.script(in_page(f"doc.querySelector({json.dumps(css)}).click(); return true;"))
+
+
+@contextmanager
+def inside_console(browser: WebDriver):
+    """WebDriver commands (real clicks: a user's gesture, which the clipboard needs) go to the console's iframe."""
+    framed = browser.script("return document.querySelector('iframe') !== null;")
+    if framed:
+        browser.call("POST", f"{browser.session}/frame", {"id": {WebDriver.ELEMENT: browser.find("iframe")}})
+    try:
+        yield
+    finally:
+        if framed:
+            browser.call("POST", f"{browser.session}/frame/parent", {})
+
+
+def wait_loaded(browser: WebDriver, what: str, timeout: float = 60) -> None:
+    browser._wait(lambda: browser.script(PAGE), timeout, what)
+
+
+def reload_page(browser: WebDriver) -> None:
+    browser.script(in_page("doc.body.dataset.loaded = 'false'; doc.getElementById('refresh').click(); return true;"))
+    wait_loaded(browser, "the console did not reload")
+
+
+def luminance(css_color: str) -> float:
+    """0 (black) to 255 (white), from ``rgb(...)`` or ``oklch(L ...)`` (Airflow's colours)."""
+    numbers = [x for x in css_color[css_color.index("(") + 1:css_color.index(")")].replace(",", " ").split()]
+    if css_color.startswith("oklch"):
+        return float(numbers[0].rstrip("%")) / (100 if numbers[0].endswith("%") else 1) * 255
+    return sum(float(x) for x in numbers[:3]) / 3
+
+
+def login(browser: WebDriver, c: Console, username: str, password: str, path: str = "/plugin/savepoints") -> None:
+    browser.go(f"{c.cluster.base_url}{path}")
+    browser.type("input[name=username]", username)
+    browser.type("input[name=password]", password)
+    browser.click("button[type=submit]")
+
+
+@contextmanager
+def chromium(tmp_path: Path):
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser = WebDriver(tmp_path)
+    try:
+        yield browser
+    except BaseException:
+        print(f"chromedriver log:\n{tail(browser.log, 40)}")
+        raise
+    finally:
+        browser.close()
+
+
+def dag_runs(c: Console, dag_id: str) -> list[dict]:
+    return c.cluster.get(f"/api/v2/dags/{dag_id}/dagRuns")["dag_runs"]
+
+
+def confirm_dialog(browser: WebDriver, accept: bool) -> str:
+    text = browser._wait(lambda: browser.script(in_page(
+        "const d = doc.getElementById('confirm'); return d.open ? d.textContent : null;")), 10, "no confirmation dialog")
+    click_in_page(browser, "#confirm-ok" if accept else "#confirm button[value=cancel]")
+    return text
+
+
+def notice(browser: WebDriver) -> dict:
+    return browser._wait(lambda: browser.script(in_page(
+        "const b = doc.querySelector('#notice .banner'); return b ? {kind: b.className, text: b.textContent,"
+        " run: (b.querySelector('[data-run-id]') || {dataset: {}}).dataset.runId} : null;")), 30, "no notice after the action")
+
+
+@pytest.mark.slow
+@browser_needed
+def test_console_in_chromium(console, tmp_path):
+    from tests.test_plugin import ui_route
+
+    c = console
+    with chromium(tmp_path) as browser:
+        # a logged-out visit of the page (the operators' extra link) goes to Airflow's login, then back
+        browser.go(f"{c.cluster.base_url}/savepoints/ui?job=orders")
+        browser.find("input[name=username]")
+        assert "/auth/login" in browser.url(), browser.url()
+        browser.type("input[name=username]", c.cluster.username)
+        browser.type("input[name=password]", c.cluster.password)
+        browser.click("button[type=submit]")
+        wait_loaded(browser, "the console did not open after the login")
+        assert browser.url() == f"{c.cluster.base_url}/savepoints/ui?job=orders"
+        assert [row["job"] for row in browser.script(JOB_ROWS)] == ["orders"]
+
+        # Browse > Savepoints: the jobs view in the UI's iframe
+        browser.go(f"{c.cluster.base_url}/plugin/savepoints")
+        wait_loaded(browser, "the console did not load in the UI's iframe")
+        assert browser.url() == f"{c.cluster.base_url}{ui_route()}"
+        jobs = {row["job"]: row for row in browser.script(JOB_ROWS)}
+        assert list(jobs) == JOBS and jobs["ledger"]["cells"][2] == "not started"
+        assert jobs["orders"]["cells"][2:4] == ["running", "5"] and "stale" in jobs["inventory"]["cells"][4]
+        assert jobs["payments"]["cells"][2] == "stopped" and jobs["fraud"]["cells"][2] == "failed"
+        assert "Kafka topic 'fraud' was deleted" in jobs["fraud"]["title"]
+        assert "no savepoints" in jobs["empty-job"]["cells"][5] and "conflict 1" in jobs["fraud"]["cells"][5]
+        assert "in progress 1" in jobs["orders"]["cells"][5] and jobs["clicks"]["cells"][2] == "\u2014"
+        assert browser.script(SAVEPOINT_ROWS) == []  # six jobs: collapsed at first
+
+        # collapse and paging: the newest ten of orders, then the older ones
+        click_in_page(browser, "tr.job[data-job=orders]")
+        rows = browser._wait(lambda: browser.script(SAVEPOINT_ROWS), 30, "orders did not expand")
+        ids = c.taken["orders"]
+        assert [r[1] for r in rows[1:]] == ids[::-1][:9] and rows[0][3] == "in progress"
+        assert rows[1][2:6] == ["manual", "completed", "<script>alert('x')</script> before upgrade", "5"]
+        assert all(r[7].endswith("ago") and r[6].endswith("B") for r in rows[1:]), rows
+        browser.screenshot(ARTIFACTS / "console-jobs.png")
+        click_in_page(browser, "tr.savepoints-row[data-job=orders] .pager button:last-child")
+        older = browser._wait(lambda: [r for r in browser.script(SAVEPOINT_ROWS) if r[1] == ids[0]], 30, "no older page")
+        assert older and len(browser.script(SAVEPOINT_ROWS)) == 3
+
+        # the detail view of one savepoint
+        click_in_page(browser, f"tr.savepoint[data-savepoint-id={ids[0]}]")
+        detail = browser._wait(lambda: browser.script(FACTS), 30, "the detail view did not open")
+        pointer = str(c.root / "orders" / ids[0])
+        assert detail["title"] == ids[0] and detail["values"]["pointer"] == pointer
+        assert detail["values"]["restore"].startswith(f"airflow-savepoints restore {pointer} --to ")
+        assert detail["facts"]["Batch"] == "4" and "not verified" in detail["facts"]["Checksums"]
+        assert ids[-1] in detail["facts"]["A restore would pick"] and detail["facts"]["Spark version"]
+        assert browser._wait(lambda: "no asset events yet" in browser.script(FACTS)["facts"]["In Airflow"], 30,
+                             "the asset link was not resolved")  # core-taken savepoints: Airflow saw no asset event
+        with inside_console(browser):
+            browser.click("#detail button[data-copy=restore]")
+        assert browser._wait(lambda: browser.script(in_page(
+            "return doc.querySelector('#detail button[data-copy=restore]').textContent === 'Copied';")), 5, "no copy")
+        click_in_page(browser, "#detail .facts button.link")  # verify now
+        verified = browser._wait(lambda: (browser.script(FACTS) or {}).get("facts", {}).get("Checksums", "").startswith("verified")
+                                 or None, 30, "verification did not show")
+        assert verified
+        browser.screenshot(ARTIFACTS / "console-detail.png")
+
+        # a filter
+        browser.script(in_page("const f = doc.getElementById('filter'); f.value = 'pay';"
+                               " f.dispatchEvent(new Event('input')); return true;"))
+        assert [row["job"] for row in browser.script(JOB_ROWS)] == ["payments"]
+        browser.script(in_page("const f = doc.getElementById('filter'); f.value = '';"
+                               " f.dispatchEvent(new Event('input')); return true;"))
+
+        # an action: stop with savepoint asks first; cancelled, nothing happens; confirmed, a DAG run
+        before = len(dag_runs(c, "stop_job_with_savepoint"))
+        click_in_page(browser, "tr.job[data-job=orders] button[data-action=stop]")
+        assert "The job stops" in confirm_dialog(browser, accept=False)
+        time.sleep(1)
+        assert len(dag_runs(c, "stop_job_with_savepoint")) == before
+        click_in_page(browser, "tr.job[data-job=orders] button[data-action=stop]")
+        browser.screenshot(ARTIFACTS / "console-confirm.png")
+        confirm_dialog(browser, accept=True)
+        shown = notice(browser)
+        runs = {run["dag_run_id"]: run for run in dag_runs(c, "stop_job_with_savepoint")}
+        assert "success" in shown["kind"] and shown["run"] in runs, (shown, list(runs))
+        assert runs[shown["run"]]["conf"] == {"job": "orders"}
+
+        # dark mode and a timezone that is not UTC, as chosen in Airflow's own settings
+        light = browser.script(STYLE)
+        browser.script("localStorage.setItem('theme', 'dark');"
+                       " localStorage.setItem('timezone', JSON.stringify('Asia/Kolkata')); return true;")
+        browser.go(f"{c.cluster.base_url}/plugin/savepoints")
+        wait_loaded(browser, "the console did not load in dark mode")
+        dark = browser.script(STYLE)
+        assert dark["theme"] == "dark" and light["theme"] == "light"
+        assert luminance(dark["background"]) < 80 < luminance(light["background"]), (light, dark)
+        assert dark["font"] == dark["hostFont"] == light["font"], (light, dark)  # Airflow's font
+        click_in_page(browser, "tr.job[data-job=payments]")
+        stop = browser._wait(lambda: browser.script(SAVEPOINT_ROWS), 30, "payments did not expand")[0]
+        created = json.loads((c.root / "payments" / c.taken["payments"][0] / "_metadata").read_text())["created_at"]
+        india = datetime.fromisoformat(created).astimezone(timezone(timedelta(hours=5, minutes=30)))
+        assert stop[8] == india.strftime("%Y-%m-%d %H:%M:%S") + " +05:30", stop
+        browser.screenshot(ARTIFACTS / "console-dark.png")
+
+
+@pytest.mark.slow
+@browser_needed
+def test_console_states_and_a_viewer_in_chromium(console, tmp_path):
+    c = console
+    with chromium(tmp_path) as browser:
+        login(browser, c, VIEWER, c.viewer_password)
+        wait_loaded(browser, "the console did not load for the viewer")
+        buttons = browser.script(in_page("return Array.from(doc.querySelectorAll('button[data-action]')).map("
+                                         "b => [b.dataset.action, b.disabled, b.title]);"))
+        assert buttons and all(disabled and "may not trigger" in title for _, disabled, title in buttons), buttons
+        before = len(dag_runs(c, "stop_job_with_savepoint"))
+        browser.script(in_page("doc.defaultView.eval(\"runAction(ui.actions.stop, {job: 'orders'}, 'orders')\"); return true;"))
+        confirm_dialog(browser, accept=True)
+        refused = notice(browser)
+        assert "error" in refused["kind"] and "refused" in refused["text"], refused
+        assert len(dag_runs(c, "stop_job_with_savepoint")) == before
+
+        with c.connection(host=str(c.base / "no-such-root")):
+            reload_page(browser)
+            problem = browser._wait(lambda: browser.script(PROBLEM), 30, "no problem shown")
+            assert problem["code"] == "savepoint_root_not_found" and "does not exist" in problem["text"]
+            assert "0 savepoint" not in browser.script(in_page("return doc.body.textContent;"))
+            title, text = problem["color"], browser.script(in_page("return getComputedStyle(doc.body).color;"))
+            assert title != text, (title, text)  # the error's own colour, not the page's text colour
+            browser.screenshot(ARTIFACTS / "console-missing-root.png")
+        hung_store = {"host": "s3://console-bucket/savepoints", "login": "console-key", "password": "console-secret"}
+        with silent_endpoint() as endpoint, c.connection(**hung_store, extra=json.dumps({"endpoint_url": endpoint})):
+            reload_page(browser)
+            problem = browser._wait(lambda: browser.script(PROBLEM), 30, "no timeout shown")
+            assert problem["code"] == "store_timeout" and "did not answer within 3 s" in problem["text"], problem
+            browser.screenshot(ARTIFACTS / "console-store-timeout.png")
+        click_in_page(browser, "#problem button")  # retry, now that the store is back
+        wait_loaded(browser, "the retry did not load")
+        assert browser._wait(lambda: browser.script(JOB_ROWS), 30, "no jobs after the retry")
