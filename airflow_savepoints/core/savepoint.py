@@ -91,6 +91,7 @@ def take_savepoint(
     incremental: bool = True,
     secondary_dir: str | Store | None = None,
     secondary_storage_options: dict[str, Any] | None = None,
+    job_version: dict[str, Any] | None = None,
 ) -> SavepointInfo:
     """Take a savepoint of the newest committed batch of ``checkpoint`` for ``job``.
 
@@ -162,7 +163,7 @@ def take_savepoint(
             done = find_by_request_id(root, job, request_id)
             if done is not None:
                 return done
-        options = {"copy_mode": copy_mode, "first": first,
+        options = {"copy_mode": copy_mode, "first": first, "job_version": job_version,
                    "secondary": None if secondary_dir is None else _as_store(secondary_dir, secondary_storage_options).child(job)}
         with _previous_savepoint(job_store, job, source, incremental and copy_mode == "auto") as previous:
             options["previous"] = previous
@@ -327,6 +328,7 @@ def _attempt(source, job_store, job, lock, state, savepoint_type, reason, reques
         created_at=datetime.now(UTC),
         tool_version=__version__,
         spark_version=spark_version or UNKNOWN_SPARK_VERSION,
+        job_version=options.get("job_version"),
         checkpoint=source.url,
         offset_log_version=plan.offset_log_version,
         commit_log_version=plan.commit_log_version,
