@@ -5,6 +5,7 @@ a version that cannot start, rolled back automatically. The sink holds every eve
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,29 @@ def run_dag(dag_id: str, **conf):
     dag = DagBag(dag_folder=str(ROOT / "dags" / f"{dag_id}.py")).get_dag(dag_id)
     result = dag.test(run_conf=conf or None)
     return result.state, {t.task_id: t.state for t in result.get_task_instances()}
+
+
+class Feeder:
+    """Input arriving while an upgrade runs (a file every ``every`` seconds), as a live stream's would:
+    a new version is healthy only once it commits a batch past the stop batch."""
+
+    def __init__(self, folder: Path, sent: set[int], next_index: int, every: float = 2.0) -> None:
+        self.folder, self.sent, self.index, self.every = folder, sent, next_index, every
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._feed, daemon=True)
+
+    def _feed(self) -> None:
+        while not self._done.wait(self.every):
+            self.sent.update(demo.write_events(self.folder, self.index))
+            self.index += 1
+
+    def __enter__(self) -> Feeder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def wait_for_sink(output: Path, expected: list[int], timeout: float = 180) -> list[int]:
@@ -56,7 +80,7 @@ def test_refusals_change_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_last_state_upgrade_then_a_bad_version_rolled_back(airflow_db, tmp_path, monkeypatch, caplog):
+def test_last_state_upgrade_then_a_bad_version_rolled_back(airflow_db, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
     monkeypatch.setenv("SAVEPOINTS_DEMO_APP", demo.__file__)
     sent: set[int] = set()
@@ -72,10 +96,9 @@ def test_last_state_upgrade_then_a_bad_version_rolled_back(airflow_db, tmp_path,
         assert first.version["hash"] and first.version["spark_conf"][demo.SKIP_BAD_RECORDS_CONF] == "false"
 
         # last-state: stop cleanly (a stop savepoint is recorded), the fixed version resumes on the same checkpoint
-        for index in range(2, 4):
-            sent.update(demo.write_events(tmp_path / "input", index))
-        state, tasks = run_dag("upgrade_job", job=JOB, mode="last-state", spark_conf=json.dumps(FIX),
-                               health_timeout=240)
+        with Feeder(tmp_path / "input", sent, 2) as feeder:
+            state, tasks = run_dag("upgrade_job", job=JOB, mode="last-state", spark_conf=json.dumps(FIX),
+                                   health_timeout=120)
         assert state == "success", tasks
         upgraded = read_run(job_folder)
         [stop] = list_savepoints(root, JOB)
@@ -93,20 +116,18 @@ def test_last_state_upgrade_then_a_bad_version_rolled_back(airflow_db, tmp_path,
         assert status.state == "running" and status.version["hash"] == upgraded.version["hash"]
 
         # a version whose application does not exist: it fails at start, the fixed version is rolled back
-        for index in range(4, 6):
-            sent.update(demo.write_events(tmp_path / "input", index))
-        caplog.clear()
-        state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", application=str(tmp_path / "missing.py"),
-                               spark_conf=json.dumps(FIX), health_timeout=240)
+        capfd.readouterr()
+        with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
+            state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", application=str(tmp_path / "missing.py"),
+                                   spark_conf=json.dumps(FIX), health_timeout=120)
         assert state == "failed" and tasks == {"upgrade": "failed"}
-        assert "exited before committing a batch" in caplog.text and "rolled back" in caplog.text, caplog.text[-3000:]
+        log = capfd.readouterr().out  # the task's log: the new version's error, then the rollback
+        assert "UpgradeFailedError" in log and "exited before committing a batch" in log and "rolled back" in log, log[-3000:]
         back = read_run(job_folder)
         assert back.version == upgraded.version and back.ended is None  # the previous version runs again
         second_stop = list_savepoints(root, JOB)[-1]
         assert second_stop.type.value == "stop" and back.start_batch == second_stop.batch_id
         assert back.checkpoint.startswith(str(tmp_path / "checkpoint-"))  # restored from the stop savepoint
-        for index in range(6, 8):
-            sent.update(demo.write_events(tmp_path / "input", index))
         got = wait_for_sink(tmp_path / "output", sorted(sent))
     finally:
         last = read_run(job_folder)
