@@ -34,7 +34,7 @@ from airflow_savepoints.checkpoint.planner import plan_checkpoint
 from airflow_savepoints.errors import InvalidInputError, SavepointError
 from airflow_savepoints.jobs import lifecycle
 from airflow_savepoints.jobs.lifecycle import JobContext
-from airflow_savepoints.jobs.model import JobVersion, StreamingJob, UpgradeMode
+from airflow_savepoints.jobs.model import JobVersion, StreamingJob
 
 SubmitFor = Callable[[StreamingJob], Callable[[str, dict[str, str]], list[str]]]
 UPGRADE_MODES = ("savepoint", "last-state", "stateless")
@@ -58,7 +58,7 @@ class UpgradeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: JobVersion
-    mode: UpgradeMode | None = None  # default: the job's upgrade_mode
+    mode: str | None = None  # savepoint, last-state or stateless; default: the job's upgrade_mode (checked by upgrade())
     fallback_to_savepoint: bool = False  # last-state refused: upgrade with the stop savepoint instead
     allow_stateless: bool = False  # needed for mode 'stateless' (the new version starts with EMPTY state)
     health_timeout: float = Field(default=300, gt=0)  # seconds for the new version to commit past the stop batch
