@@ -5,7 +5,6 @@ a version that cannot start, rolled back automatically. The sink holds every eve
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from airflow_savepoints.jobs.lifecycle import JobContext
 from airflow_savepoints.jobs.upgrade import UpgradeRefusedError, UpgradeRequest, new_version, upgrade
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
+from tests.support.feeding import Feeder
 
 JOB = "demo-dedup"
 FIX = {demo.SKIP_BAD_RECORDS_CONF: "true"}
@@ -30,29 +30,6 @@ def run_dag(dag_id: str, **conf):
     dag = DagBag(dag_folder=str(ROOT / "dags" / f"{dag_id}.py")).get_dag(dag_id)
     result = dag.test(run_conf=conf or None)
     return result.state, {t.task_id: t.state for t in result.get_task_instances()}
-
-
-class Feeder:
-    """Input arriving while an upgrade runs (a file every ``every`` seconds), as a live stream's would:
-    a new version is healthy only once it commits a batch past the stop batch."""
-
-    def __init__(self, folder: Path, sent: set[int], next_index: int, every: float = 2.0) -> None:
-        self.folder, self.sent, self.index, self.every = folder, sent, next_index, every
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._feed, daemon=True)
-
-    def _feed(self) -> None:
-        while not self._done.wait(self.every):
-            self.sent.update(demo.write_events(self.folder, self.index))
-            self.index += 1
-
-    def __enter__(self) -> Feeder:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join()
 
 
 def wait_for_sink(output: Path, expected: list[int], timeout: float = 180) -> list[int]:

@@ -10,8 +10,8 @@ with its exponential-delay restart strategy), for jobs of a jobs file, one call 
 * failed or lost, with ``restart.enabled``: restarted on its live checkpoint (last-state: nothing
   copied, Spark's own recovery) when that checkpoint passes the planner's checks and
   ``restart.last_state`` allows it, else from the job's newest savepoint. The n-th restart in a
-  ``restart.window`` waits ``restart.backoff * 2**(n-2)`` seconds after the one before (at most
-  ``restart.max_backoff``); after ``restart.max_restarts`` restarts in the window the job stays
+  ``restart.window`` waits ``restart.backoff * 2**(n-2)`` seconds after the one before ended (at
+  most ``restart.max_backoff``); after ``restart.max_restarts`` restarts in the window the job stays
   down (``gave_up``) until someone starts it again;
 * stopped or never started: left alone (a stop is on purpose).
 
@@ -37,7 +37,6 @@ from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.jobs import lifecycle
 from airflow_savepoints.jobs.launcher import checkpoint_progress
 from airflow_savepoints.jobs.lifecycle import JobContext, JobState
-from airflow_savepoints.jobs.runlease import age_on_store_clock
 from airflow_savepoints.jobs.upgrade import checkpoint_problem
 
 WATCHDOG_FILE = "_watchdog.json"
@@ -117,7 +116,11 @@ def stall_reason(ctx: JobContext, state: JobState) -> str | None:
     planned = max((int(p) for p in checkpoint.list_files("offsets") if p.isdigit()), default=None)
     if planned is None or (committed is not None and planned <= committed):
         return None  # no input waiting: nothing to commit
-    age = age_on_store_clock(checkpoint, f"offsets/{planned}")
+    try:  # aged on the checkpoint store's clock, probed beside the checkpoint (never inside it)
+        modified = checkpoint.stat(f"offsets/{planned}").modified
+    except FileNotFoundError:
+        return None
+    age = None if modified is None else store_now(checkpoint.parent()) - modified
     if age is None or age <= timeout:
         return None
     return (f"batch {planned} was planned {age:.0f}s ago and is not committed (progress_timeout {timeout:.0f}s); "
@@ -184,6 +187,7 @@ def _restart(ctx: JobContext, memory: WatchdogState, state: JobState, facts: dic
                            action="restarted", mode=mode, reason=f"after: {why}"[:2000],
                            next_retry_at=memory.next_retry_at)
     memory.history.pop()  # the write-ahead entry, now completed by the outcome
+    memory.next_retry_at = outcome.next_retry_at = store_now(ctx.folder) + _backoff(ctx, len(memory.restarts))
     return _save(ctx, memory, outcome)
 
 
