@@ -42,6 +42,7 @@ with DAG(
     # deferrable: the wait runs in the triggerer and fails fast if the job dies
     started >> BatchCommittedSensor(
         task_id="wait_for_progress",
+        deferrable=True,
         job="{{ params.job }}",
         after_batch="{{ ti.xcom_pull(task_ids='restore_and_start')['first_batch'] }}",
         savepoint_dir="{{ ti.xcom_pull(task_ids='restore_and_start')['savepoint_dir'] }}",

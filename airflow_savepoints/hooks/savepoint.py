@@ -51,15 +51,7 @@ class SavepointStorageHook(BaseHook):
         connection = self.connection()
         if connection is None:
             return {}
-        extra = connection.extra or "{}"
-        try:
-            options = dict(json.loads(extra)) if isinstance(extra, str) else dict(extra)
-        except ValueError as exc:
-            raise InvalidInputError(
-                f"the extra field of connection '{self.savepoints_conn_id}' is not JSON",
-                "put fsspec storage options as a JSON object in the connection's extra",
-            ) from exc
-        options = dict(options.pop("storage_options", None) or options)
+        options = self._extra_options(connection.extra or "{}")
         if connection.login:
             options.setdefault("key", connection.login)
         if connection.password:
@@ -68,6 +60,26 @@ class SavepointStorageHook(BaseHook):
             if isinstance(value, str) and any(word in name.lower() for word in SECRET_OPTION_WORDS):
                 mask_secret(value, name)
         return options
+
+    def _extra_options(self, extra: str | dict[str, Any]) -> dict[str, Any]:
+        """The fsspec options in a connection's extra: the JSON object itself, or its ``storage_options``."""
+        try:
+            parsed = json.loads(extra) if isinstance(extra, str) else extra
+        except ValueError:
+            parsed, problem = None, "is not JSON"
+        else:
+            problem = "is not a JSON object of storage options"
+        options = None
+        if isinstance(parsed, dict):
+            rest = {k: v for k, v in parsed.items() if k != "storage_options"}
+            options = parsed.get("storage_options") or rest
+        if not isinstance(options, dict):
+            raise InvalidInputError(
+                f"the extra field of connection '{self.savepoints_conn_id}' {problem}",
+                'put fsspec storage options as a JSON object in the connection\'s extra, e.g. '
+                '{"client_kwargs": {"endpoint_url": "https://minio:9000"}}',
+            )
+        return dict(options)
 
     def savepoint_dir(self, override: str | None = None) -> str:
         """The savepoint directory: ``override``, else the connection's host, else configuration."""

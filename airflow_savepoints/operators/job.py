@@ -7,10 +7,11 @@ Thin: the work is in :mod:`airflow_savepoints.jobs.lifecycle`, which goes throug
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator, conf
+from airflow.sdk import conf
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_savepoints.errors import InvalidInputError
@@ -18,6 +19,7 @@ from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
 from airflow_savepoints.jobs.lifecycle import JobContext, NoSavepointError
+from airflow_savepoints.operators.base import SavepointsBaseOperator, savepoints_template_fields
 from airflow_savepoints.operators.savepoint import (
     RemovesPartialSavepoint,
     checkpoint_options,
@@ -32,23 +34,30 @@ __all__ = ["CancelJobOperator", "CheckJobOperator", "NoSavepointError", "Restore
            "StopJobWithSavepointOperator"]
 
 
-class _JobOperator(BaseOperator):
+class _JobOperator(SavepointsBaseOperator):
     """Shared parts: the job, looked up by name in a jobs file at run time, and its storage.
 
     :param job: the job's name in ``jobs_file`` (templated)
     :param jobs_file: the YAML file of jobs (``dags/jobs.yaml`` in the examples)
     :param savepoints_conn_id: a ``savepoints`` connection (the savepoint directory and its credentials)
+    :param savepoint_dir: the savepoint directory (templated); default: the job's ``savepoint_dir``,
+        else the connection's host, else configuration
     :param checkpoint_conn_id: a ``savepoints`` connection whose storage options open the job's live
         checkpoints; default: the savepoint connection's, when the checkpoint is on the same kind of store
     """
 
-    def __init__(self, *, job: str, jobs_file: str, savepoints_conn_id: str = "savepoints_default",
-                 checkpoint_conn_id: str | None = None, **kwargs: Any) -> None:
+    template_fields: Sequence[str] = savepoints_template_fields("job")
+
+    def __init__(self, *, job: str, jobs_file: str, checkpoint_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.job = job
         self.jobs_file = jobs_file
-        self.savepoints_conn_id = savepoints_conn_id
         self.checkpoint_conn_id = checkpoint_conn_id
+
+    @cached_property
+    def checkpoint_hook(self) -> SavepointStorageHook | None:
+        """The hook of ``checkpoint_conn_id``; None: the savepoint connection's options apply."""
+        return self.hook_class(self.checkpoint_conn_id) if self.checkpoint_conn_id else None
 
     @property
     def streaming_job(self) -> StreamingJob:
@@ -60,8 +69,8 @@ class _JobOperator(BaseOperator):
 
     def job_context(self) -> JobContext:
         job = self.streaming_job
-        root = SavepointStorageHook(self.savepoints_conn_id).get_store(job.savepoint_dir)
-        options = (SavepointStorageHook(self.checkpoint_conn_id).storage_options() if self.checkpoint_conn_id
+        root = self.savepoint_store(job.savepoint_dir)
+        options = (self.checkpoint_hook.storage_options() if self.checkpoint_hook
                    else checkpoint_options(job.checkpoint, root, None))
         return JobContext(job, root, options, log=self.log.info)
 
@@ -83,7 +92,8 @@ class RestoreJobOperator(_JobOperator):
     :param wait_timeout: seconds to wait for the first committed batch
     """
 
-    template_fields: Sequence[str] = ("job", "pointer", "fresh_start", "max_age", "target_checkpoint")
+    template_fields: Sequence[str] = savepoints_template_fields("job", "pointer", "fresh_start", "max_age",
+                                                                "target_checkpoint")
 
     def __init__(self, *, pointer: str | None = None, fresh_start: bool | str = False, max_age: str | None = None,
                  target_checkpoint: str | None = None, wait_timeout: float = 300, **kwargs: Any) -> None:
@@ -115,8 +125,6 @@ class StopJobWithSavepointOperator(_JobOperator, RemovesPartialSavepoint):
     restore with the same offsets.
     """
 
-    template_fields: Sequence[str] = ("job",)
-
     def __init__(self, *, grace: float = 60, inflight_wait: float = 300, **kwargs: Any) -> None:
         kwargs.setdefault("outlets", savepoint_outlets(kwargs.get("job", "")))
         super().__init__(**kwargs)
@@ -140,7 +148,7 @@ class CancelJobOperator(_JobOperator, RemovesPartialSavepoint):
     :param grace: seconds for the job to answer its control folder, and between SIGTERM and SIGKILL
     """
 
-    template_fields: Sequence[str] = ("job", "policy")
+    template_fields: Sequence[str] = savepoints_template_fields("job", "policy")
 
     def __init__(self, *, policy: str | None = None, grace: float = 60, **kwargs: Any) -> None:
         kwargs.setdefault("outlets", savepoint_outlets(kwargs.get("job", ""), only_when_taken=True))
@@ -165,8 +173,6 @@ class CheckJobOperator(_JobOperator):
     for a failure once, then fails with the reason. Lost (heartbeats lapsed): fails. Stopped or
     cancelled on purpose: skips, and so do the tasks after it.
     """
-
-    template_fields: Sequence[str] = ("job",)
 
     def execute(self, context: Context) -> dict[str, Any]:
         state = lifecycle.check(self.job_context())

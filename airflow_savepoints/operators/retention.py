@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
-
 from airflow_savepoints.core.retention import RetentionPolicy, retain
 from airflow_savepoints.errors import SavepointError
-from airflow_savepoints.hooks.savepoint import SavepointStorageHook
+from airflow_savepoints.operators.base import SavepointsBaseOperator, savepoints_template_fields
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -19,7 +17,7 @@ class RetentionFailedError(SavepointError):
     code = "retention_failed"
 
 
-class ApplyRetentionOperator(BaseOperator):
+class ApplyRetentionOperator(SavepointsBaseOperator):
     """Apply the retention policy to one job's savepoints; returns the report (what was kept and why).
 
     Manual, stop and retained-checkpoint savepoints, the newest completed savepoint, pinned and
@@ -31,27 +29,25 @@ class ApplyRetentionOperator(BaseOperator):
     :param orphan_timeout: remove locations without ``_metadata`` older than this (templated)
     :param dry_run: only plan; change nothing (templated: ``{{ params.dry_run }}``)
     :param savepoint_dir: the savepoint directory (templated; default: connection, then configuration)
-    :param savepoints_conn_id: a ``savepoints`` connection
+    :param savepoints_conn_id: a ``savepoints`` connection (templated)
     """
 
-    template_fields: Sequence[str] = ("job", "max_periodic", "max_age", "orphan_timeout", "dry_run", "savepoint_dir")
+    template_fields: Sequence[str] = savepoints_template_fields("job", "max_periodic", "max_age", "orphan_timeout",
+                                                                "dry_run")
     ui_color = "#f3e5d8"
 
     def __init__(self, *, job: str, max_periodic: int | str | None = None, max_age: str | None = None,
-                 orphan_timeout: str | None = None, dry_run: bool | str = False, savepoint_dir: str | None = None,
-                 savepoints_conn_id: str = SavepointStorageHook.default_conn_name, **kwargs: Any) -> None:
+                 orphan_timeout: str | None = None, dry_run: bool | str = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.job = job
         self.max_periodic = max_periodic
         self.max_age = max_age
         self.orphan_timeout = orphan_timeout
         self.dry_run = dry_run
-        self.savepoint_dir = savepoint_dir
-        self.savepoints_conn_id = savepoints_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         policy = RetentionPolicy.resolve(self.max_periodic, self.max_age, self.orphan_timeout)
-        root = SavepointStorageHook(self.savepoints_conn_id).get_store(self.savepoint_dir)
+        root = self.savepoint_store()
         dry_run = str(self.dry_run).strip().lower() in ("true", "1", "yes")
         report = retain(root, self.job, policy, dry_run=dry_run)
         for decision in report.plan.decisions:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, AssetAlias, BaseOperator
+from airflow.sdk import Asset, AssetAlias
 
 from airflow_savepoints.core import SavepointType, dispose_savepoint, take_savepoint
 from airflow_savepoints.core.savepoint import abandon_savepoint
 from airflow_savepoints.errors import InvalidInputError
-from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.jobs.launcher import read_run
 from airflow_savepoints.jobs.runlease import running_spark_version
+from airflow_savepoints.operators.base import SavepointsBaseOperator, savepoints_template_fields
 from airflow_savepoints.operators.links import SavepointsPageLink
 from airflow_savepoints.storage import Store, split_url
 
@@ -65,7 +65,7 @@ def recorded_checkpoint(store: Store, job: str, fallback: str | None = None) -> 
     return run.checkpoint
 
 
-class RemovesPartialSavepoint(BaseOperator):
+class RemovesPartialSavepoint(SavepointsBaseOperator):
     """Base of operators that write a savepoint: ``on_kill`` removes one still being written; the
     savepoint is announced as an asset event and linked to from the Savepoints page."""
 
@@ -111,15 +111,15 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
     :param savepoint_type: ``periodic`` (default) or ``manual`` (templated)
     :param reason: kept in the manifest (templated)
     :param savepoint_dir: overrides the connection's and the configured directory (templated)
-    :param savepoints_conn_id: a ``savepoints`` connection (storage URL and options)
+    :param savepoints_conn_id: a ``savepoints`` connection (storage URL and options; templated)
     :param request_id: idempotency key; default: the task instance's identity, so a retry returns
         the savepoint its earlier try took
     :param checkpoint_storage_options: fsspec options for the checkpoint's store (default: the
         savepoint connection's options when both are on the same kind of store)
     """
 
-    template_fields: Sequence[str] = (
-        "job", "checkpoint", "fallback_checkpoint", "savepoint_type", "reason", "savepoint_dir", "request_id",
+    template_fields: Sequence[str] = savepoints_template_fields(
+        "job", "checkpoint", "fallback_checkpoint", "savepoint_type", "reason", "request_id",
     )
     ui_color = "#e8f4ea"
 
@@ -131,8 +131,6 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
         fallback_checkpoint: str | None = None,
         savepoint_type: str = SavepointType.PERIODIC.value,
         reason: str | None = None,
-        savepoint_dir: str | None = None,
-        savepoints_conn_id: str = SavepointStorageHook.default_conn_name,
         request_id: str | None = None,
         checkpoint_storage_options: dict[str, Any] | None = None,
         max_attempts: int = 5,
@@ -146,15 +144,13 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
         self.fallback_checkpoint = fallback_checkpoint
         self.savepoint_type = savepoint_type
         self.reason = reason
-        self.savepoint_dir = savepoint_dir
-        self.savepoints_conn_id = savepoints_conn_id
         self.request_id = request_id
         self.checkpoint_storage_options = checkpoint_storage_options
         self.max_attempts = max_attempts
         self.parallelism = parallelism
 
     def execute(self, context: Context) -> dict[str, Any]:
-        store = SavepointStorageHook(self.savepoints_conn_id).get_store(self.savepoint_dir)
+        store = self.savepoint_store()
         ti = context.get("ti")
         checkpoint = self.checkpoint or recorded_checkpoint(store, self.job, self.fallback_checkpoint)
         info = take_savepoint(
@@ -172,26 +168,22 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
         return summary
 
 
-class DisposeSavepointOperator(BaseOperator):
+class DisposeSavepointOperator(SavepointsBaseOperator):
     """Delete one savepoint (only a complete savepoint inside the savepoint directory).
 
     :param pointer: the savepoint directory or its ``_metadata`` (templated)
     :param savepoint_dir: the savepoint directory it must lie in (templated; default: connection/config)
-    :param savepoints_conn_id: a ``savepoints`` connection
+    :param savepoints_conn_id: a ``savepoints`` connection (templated)
     """
 
-    template_fields: Sequence[str] = ("pointer", "savepoint_dir")
+    template_fields: Sequence[str] = savepoints_template_fields("pointer")
 
-    def __init__(self, *, pointer: str, savepoint_dir: str | None = None,
-                 savepoints_conn_id: str = SavepointStorageHook.default_conn_name, **kwargs: Any) -> None:
+    def __init__(self, *, pointer: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pointer = pointer
-        self.savepoint_dir = savepoint_dir
-        self.savepoints_conn_id = savepoints_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
-        hook = SavepointStorageHook(self.savepoints_conn_id)
-        info = dispose_savepoint(self.pointer, savepoint_dir=hook.savepoint_dir(self.savepoint_dir),
-                                 storage_options=hook.storage_options())
+        info = dispose_savepoint(self.pointer, savepoint_dir=self.hook.savepoint_dir(self.savepoint_dir),
+                                 storage_options=self.hook.storage_options())
         self.log.info("disposed %s", info.pointer)
         return {"disposed": info.pointer, "savepoint_id": info.manifest.savepoint_id, "job": info.manifest.job}

@@ -1,20 +1,18 @@
-"""Sensors: deferrable by default (the wait runs in the triggerer), or poke/reschedule."""
+"""Sensors: poke, reschedule, or defer to the triggerer (default ``[operators] default_deferrable``)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_savepoints.core.pointer import completed_savepoint
 from airflow_savepoints.errors import SavepointError
-from airflow_savepoints.hooks.savepoint import SavepointStorageHook
-from airflow_savepoints.jobs.launcher import read_run
+from airflow_savepoints.jobs.launcher import JobRun, read_run
 from airflow_savepoints.jobs.lifecycle import committed_past
+from airflow_savepoints.operators.base import SavepointsBaseSensor, savepoints_template_fields
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger, SavepointCompletedTrigger
 
@@ -22,58 +20,31 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class _DeferrableSensor(BaseSensorOperator):
-    def __init__(self, *, deferrable: bool = True, savepoints_conn_id: str = "savepoints_default", **kwargs: Any):
-        super().__init__(**kwargs)
-        self.deferrable = deferrable
-        self.savepoints_conn_id = savepoints_conn_id
-
-    def _trigger(self):
-        raise NotImplementedError
-
-    def _end_at(self) -> float | None:
-        return time.time() + self.timeout if self.timeout else None
-
-    def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        self.defer(trigger=self._trigger(), method_name="execute_complete",
-                   timeout=timedelta(seconds=self.timeout) if self.timeout else None)
-
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        if event.get("status") != "success":
-            raise AirflowFailException(event.get("message") or "the wait failed")
-        return event["result"]
-
-
-class SavepointCompletedSensor(_DeferrableSensor):
+class SavepointCompletedSensor(SavepointsBaseSensor):
     """Wait until the savepoint at ``pointer`` is complete; return its summary.
 
     :param pointer: a savepoint directory or its ``_metadata`` (templated)
     """
 
-    template_fields: Sequence[str] = ("pointer",)
+    template_fields: Sequence[str] = savepoints_template_fields("pointer")
 
     def __init__(self, *, pointer: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pointer = pointer
 
-    def _options(self) -> dict[str, Any]:
-        return SavepointStorageHook(self.savepoints_conn_id).storage_options()
-
     def _trigger(self) -> SavepointCompletedTrigger:
-        return SavepointCompletedTrigger(self.pointer, self._options(), poll_interval=self.poke_interval,
-                                         end_at=self._end_at())
+        return SavepointCompletedTrigger(self.pointer, savepoints_conn_id=self.savepoints_conn_id,
+                                         poll_interval=self.poke_interval, end_at=self._end_at())
 
     def poke(self, context: Context) -> PokeReturnValue:
         try:
-            info = completed_savepoint(self.pointer, self._options())
+            info = completed_savepoint(self.pointer, self.hook.storage_options())
         except SavepointError as exc:
             raise AirflowFailException(str(exc)) from exc
         return PokeReturnValue(is_done=info is not None, xcom_value=info.summary() if info else None)
 
 
-class BatchCommittedSensor(_DeferrableSensor):
+class BatchCommittedSensor(SavepointsBaseSensor):
     """Wait until a job commits a batch past ``after_batch``; fail fast if the job has died.
 
     :param job: the job's name: its recorded run gives the checkpoint and the process to watch (templated)
@@ -82,29 +53,27 @@ class BatchCommittedSensor(_DeferrableSensor):
     :param savepoint_dir: where the job's run is recorded (templated; default: connection/config)
     """
 
-    template_fields: Sequence[str] = ("job", "after_batch", "checkpoint", "savepoint_dir")
+    template_fields: Sequence[str] = savepoints_template_fields("job", "after_batch", "checkpoint")
 
     def __init__(self, *, job: str, after_batch: int | str = -1, checkpoint: str | None = None,
-                 savepoint_dir: str | None = None, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.job = job
         self.after_batch = after_batch
         self.checkpoint = checkpoint
-        self.savepoint_dir = savepoint_dir
 
-    def _watch(self) -> tuple[Store, int, Any]:
-        hook = SavepointStorageHook(self.savepoints_conn_id)
-        root = hook.get_store(self.savepoint_dir)
-        run = read_run(root.child(self.job))
+    def _watch(self) -> tuple[Store, int, JobRun | None]:
+        run = read_run(self.savepoint_store().child(self.job))
         checkpoint = self.checkpoint or (run.checkpoint if run else None)
         if not checkpoint:
             raise AirflowFailException(f"job '{self.job}' has no recorded run and no checkpoint was given")
-        return Store(checkpoint, hook.storage_options()), int(self.after_batch), run
+        return Store(checkpoint, self.hook.storage_options()), int(self.after_batch), run
 
     def _trigger(self) -> BatchCommittedTrigger:
         store, after, run = self._watch()
         return BatchCommittedTrigger(store.url, after, run.model_dump(mode="json") if run else None,
-                                     store.storage_options, poll_interval=self.poke_interval, end_at=self._end_at())
+                                     savepoints_conn_id=self.savepoints_conn_id, poll_interval=self.poke_interval,
+                                     end_at=self._end_at())
 
     def poke(self, context: Context) -> PokeReturnValue:
         store, after, run = self._watch()
