@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs import load_jobs
 from airflow_savepoints.jobs.watchdog import alerts, supervise
+from airflow_savepoints.operators.base import savepoints_template_fields
 from airflow_savepoints.operators.job import _JobOperator
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ class SuperviseJobsOperator(_JobOperator):
     :param wait_timeout: seconds a restart waits for the restarted run's first committed batch
     """
 
-    template_fields: Sequence[str] = ("jobs",)
+    template_fields: Sequence[str] = savepoints_template_fields("jobs")
 
     def __init__(self, *, jobs: list[str] | None = None, wait_timeout: float = 300, **kwargs: Any) -> None:
         kwargs.setdefault("job", "")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs.upgrade import UpgradeRequest, new_version, upgrade
+from airflow_savepoints.operators.base import savepoints_template_fields
 from airflow_savepoints.operators.job import _JobOperator
 
 if TYPE_CHECKING:
@@ -54,8 +55,9 @@ class UpgradeJobOperator(_JobOperator):
     :param grace: seconds for a run to stop between batches before it is forced
     """
 
-    template_fields: Sequence[str] = ("job", "application", "application_args", "spark_conf", "mode",
-                                      "fallback_to_savepoint", "allow_stateless", "health_timeout")
+    template_fields: Sequence[str] = savepoints_template_fields(
+        "job", "application", "application_args", "spark_conf", "mode", "fallback_to_savepoint", "allow_stateless",
+        "health_timeout")
 
     def __init__(self, *, application: str | None = None, application_args: list[str] | str | None = None,
                  spark_conf: dict[str, str] | str | None = None, mode: str | None = None,
