@@ -5,7 +5,6 @@ a version that cannot start, rolled back automatically. The sink holds every eve
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from airflow_savepoints.jobs.lifecycle import JobContext
 from airflow_savepoints.jobs.upgrade import UpgradeRefusedError, UpgradeRequest, new_version, upgrade
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
-from tests.support.feeding import Feeder
+from tests.support.feeding import Feeder, wait_for_sink
 
 JOB = "demo-dedup"
 FIX = {demo.SKIP_BAD_RECORDS_CONF: "true"}
@@ -30,13 +29,6 @@ def run_dag(dag_id: str, **conf):
     dag = DagBag(dag_folder=str(ROOT / "dags" / f"{dag_id}.py")).get_dag(dag_id)
     result = dag.test(run_conf=conf or None)
     return result.state, {t.task_id: t.state for t in result.get_task_instances()}
-
-
-def wait_for_sink(output: Path, expected: list[int], timeout: float = 180) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while (got := demo.committed_event_ids(output)) != expected and time.monotonic() < deadline:
-        time.sleep(1)
-    return got
 
 
 def checkpoints_of(home: Path) -> list[str]:
