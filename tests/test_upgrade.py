@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import airflow_savepoints.demo.app as demo
+from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints, resolve_pointer
-from airflow_savepoints.jobs import StreamingJob, lifecycle
+from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
 from airflow_savepoints.jobs.launcher import read_run, spark_submit_command, stop_process
 from airflow_savepoints.jobs.lifecycle import JobContext
 from airflow_savepoints.jobs.upgrade import UpgradeRefusedError, UpgradeRequest, new_version, upgrade
@@ -31,6 +33,10 @@ def run_dag(dag_id: str, **conf):
     return result.state, {t.task_id: t.state for t in result.get_task_instances()}
 
 
+def submit(job: StreamingJob):
+    return lambda checkpoint, conf: spark_submit_command(job, checkpoint, conf)
+
+
 def checkpoints_of(home: Path) -> list[str]:
     return sorted(p.name for p in home.iterdir() if p.name.startswith("checkpoint"))
 
@@ -40,11 +46,17 @@ def test_refusals_change_nothing(tmp_path):
     job = StreamingJob(name=JOB, application=demo.__file__, checkpoint=str(tmp_path / "checkpoint"),
                        savepoint_dir=str(tmp_path / "savepoints"))
     ctx = JobContext(job, Store(job.savepoint_dir))
-    submit = lambda j: lambda checkpoint, conf: spark_submit_command(j, checkpoint, conf)  # noqa: E731
     with pytest.raises(UpgradeRefusedError, match="EMPTY state"):
         upgrade(ctx, UpgradeRequest(version=job.version(), mode="stateless"), submit_for=submit, log_dir=tmp_path)
     with pytest.raises(UpgradeRefusedError, match="not_started, not running"):
         upgrade(ctx, UpgradeRequest(version=job.version()), submit_for=submit, log_dir=tmp_path)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - name: {JOB}\n    application: {demo.__file__}\n    checkpoint: {tmp_path}/checkpoint\n"
+                    f"    savepoint_dir: {tmp_path}/savepoints\n")
+    for extra, words in ((["--mode", "stateless"], "EMPTY state"), (["--conf", "nokey"], "not KEY=VALUE"),
+                         (["--mode", "blue-green"], "unknown upgrade mode")):
+        result = CliRunner().invoke(cli_app, ["job", "upgrade", JOB, "--jobs-file", str(jobs), *extra])
+        assert result.exit_code == 1 and words in result.output, result.output
     assert not (tmp_path / "savepoints").exists()
 
 
@@ -59,8 +71,9 @@ def test_last_state_upgrade_then_a_bad_version_rolled_back(airflow_db, tmp_path,
     job_folder = root.child(JOB)
     live = str(tmp_path / "checkpoint")
     try:
-        state, tasks = run_dag("restore_from_savepoint", job=JOB, fresh_start=True)
-        assert state == "success", tasks
+        job = load_jobs(ROOT / "dags" / "jobs.yaml")[JOB]
+        ctx = JobContext(job, root)
+        lifecycle.start(ctx, submit_command=submit(job), log_dir=tmp_path / "logs", fresh=True, wait_timeout=240)
         first = read_run(job_folder)
         assert first.version["hash"] and first.version["spark_conf"][demo.SKIP_BAD_RECORDS_CONF] == "false"
 
@@ -80,8 +93,7 @@ def test_last_state_upgrade_then_a_bad_version_rolled_back(airflow_db, tmp_path,
         assert upgraded.version["hash"] != first.version["hash"]
         _, manifest = resolve_pointer(stop.pointer)
         assert manifest.format_version == 1 and manifest.job_version == first.version  # the stopped run's
-        status = lifecycle.status(JobContext(StreamingJob.model_construct(name=JOB, checkpoint=live, application="",
-                                                                          master="local[2]", master_ui=None), root))
+        status = lifecycle.status(ctx)
         assert status.state == "running" and status.version["hash"] == upgraded.version["hash"]
 
         # a version whose application does not exist: it fails at start, the fixed version is rolled back
