@@ -220,8 +220,7 @@ def status(ctx: JobContext) -> JobState:
     base: dict[str, Any] = {"job": ctx.job.name, "run_id": current.run_id, "host": target.host,
                             "application_id": target.application_id, "pid": target.pid,
                             "checkpoint": current.checkpoint, "control": control.folder.url if control else None,
-                            "ended": record.ended if record else None, "log_file": record.log_file if record else None,
-                            "version": record.version if record else None}
+                            **{key: getattr(record, key) if record else None for key in ("ended", "log_file", "version")}}
     heartbeat = control.heartbeat() if control else None
     age = age_on_store_clock(control.folder, HEARTBEAT_FILE) if heartbeat is not None else None
     base.update(helper=heartbeat is not None, heartbeat_age_s=round(age, 3) if age is not None else None,
@@ -315,14 +314,30 @@ def _record_end(ctx: JobContext, current: _Run, ended: Literal["stopped", "cance
         ctx.lease.release(current.run_id)
 
 
-def start(ctx: JobContext, *, submit_command: Callable[[str, dict[str, str]], list[str]], log_dir: Path,
-          pointer: str | None = None, fresh: bool = False, max_age: str | None = None,
-          target_checkpoint: str | None = None, wait_timeout: float = 300, resume: str | None = None) -> dict[str, Any]:
+SubmitCommand = Callable[[str, dict[str, str]], list[str]]
+
+
+def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, pointer: str | None = None,
+          fresh: bool = False, max_age: str | None = None, target_checkpoint: str | None = None,
+          wait_timeout: float = 300) -> dict[str, Any]:
     """Start the job: from ``pointer``, else its newest completed savepoint, or with empty state
-    (``fresh``), or on the live checkpoint ``resume`` as it is (Spark's own recovery, nothing
-    copied: a last-state start). Refuses while another run lives; takes over the lease of a lost run
-    (after applying its checkpoint retention policy, which keeps and savepoints its last committed
-    batch). Returns once the run has committed its first batch; the run goes on detached."""
+    (``fresh``). Refuses while another run lives; takes over the lease of a lost run (after applying
+    its checkpoint retention policy, which keeps and savepoints its last committed batch). Returns
+    once the run has committed its first batch; the run goes on detached."""
+    return _launch(ctx, submit_command, log_dir, wait_timeout,
+                   lambda: _prepare_checkpoint(ctx, pointer, fresh, max_age, target_checkpoint))
+
+
+def resume(ctx: JobContext, checkpoint: str, *, submit_command: SubmitCommand, log_dir: Path,
+           wait_timeout: float = 300) -> dict[str, Any]:
+    """Start the job on the live checkpoint ``checkpoint`` as it is (Spark's own recovery, nothing
+    copied: a last-state start); otherwise as :func:`start`."""
+    return _launch(ctx, submit_command, log_dir, wait_timeout, lambda: _resume_checkpoint(ctx, checkpoint))
+
+
+def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_timeout: float,
+            prepare: Callable[[], tuple[str, dict[str, str], dict[str, Any] | None]]) -> dict[str, Any]:
+    """Take the lease, ``prepare()`` the checkpoint, launch the run and wait for its first commit."""
     job = ctx.job
     previous = status(ctx)
     if previous.live:
@@ -343,8 +358,7 @@ def start(ctx: JobContext, *, submit_command: Callable[[str, dict[str, str]], li
     if holder is not None:
         raise _running_error(ctx, status(ctx))
     try:
-        checkpoint, extra_conf, restored = (_resume_checkpoint(ctx, resume) if resume else
-                                            _prepare_checkpoint(ctx, pointer, fresh, max_age, target_checkpoint))
+        checkpoint, extra_conf, restored = prepare()
         conf = {**extra_conf, **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint,
                                          heartbeat_interval=ctx.heartbeat_interval, lease_timeout=ctx.lease_timeout)}
         run = start_detached(job.name, submit_command(checkpoint, conf), ctx.checkpoint(checkpoint), ctx.folder,

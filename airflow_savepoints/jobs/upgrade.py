@@ -126,8 +126,12 @@ def _start_healthy(ctx: JobContext, kwargs: dict[str, Any], request: UpgradeRequ
                    log_dir: Path, past_batch: int | None) -> dict[str, Any]:
     """Start ``ctx.job`` and wait until it is healthy: a committed batch past ``past_batch`` (any,
     when None) within the health timeout, and no failure. Raises why not."""
-    started = lifecycle.start(ctx, submit_command=submit_for(ctx.job), log_dir=log_dir,
-                              wait_timeout=request.health_timeout, **kwargs)
+    if "resume" in kwargs:
+        started = lifecycle.resume(ctx, kwargs["resume"], submit_command=submit_for(ctx.job), log_dir=log_dir,
+                                   wait_timeout=request.health_timeout)
+    else:
+        started = lifecycle.start(ctx, submit_command=submit_for(ctx.job), log_dir=log_dir,
+                                  wait_timeout=request.health_timeout, **kwargs)
     if past_batch is not None and started["first_batch"] <= past_batch:
         raise lifecycle.JobFailedError(f"run {started['run_id']} committed batch {started['first_batch']}, not past "
                                        f"the stop batch {past_batch}", "see its log in " + str(started["log_file"]))

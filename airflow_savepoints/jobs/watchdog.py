@@ -177,8 +177,11 @@ def _restart(ctx: JobContext, memory: WatchdogState, state: JobState, facts: dic
         ctx.log(f"job {ctx.job.name}: not last-state ({problem}): from the newest savepoint")
     ended = lifecycle.abandon(ctx, f"{state.state}: {why}"[:2000])  # its checkpoint stays as it is
     try:
-        started = lifecycle.start(ctx, submit_command=submit_command, log_dir=log_dir, wait_timeout=wait_timeout,
-                                  resume=ended["checkpoint"] if mode == "last-state" else None)
+        if mode == "last-state":
+            started = lifecycle.resume(ctx, ended["checkpoint"], submit_command=submit_command, log_dir=log_dir,
+                                       wait_timeout=wait_timeout)
+        else:
+            started = lifecycle.start(ctx, submit_command=submit_command, log_dir=log_dir, wait_timeout=wait_timeout)
     except SavepointError as exc:
         outcome = Decision(**facts, action="restart_failed", mode=mode, reason=str(exc)[:2000],
                            next_retry_at=memory.next_retry_at)
