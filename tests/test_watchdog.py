@@ -61,7 +61,7 @@ def test_restarts_with_backoff_then_gives_up(airflow_db, tmp_path, monkeypatch):
     monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
     monkeypatch.setenv("SAVEPOINTS_DEMO_APP", demo.__file__)
     monkeypatch.setenv("SAVEPOINTS_DEMO_MAX_RESTARTS", "2")
-    monkeypatch.setenv("SAVEPOINTS_DEMO_RESTART_BACKOFF", "15")
+    monkeypatch.setenv("SAVEPOINTS_DEMO_RESTART_BACKOFF", "45")  # outlasts draining the input
     job = load_jobs(JOBS_FILE)[JOB]
     ctx = JobContext(job, Store(job.savepoint_dir))
     live = job.checkpoint
@@ -69,7 +69,7 @@ def test_restarts_with_backoff_then_gives_up(airflow_db, tmp_path, monkeypatch):
     for index in range(2):
         sent.update(demo.write_events(tmp_path / "input", index))
     try:
-        with Feeder(tmp_path / "input", sent, 2, every=1.5) as feeder:
+        with Feeder(tmp_path / "input", sent, 2, every=2.5) as feeder:
             lifecycle.start(ctx, submit_command=submit(ctx), log_dir=tmp_path / "logs", fresh=True, wait_timeout=240)
 
             # SIGKILL: the DAG restarts it on its live checkpoint (it passes the checks), nothing copied
@@ -82,17 +82,18 @@ def test_restarts_with_backoff_then_gives_up(airflow_db, tmp_path, monkeypatch):
             assert shown["restarts"] == 1 and shown["last_decision"]["action"] == "restarted"
             assert shown["last_decision"]["mode"] == "last-state" and shown["next_retry_at"]
 
-            # killed again at once (between batches: a kill mid-commit can leave the file sink a batch
+            # killed again, between batches (a kill mid-commit can leave the file sink a batch
             # past the checkpoint, which only last-state recovers): the next restart waits for its backoff
             feeder.pause()
             assert wait_for_sink(tmp_path / "output", sorted(sent)) == sorted(sent)
             kill_and_wait_failed(ctx)
-            waiting = watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=tmp_path / "logs")
+            waiting = watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=tmp_path / "logs", wait_timeout=30)
             assert waiting.action == "backoff" and waiting.next_retry_at > waiting.at
             assert lifecycle.status(ctx).state == "failed"
             # a savepoint of its last committed batch, then the live checkpoint is damaged
             saved = take_savepoint(live, JOB, savepoint_dir=job.savepoint_dir)
-            Path(live, "metadata").write_text("not json")
+            (Path(live) / "metadata").unlink()  # replaced, as Spark writes files (the savepoint hard-links them)
+            (Path(live) / "metadata").write_text("not json")
             assert checkpoint_problem(ctx, live) is not None
             feeder.resume()
             time.sleep(max(0.0, waiting.next_retry_at - waiting.at) + 0.5)
