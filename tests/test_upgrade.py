@@ -5,6 +5,7 @@ a version that cannot start, rolled back automatically. The sink holds every eve
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ from typer.testing import CliRunner
 
 import airflow_savepoints.demo.app as demo
 from airflow_savepoints.cli.main import app as cli_app
-from airflow_savepoints.core import list_savepoints, resolve_pointer
+from airflow_savepoints.core import list_savepoints, resolve_pointer, take_savepoint
+from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
 from airflow_savepoints.jobs.launcher import read_run, spark_submit_command, stop_process
 from airflow_savepoints.jobs.lifecycle import JobContext
@@ -123,3 +125,17 @@ def test_new_version_keeps_unset_fields(tmp_path):
     version = new_version(job, None, None, {"x": "2"})
     assert (version.application, version.application_args, version.spark_conf) == ("app.py", ["a"], {"k": "1", "x": "2"})
     assert version.hash != job.version().hash and job.with_version(version).version() == version
+
+
+def test_a_start_refuses_a_savepoint_older_than_max_age_and_changes_nothing(checkpoint, tmp_path):
+    """Flink users' restore check: a savepoint past ``max_age`` is refused before anything starts."""
+    job = StreamingJob(name=JOB, application=demo.__file__, checkpoint=str(tmp_path / "live"),
+                       savepoint_dir=str(tmp_path / "savepoints"))
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    saved = take_savepoint(str(checkpoint), JOB, savepoint_dir=job.savepoint_dir)
+    time.sleep(1.1)
+    before = sorted(p.name for p in (tmp_path / "savepoints" / JOB).iterdir())
+    with pytest.raises(InvalidInputError, match="older than max_age 1s"):
+        lifecycle.start(ctx, submit_command=submit(job), log_dir=tmp_path / "logs", pointer=saved.pointer, max_age="1s")
+    assert sorted(p.name for p in (tmp_path / "savepoints" / JOB).iterdir()) == before  # no run, no lease
+    assert not (tmp_path / "logs").exists() and not list(tmp_path.glob("live*"))  # nothing restored
