@@ -128,3 +128,43 @@ def test_a_planned_batch_uncommitted_past_progress_timeout_is_stalled(checkpoint
     os.utime(checkpoint / "offsets" / str(newest), (old, old))
     reason = watchdog.stall_reason(ctx, state)
     assert reason and f"batch {newest} was planned" in reason and f"last committed batch {newest - 1}" in reason
+
+
+def test_decisions_without_spark(tmp_path):
+    """down without restarts, gave_up at the maximum (kept while down), a fresh count once it runs again;
+    each decision in _watchdog.json and job status --json's shape."""
+    from tests.test_lifecycle import driver
+
+    job = StreamingJob(name="orders", application="app.py", checkpoint=str(tmp_path / "checkpoint"),
+                       savepoint_dir=str(tmp_path / "savepoints"), lease_timeout=30)
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    never = lambda checkpoint, conf: pytest.fail("no restart expected")  # noqa: E731
+    assert watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path).action == "not_running"
+    assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30}) is None
+    run = driver(ctx, "r1")
+    run.claim()
+    run.beat(last_committed_batch=3)
+    assert watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path).action == "healthy"
+    run.control.report_failure(RuntimeError("bad record"))
+    down = watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path)
+    assert down.action == "down" and "bad record" in down.reason and watchdog.alerts([down]) is not None
+
+    ctx.job = job.model_copy(update={"restart": job.restart.model_copy(update={"enabled": True, "max_restarts": 1})})
+    memory = watchdog.read_state(ctx)
+    memory.restarts = [down.at - 5]  # one restart already in the window
+    ctx.folder.write_bytes_atomic(watchdog.WATCHDOG_FILE, memory.model_dump_json().encode())
+    given_up = watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path)
+    assert given_up.action == "gave_up" and "max_restarts 1" in given_up.reason
+    assert "gave_up" in str(watchdog.alerts([given_up]))
+    view = watchdog.read_state(ctx).view()
+    assert view["gave_up"] and view["restarts"] == 1 and view["last_decision"]["action"] == "gave_up"
+
+    ctx.lease.release("r1")  # as the failed driver does on its way out
+    assert ctx.lease.acquire("r2", {"host": "worker-b", "timeout_s": 30}) is None  # someone started it again
+    again = driver(ctx, "r2")
+    again.claim()
+    again.beat(last_committed_batch=4)
+    assert watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path).action == "healthy"
+    view = watchdog.read_state(ctx).view()
+    assert view["gave_up"] is None and view["restarts"] == 0
+    assert [d.action for d in watchdog.read_state(ctx).history] == ["not_running", "healthy", "down", "gave_up", "healthy"]

@@ -12,7 +12,7 @@ with its exponential-delay restart strategy), for jobs of a jobs file, one call 
   ``restart.last_state`` allows it, else from the job's newest savepoint. The n-th restart in a
   ``restart.window`` waits ``restart.backoff * 2**(n-2)`` seconds after the one before ended (at
   most ``restart.max_backoff``); after ``restart.max_restarts`` restarts in the window the job stays
-  down (``gave_up``) until someone starts it again;
+  down (``gave_up``) until someone starts it again (which starts a fresh count);
 * stopped or never started: left alone (a stop is on purpose).
 
 Every decision is written, with the restarts and the next retry time, to
@@ -143,7 +143,8 @@ def supervise(ctx: JobContext, *, submit_command: Callable[[str, dict[str, str]]
     facts = {"job": ctx.job.name, "at": now, "state": state.state, "run_id": state.run_id,
              "last_batch": state.last_batch}
     if state.live:
-        memory.gave_up = None if state.state == "running" else memory.gave_up
+        if memory.gave_up and state.state == "running":  # started again by someone: a fresh window
+            memory.gave_up, memory.restarts, memory.next_retry_at = None, [], None
         stalled = stall_reason(ctx, state)
         return _save(ctx, memory, Decision(**facts, action="stalled" if stalled else "healthy", reason=stalled or ""))
     if state.state not in ("failed", "lost"):
