@@ -61,7 +61,7 @@ def test_restarts_with_backoff_then_gives_up(airflow_db, tmp_path, monkeypatch):
     monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
     monkeypatch.setenv("SAVEPOINTS_DEMO_APP", demo.__file__)
     monkeypatch.setenv("SAVEPOINTS_DEMO_MAX_RESTARTS", "2")
-    monkeypatch.setenv("SAVEPOINTS_DEMO_RESTART_BACKOFF", "45")  # outlasts draining the input
+    monkeypatch.setenv("SAVEPOINTS_DEMO_RESTART_BACKOFF", "30")  # outlasts draining the input
     job = load_jobs(JOBS_FILE)[JOB]
     ctx = JobContext(job, Store(job.savepoint_dir))
     live = job.checkpoint
