@@ -61,7 +61,7 @@ def test_restarts_with_backoff_then_gives_up(airflow_db, tmp_path, monkeypatch):
     monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
     monkeypatch.setenv("SAVEPOINTS_DEMO_APP", demo.__file__)
     monkeypatch.setenv("SAVEPOINTS_DEMO_MAX_RESTARTS", "2")
-    monkeypatch.setenv("SAVEPOINTS_DEMO_RESTART_BACKOFF", "30")  # outlasts draining the input
+    monkeypatch.setenv("SAVEPOINTS_DEMO_RESTART_BACKOFF", "60")  # outlasts draining the input
     job = load_jobs(JOBS_FILE)[JOB]
     ctx = JobContext(job, Store(job.savepoint_dir))
     live = job.checkpoint
@@ -69,7 +69,7 @@ def test_restarts_with_backoff_then_gives_up(airflow_db, tmp_path, monkeypatch):
     for index in range(2):
         sent.update(demo.write_events(tmp_path / "input", index))
     try:
-        with Feeder(tmp_path / "input", sent, 2, every=2.5) as feeder:
+        with Feeder(tmp_path / "input", sent, 2, every=4) as feeder:
             lifecycle.start(ctx, submit_command=submit(ctx), log_dir=tmp_path / "logs", fresh=True, wait_timeout=240)
 
             # SIGKILL: the DAG restarts it on its live checkpoint (it passes the checks), nothing copied
