@@ -16,9 +16,10 @@ import typer
 from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
-from airflow_savepoints.jobs import lifecycle, load_jobs
+from airflow_savepoints.jobs import lifecycle, load_jobs, watchdog
 from airflow_savepoints.jobs.launcher import spark_submit_command
 from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.jobs.upgrade import UpgradeRequest, new_version, upgrade
 from airflow_savepoints.storage import Store
 
 app = typer.Typer(help="Start, stop (with a savepoint), cancel and watch streaming jobs from a jobs file.",
@@ -201,7 +202,9 @@ def status(
     def action():
         ctx = context(job, jobs_file, savepoint_dir, storage_options, checkpoint_storage_options, conn_id,
                       checkpoint_conn_id)
-        state = lifecycle.status(ctx).model_dump(mode="json")
+        found = lifecycle.status(ctx)
+        found.watchdog = watchdog.read_state(ctx).view()
+        state = found.model_dump(mode="json")
         payload = {**{k: state[k] for k in STATUS_KEYS}, **state}
         colour = {"running": "green", "failed": "red", "lost": "red", "unknown": "yellow"}.get(state["state"], "cyan")
         text = f"job {job}: [{colour}]{state['state']}[/]" + (f" ({state['error']})" if state["error"] else "")
@@ -210,8 +213,60 @@ def status(
             text += (f"\n  run {state['run_id']} on {state['host']}, application {state['application_id']}, "
                      f"pid {state['pid']}\n  last committed batch {state['last_batch']}, {beat}"
                      f"\n  checkpoint {state['checkpoint']}")
+        if state["version"]:
+            text += f"\n  version {state['version']['hash']}: {state['version']['application']}"
         if state["detail"]:
             text += f"\n  {state['detail']}"
+        last = state["watchdog"]["last_decision"]
+        if last:
+            text += (f"\n  watchdog: {last['action']} at {last['at']}, {state['watchdog']['restarts']} restart(s) in "
+                     f"the window" + (f", next retry {state['watchdog']['next_retry_at']}"
+                                      if state["watchdog"]["next_retry_at"] else ""))
         return payload, text
+
+    _report(as_json, action)
+
+
+def _conf_pairs(pairs: list[str]) -> dict[str, str]:
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidInputError(f"--conf {pair!r} is not KEY=VALUE", "e.g. --conf spark.sql.shuffle.partitions=4")
+        conf[key] = value
+    return conf
+
+
+@app.command("upgrade")
+def upgrade_job(
+    job: JobArgument,
+    application: Annotated[str | None, typer.Option(help="The new version's application (default: the job's).")] = None,
+    args: Annotated[list[str] | None, typer.Option("--arg", help="An application argument of the new version "
+                                                   "(repeat; default: the job's).")] = None,
+    conf: Annotated[list[str] | None, typer.Option("--conf", help="KEY=VALUE Spark conf set on top of the job's "
+                                                   "(repeat).")] = None,
+    mode: Annotated[str | None, typer.Option(help="savepoint, last-state or stateless (default: the job's "
+                                                  "upgrade_mode).")] = None,
+    fallback_to_savepoint: Annotated[bool, typer.Option(help="If last-state is refused, use the stop savepoint.")] = False,
+    allow_stateless: Annotated[bool, typer.Option(help="Allow mode stateless (the new version gets EMPTY state).")] = False,
+    health_timeout: Annotated[float, typer.Option(help="Seconds for the new version to commit past the stop batch.")] = 300,
+    rollback: Annotated[bool, typer.Option(help="Start the previous version again if the new one is not healthy.")] = True,
+    log_dir: Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the drivers' logs go.")] = None,
+    jobs_file: JobsFile = "jobs.yaml",
+    savepoint_dir: DirOption = None,
+    conn_id: ConnOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Upgrade running JOB to a new version; roll back automatically if it is not healthy."""
+    def action():
+        ctx = context(job, jobs_file, savepoint_dir, None, None, conn_id)
+        request = UpgradeRequest(version=new_version(ctx.job, application, args or None, _conf_pairs(conf or [])),
+                                 mode=mode, fallback_to_savepoint=fallback_to_savepoint,
+                                 allow_stateless=allow_stateless, health_timeout=health_timeout, rollback=rollback)
+        logs = log_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "airflow-savepoints-jobs"
+        result = upgrade(ctx, request, submit_for=lambda version: _submit_command(JobContext(version, ctx.root)),
+                         log_dir=logs)
+        return result, (f"[green]upgraded[/] job {job} to version {result['to_version']['hash']} ({result['mode']}): "
+                        f"run {result['started']['run_id']}, batch {result['started']['first_batch']} committed")
 
     _report(as_json, action)

@@ -100,6 +100,7 @@ class SavepointManifest(BaseModel):
     created_at: datetime
     tool_version: str
     spark_version: str | None = None
+    job_version: dict[str, Any] | None = None  # the job's version (application, args, Spark conf, hash); optional
     checkpoint: str  # the live checkpoint it was taken from (a URL, never with credentials)
     offset_log_version: int = 1
     commit_log_version: int = 1

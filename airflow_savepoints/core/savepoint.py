@@ -100,6 +100,7 @@ class SavepointRequest(Request):
     reason: str | None = None
     request_id: str | None = None
     spark_version: str | None = None
+    job_version: dict[str, Any] | None = None  # the job's version (application, args, Spark conf, hash)
     copy_mode: CopyMode = "auto"
     incremental: bool = True
     secondary_dir: str | Store | None = None
@@ -370,7 +371,8 @@ class SavepointRun:
             includes_next_offsets=plan.includes_next_offsets, includes_next_state=plan.includes_next_state,
             type=request.savepoint_type, reason=request.reason, request_id=request.request_id,
             created_at=datetime.now(UTC), tool_version=__version__,
-            spark_version=request.spark_version or UNKNOWN_SPARK_VERSION, checkpoint=self.source.url,
+            spark_version=request.spark_version or UNKNOWN_SPARK_VERSION, job_version=request.job_version,
+            checkpoint=self.source.url,
             offset_log_version=plan.offset_log_version, commit_log_version=plan.commit_log_version,
             state_store=StateStoreSettings(
                 provider=plan.state_store_provider, checkpoint_format_version=plan.checkpoint_format_version,

@@ -49,6 +49,7 @@ class JobRun(BaseModel):
     ended: Literal["stopped", "cancelled", "failed"] | None = None  # set once the run's end is handled
     ended_at: datetime | None = None
     termination: dict[str, Any] | None = None  # what was done about it (the checkpoint retention outcome)
+    version: dict[str, Any] | None = None  # the job's version it runs (see JobVersion: application, args, conf, hash)
 
 
     def target(self) -> RunTarget:

@@ -87,6 +87,8 @@ class JobState(BaseModel):
     ended: str | None = None  # stopped / cancelled / failed once a stop, cancel or failure was handled
     log_file: str | None = None
     spark_version: str | None = None  # the driver's (its heartbeat or lease), for the manifests of its savepoints
+    version: dict[str, Any] | None = None  # the job version the run was started with (its run record)
+    watchdog: dict[str, Any] | None = None  # the watchdog's last decision and restarts (status(..., watchdog=True))
 
     @property
     def live(self) -> bool:
@@ -208,7 +210,7 @@ def status(ctx: JobContext) -> JobState:
     base: dict[str, Any] = {"job": ctx.job.name, "run_id": current.run_id, "host": target.host,
                             "application_id": target.application_id, "pid": target.pid,
                             "checkpoint": current.checkpoint, "control": control.folder.url if control else None,
-                            "ended": record.ended if record else None, "log_file": record.log_file if record else None}
+                            **{key: getattr(record, key) if record else None for key in ("ended", "log_file", "version")}}
     heartbeat = control.heartbeat() if control else None
     age = age_on_store_clock(control.folder, HEARTBEAT_FILE) if heartbeat is not None else None
     base.update(helper=heartbeat is not None, heartbeat_age_s=round(age, 3) if age is not None else None,
@@ -302,13 +304,30 @@ def _record_end(ctx: JobContext, current: _Run, ended: Literal["stopped", "cance
         ctx.lease.release(current.run_id)
 
 
-def start(ctx: JobContext, *, submit_command: Callable[[str, dict[str, str]], list[str]], log_dir: Path,
-          pointer: str | None = None, fresh: bool = False, max_age: str | None = None,
-          target_checkpoint: str | None = None, wait_timeout: float = 300) -> dict[str, Any]:
+SubmitCommand = Callable[[str, dict[str, str]], list[str]]
+
+
+def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, pointer: str | None = None,
+          fresh: bool = False, max_age: str | None = None, target_checkpoint: str | None = None,
+          wait_timeout: float = 300) -> dict[str, Any]:
     """Start the job: from ``pointer``, else its newest completed savepoint, or with empty state
     (``fresh``). Refuses while another run lives; takes over the lease of a lost run (after applying
     its checkpoint retention policy, which keeps and savepoints its last committed batch). Returns
     once the run has committed its first batch; the run goes on detached."""
+    return _launch(ctx, submit_command, log_dir, wait_timeout,
+                   lambda: _prepare_checkpoint(ctx, pointer, fresh, max_age, target_checkpoint))
+
+
+def resume(ctx: JobContext, checkpoint: str, *, submit_command: SubmitCommand, log_dir: Path,
+           wait_timeout: float = 300) -> dict[str, Any]:
+    """Start the job on the live checkpoint ``checkpoint`` as it is (Spark's own recovery, nothing
+    copied: a last-state start); otherwise as :func:`start`."""
+    return _launch(ctx, submit_command, log_dir, wait_timeout, lambda: _resume_checkpoint(ctx, checkpoint))
+
+
+def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_timeout: float,
+            prepare: Callable[[], tuple[str, dict[str, str], dict[str, Any] | None]]) -> dict[str, Any]:
+    """Take the lease, ``prepare()`` the checkpoint, launch the run and wait for its first commit."""
     job = ctx.job
     previous = status(ctx)
     if previous.live:
@@ -322,17 +341,20 @@ def start(ctx: JobContext, *, submit_command: Callable[[str, dict[str, str]], li
     run_id = new_run_id()
     control = ctx.folder.child(CONTROL_FOLDER).child(run_id)
     timeout = ctx.lease_timeout or DEFAULT_LEASE_TIMEOUT
+    version = job.version()
     holder = ctx.lease.acquire(run_id, {"host": _hostname(), "control": control.url, "master": job.master,
-                                        "timeout_s": timeout},
+                                        "timeout_s": timeout, "version": version.hash},
                                may_take_over=lambda h: h.run_id == previous.run_id and previous.state == "lost")
     if holder is not None:
         raise _running_error(ctx, status(ctx))
     try:
-        checkpoint, extra_conf, restored = _prepare_checkpoint(ctx, pointer, fresh, max_age, target_checkpoint)
+        checkpoint, extra_conf, restored = prepare()
         conf = {**extra_conf, **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint,
                                          heartbeat_interval=ctx.heartbeat_interval, lease_timeout=ctx.lease_timeout)}
         run = start_detached(job.name, submit_command(checkpoint, conf), ctx.checkpoint(checkpoint), ctx.folder,
                              log_dir, control=control, master=job.master, master_ui=job.master_ui)
+        run = run.model_copy(update={"version": version.model_dump()})
+        write_run(ctx.folder, run)
         ctx.lease.renew(run_id, {"pid": run.pid, "checkpoint": checkpoint})
     except BaseException:
         ctx.lease.release(run_id)
@@ -341,7 +363,8 @@ def start(ctx: JobContext, *, submit_command: Callable[[str, dict[str, str]], li
     ctx.log(f"job {job.name} runs as run {run_id} (pid {run.pid}) and committed batch {batch}")
     return {"job": job.name, "run_id": run_id, "pid": run.pid, "host": run.host, "checkpoint": checkpoint,
             "first_batch": batch, "log_file": run.log_file, "savepoint_dir": ctx.root.url, "restored": restored,
-            "application_id": read_run(ctx.folder).application_id}
+            "application_id": read_run(ctx.folder).application_id, "version": version.model_dump(),
+            "start_batch": run.start_batch}
 
 
 def _hostname() -> str:
@@ -382,6 +405,15 @@ def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, max_a
                                target_storage_options=ctx.checkpoint_options)
     ctx.log(f"restored {pointer} (batch {result.batch_id}) into {checkpoint}")
     return checkpoint, result.spark_conf_to_set, result.model_dump(mode="json")
+
+
+def _resume_checkpoint(ctx: JobContext, checkpoint: str) -> tuple[str, dict[str, str], None]:
+    """A last-state start: the live checkpoint as it is; Spark recovers from it, nothing is copied."""
+    if not ctx.checkpoint(checkpoint).list_files("commits"):
+        raise InvalidInputError(f"checkpoint {checkpoint} has no committed batch to resume from",
+                                "start from a savepoint instead (upgrade mode 'savepoint')")
+    ctx.log(f"starting job {ctx.job.name} on its live checkpoint {checkpoint} (last-state: nothing copied)")
+    return checkpoint, {}, None
 
 
 def _wait_for_first_commit(ctx: JobContext, run: JobRun, timeout: float, poll: float = 1.0) -> int:
@@ -502,7 +534,8 @@ def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, i
         try:
             info = take_savepoint(ctx.checkpoint(checkpoint), ctx.job.name, savepoint_dir=ctx.root,
                                   savepoint_type=SavepointType.STOP, reason="stop", request_id=request_id,
-                                  spark_version=state.spark_version, on_event=on_event)
+                                  spark_version=state.spark_version, on_event=on_event,
+                                  job_version=state.version or ctx.job.version().model_dump())
             break
         except SavepointInFlightError:
             if time.monotonic() >= deadline:
@@ -510,7 +543,8 @@ def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, i
             wait_for_savepoint_in_flight(ctx, max(deadline - time.monotonic(), 1))
     consistency = "crash-consistent" if info.manifest.includes_next_offsets else "clean"
     ctx.log(f"stop savepoint {info.pointer} of batch {info.manifest.batch_id} ({consistency})")
-    return {**info.summary(), "stop_method": stopped["method"], "consistency": consistency, "run_id": state.run_id}
+    return {**info.summary(), "stop_method": stopped["method"], "consistency": consistency, "run_id": state.run_id,
+            "checkpoint": checkpoint, "version": info.manifest.job_version}
 
 
 def cancel(ctx: JobContext, *, policy: str | None = None, grace: float = 60,
@@ -528,6 +562,19 @@ def cancel(ctx: JobContext, *, policy: str | None = None, grace: float = 60,
     if current.record is not None or current.holder is not None:
         _record_end(ctx, current, "cancelled", outcome)
     return {**outcome, "stop_method": ended["method"], "run_id": state.run_id}
+
+
+def abandon(ctx: JobContext, reason: str, *, grace: float = 60) -> dict[str, Any]:
+    """End the current run (if it still runs) and record it as failed with ``reason``, leaving its
+    checkpoint as it is: no savepoint, no retention policy (an upgrade's rollback goes back to the
+    state that run started from; a last-state restart resumes on that checkpoint)."""
+    state = status(ctx)
+    ended = _end_run(ctx, state, grace, f"abandon-{datetime.now(UTC):%Y%m%dT%H%M%S%f}")
+    current = _current_run(ctx)
+    if (current.record is not None or current.holder is not None) and state.ended is None:
+        _record_end(ctx, current, "failed", {"reason": reason, "action": "left as it is", "run_id": state.run_id,
+                                             "checkpoint": current.checkpoint})
+    return {**ended, "checkpoint": current.checkpoint or state.checkpoint}
 
 
 def check(ctx: JobContext) -> JobState:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -32,6 +34,40 @@ class SinkSettings(BaseModel):
     path: str | None = None
 
 
+class JobVersion(BaseModel):
+    """What makes one version of a job: its application (path or artifact), arguments and Spark conf.
+
+    ``hash`` is a short SHA-256 of the three, so two runs (or savepoints) tell at a glance whether
+    they ran the same version; it is recorded in run records, the run lease and savepoint manifests."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    application: str
+    application_args: list[str] = Field(default_factory=list)
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    hash: str = ""
+
+    def model_post_init(self, _context: object) -> None:
+        canonical = json.dumps([self.application, self.application_args, self.spark_conf], sort_keys=True)
+        self.hash = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+UpgradeMode = Literal["savepoint", "last-state", "stateless"]
+
+
+class RestartSettings(BaseModel):
+    """The watchdog's restart policy for a failed or lost job (Flink's ``job.restart.failed``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    max_restarts: int = Field(default=3, ge=0, le=1000)  # within ``window``; then the job stays down
+    window: str = "1h"
+    backoff: float = Field(default=10.0, ge=0, le=86400)  # seconds before the 2nd restart, doubled for each next one
+    max_backoff: float = Field(default=600.0, ge=0, le=86400)
+    last_state: bool = True  # restart on the live checkpoint when it passes the checks (else the newest savepoint)
+
+
 class StreamingJob(BaseModel):
     """One long-running Spark Structured Streaming job."""
 
@@ -54,6 +90,20 @@ class StreamingJob(BaseModel):
     sink: SinkSettings | None = None
     heartbeat_interval: float | None = Field(default=None, gt=0, le=3600)  # seconds (default 5)
     lease_timeout: float | None = Field(default=None, gt=0, le=86400)  # seconds without a heartbeat: lost (30)
+    upgrade_mode: UpgradeMode = "savepoint"  # how an upgrade carries the state (see jobs/upgrade.py)
+    restart: RestartSettings = Field(default_factory=RestartSettings)  # the watchdog's (jobs/watchdog.py)
+    progress_timeout: float | None = Field(default=None, gt=0, le=7 * 86400)  # seconds a batch may run uncommitted
+
+    def version(self) -> JobVersion:
+        """This job's version (application, arguments, Spark conf and their hash)."""
+        return JobVersion(application=self.application, application_args=self.application_args,
+                          spark_conf=self.spark_conf)
+
+    def with_version(self, version: JobVersion) -> StreamingJob:
+        """The same job running ``version``."""
+        return self.model_copy(update={"application": version.application,
+                                       "application_args": list(version.application_args),
+                                       "spark_conf": dict(version.spark_conf)})
 
     @field_validator("name")
     @classmethod

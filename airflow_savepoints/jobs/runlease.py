@@ -52,6 +52,7 @@ class RunLeaseHolder(BaseModel):
     checkpoint: str | None = None
     driver_pod: str | None = None  # Kubernetes cluster mode
     spark_version: str | None = None  # the driver's, when it runs the in-job helper
+    version: str | None = None  # the hash of the job version the run was started with
     timeout_s: float = DEFAULT_LEASE_TIMEOUT
     age_s: float | None = None  # set when read: seconds since the last renewal, on the store's clock
     stale: bool = False  # judged without an age (an mtime in the store's future, seen unchanged too long)

@@ -1,0 +1,198 @@
+"""Upgrade a running job to a new version, with a health check and an automatic rollback.
+
+The Flink Kubernetes operator's ``upgradeMode`` and ``deployment.rollback.enabled``, for Spark
+Structured Streaming jobs started by :mod:`airflow_savepoints.jobs.lifecycle`:
+
+* ``savepoint``: stop with a ``stop`` savepoint, start the new version from it (a restored copy);
+* ``last-state``: stop cleanly (a ``stop`` savepoint is still recorded, so a rollback has something
+  to go to), then start the new version on the same live checkpoint, copying nothing: Spark's own
+  recovery. Refused, before anything is stopped, when the run cannot stop cleanly (it does not run
+  the in-job helper) or the live checkpoint fails the planner's checks for its newest committed
+  batch; ``fallback_to_savepoint`` turns the refusal into a ``savepoint`` upgrade;
+* ``stateless``: the new version starts with EMPTY state in a new checkpoint; only with
+  ``allow_stateless``.
+
+Healthy: the new version commits a batch past the stop batch within ``health_timeout`` and has
+not failed. Otherwise (with ``rollback``, the default) the new run is ended and marked failed, its
+checkpoint left as it is, and the previous version starts again from the same stop savepoint (or,
+for last-state, on the same live checkpoint, where Spark re-runs an uncommitted batch with the same
+offsets): the sink gets every batch once. :class:`UpgradeFailedError` then carries the new
+version's error. No Airflow here: operators and the CLI call :func:`upgrade`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from airflow_savepoints.checkpoint.planner import plan_checkpoint
+from airflow_savepoints.errors import InvalidInputError, SavepointError
+from airflow_savepoints.jobs import lifecycle
+from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.jobs.model import JobVersion, StreamingJob
+
+SubmitFor = Callable[[StreamingJob], Callable[[str, dict[str, str]], list[str]]]
+UPGRADE_MODES = ("savepoint", "last-state", "stateless")
+
+
+class UpgradeRefusedError(InvalidInputError):
+    """The upgrade was refused before anything was stopped."""
+
+    code = "upgrade_refused"
+
+
+class UpgradeFailedError(SavepointError):
+    """The new version was not healthy; the job was rolled back (or left stopped without rollback)."""
+
+    code = "upgrade_failed"
+
+
+class UpgradeRequest(BaseModel):
+    """What to upgrade to, and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: JobVersion
+    mode: str | None = None  # savepoint, last-state or stateless; default: the job's upgrade_mode (checked by upgrade())
+    fallback_to_savepoint: bool = False  # last-state refused: upgrade with the stop savepoint instead
+    allow_stateless: bool = False  # needed for mode 'stateless' (the new version starts with EMPTY state)
+    health_timeout: float = Field(default=300, gt=0)  # seconds for the new version to commit past the stop batch
+    rollback: bool = True
+    grace: float = Field(default=60, gt=0)  # seconds for a run to stop between batches before it is forced
+    inflight_wait: float = Field(default=300, ge=0)
+
+
+def new_version(job: StreamingJob, application: str | None = None, application_args: list[str] | None = None,
+                spark_conf: dict[str, str] | None = None) -> JobVersion:
+    """The job's version with the given fields replaced (None or empty: keep the job's)."""
+    return JobVersion(application=application or job.application,
+                      application_args=job.application_args if application_args is None else application_args,
+                      spark_conf={**job.spark_conf, **(spark_conf or {})})
+
+
+def checkpoint_problem(ctx: JobContext, checkpoint: str | None) -> str | None:
+    """Why the live checkpoint cannot be resumed as it is (the planner's checks for its newest
+    committed batch fail), or None."""
+    if not checkpoint:
+        return "the run's checkpoint is not known"
+    store = ctx.checkpoint(checkpoint)
+    try:
+        plan = plan_checkpoint(store.list_files_lazily(), store.read_bytes, where=store.url)
+    except (SavepointError, OSError, ValueError) as exc:
+        return f"its live checkpoint {checkpoint} fails the checks: {exc}"
+    ctx.log(f"live checkpoint {checkpoint} passes the checks at batch {plan.batch_id}")
+    return None
+
+
+def _mode(ctx: JobContext, request: UpgradeRequest, state: lifecycle.JobState) -> str:
+    """The mode to upgrade with, refusing (before anything changes) what cannot be done."""
+    mode = request.mode or ctx.job.upgrade_mode
+    if mode not in UPGRADE_MODES:
+        raise UpgradeRefusedError(f"unknown upgrade mode {mode!r}", f"use one of {', '.join(UPGRADE_MODES)}")
+    if mode == "stateless" and not request.allow_stateless:
+        raise UpgradeRefusedError(f"a stateless upgrade of job '{ctx.job.name}' starts it with EMPTY state",
+                                  "pass allow_stateless (--allow-stateless) if that is meant, or use mode savepoint")
+    if not state.live:
+        raise UpgradeRefusedError(f"job '{ctx.job.name}' is {state.state}, not running: nothing to upgrade",
+                                  "start it (restore_from_savepoint, `airflow-savepoints job start`) instead")
+    if mode == "last-state":
+        problem = None if state.helper else "the run does not call run_until_stopped, so it cannot stop cleanly"
+        problem = problem or checkpoint_problem(ctx, state.checkpoint)
+        if problem is not None:
+            if not request.fallback_to_savepoint:
+                raise UpgradeRefusedError(f"last-state upgrade of job '{ctx.job.name}' refused: {problem}",
+                                          "fix that, or allow the fallback to a savepoint upgrade "
+                                          "(fallback_to_savepoint, --fallback-to-savepoint); nothing was stopped")
+            ctx.log(f"last-state refused ({problem}): upgrading with a savepoint instead")
+            mode = "savepoint"
+    return mode
+
+
+def _start_kwargs(ctx: JobContext, mode: str, stopped: dict[str, Any]) -> dict[str, Any]:
+    """How a version starts after the stop: on the live checkpoint, from the stop savepoint, or empty."""
+    if mode == "last-state":
+        return {"resume": stopped["checkpoint"]}
+    if mode == "stateless":
+        return {"fresh": True, "target_checkpoint": f"{ctx.job.checkpoint.rstrip('/')}-{datetime.now(UTC):%Y%m%dT%H%M%S}"}
+    return {"pointer": stopped["pointer"]}
+
+
+def _start_healthy(ctx: JobContext, kwargs: dict[str, Any], request: UpgradeRequest, submit_for: SubmitFor,
+                   log_dir: Path, past_batch: int | None) -> dict[str, Any]:
+    """Start ``ctx.job`` and wait until it is healthy: a committed batch past ``past_batch`` (any,
+    when None) within the health timeout, and no failure. Raises why not."""
+    if "resume" in kwargs:
+        started = lifecycle.resume(ctx, kwargs["resume"], submit_command=submit_for(ctx.job), log_dir=log_dir,
+                                   wait_timeout=request.health_timeout)
+    else:
+        started = lifecycle.start(ctx, submit_command=submit_for(ctx.job), log_dir=log_dir,
+                                  wait_timeout=request.health_timeout, **kwargs)
+    if past_batch is not None and started["first_batch"] <= past_batch:
+        raise lifecycle.JobFailedError(f"run {started['run_id']} committed batch {started['first_batch']}, not past "
+                                       f"the stop batch {past_batch}", "see its log in " + str(started["log_file"]))
+    state = lifecycle.status(ctx)
+    if state.state in ("failed", "lost", "stopped"):
+        raise lifecycle.JobFailedError(f"run {started['run_id']} is {state.state} after its first batch: "
+                                       f"{state.error or state.detail}", f"see its log in {started['log_file']}")
+    return started
+
+
+def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, log_dir: Path) -> dict[str, Any]:
+    """Upgrade the running job of ``ctx`` to ``request.version``; roll back if it is not healthy.
+
+    ``submit_for(job)`` gives the submit command builder of a job version (the Spark provider's in
+    operators, plain spark-submit in the CLI). Returns what was done; raises
+    :class:`UpgradeRefusedError` before anything changes, or :class:`UpgradeFailedError` (with the
+    new version's error) after a rollback."""
+    state = lifecycle.status(ctx)
+    mode = _mode(ctx, request, state)
+    previous = JobVersion.model_validate(state.version) if state.version else ctx.job.version()
+    old_ctx = replace(ctx, job=ctx.job.with_version(previous))
+    new_ctx = replace(ctx, job=ctx.job.with_version(request.version))
+    ctx.log(f"upgrading job {ctx.job.name} from version {previous.hash} to {request.version.hash} ({mode})")
+    stopped = lifecycle.stop(old_ctx, grace=request.grace, inflight_wait=request.inflight_wait)
+    if mode == "last-state" and (stopped["consistency"] != "clean" or stopped["stop_method"] != "cooperative"):
+        ctx.log(f"the stop was not clean ({stopped['stop_method']}, {stopped['consistency']}): using its savepoint")
+        mode = "savepoint"
+    kwargs = _start_kwargs(ctx, mode, stopped)
+    summary = {"job": ctx.job.name, "mode": mode, "from_version": previous.model_dump(),
+               "to_version": request.version.model_dump(), "stop_savepoint": stopped["pointer"],
+               "stop_batch": stopped["batch_id"]}
+    try:
+        started = _start_healthy(new_ctx, kwargs, request, submit_for, log_dir,
+                                 None if mode == "stateless" else stopped["batch_id"])
+    except SavepointError as exc:
+        error = exc
+    else:
+        ctx.log(f"job {ctx.job.name} runs version {request.version.hash}: batch {started['first_batch']} committed")
+        return {**summary, "started": started, "copied_bytes": 0 if mode == "last-state" else None}
+    return _roll_back(old_ctx, new_ctx, request, error, summary, submit_for, log_dir)
+
+
+def _roll_back(old_ctx: JobContext, new_ctx: JobContext, request: UpgradeRequest, error: SavepointError,
+               summary: dict[str, Any], submit_for: SubmitFor, log_dir: Path) -> dict[str, Any]:
+    """End the new version's run and start the previous version from the state it was stopped with."""
+    name, new_hash = new_ctx.job.name, new_ctx.job.version().hash
+    reason = f"version {new_hash} was not healthy: {error}"
+    ended = lifecycle.abandon(new_ctx, reason, grace=request.grace)
+    if not request.rollback:
+        raise UpgradeFailedError(f"upgrade of job '{name}' to version {new_hash} failed ({ended['method']}); the job "
+                                 f"is down, not rolled back: {error}",
+                                 f"start the previous version from {summary['stop_savepoint']}")
+    mode = "last-state" if summary["mode"] == "last-state" else "savepoint"
+    kwargs = _start_kwargs(old_ctx, mode, {"checkpoint": ended["checkpoint"], "pointer": summary["stop_savepoint"]})
+    old_ctx.log(f"rolling job {name} back to version {old_ctx.job.version().hash} ({mode})")
+    try:
+        back = _start_healthy(old_ctx, kwargs, request, submit_for, log_dir, None)
+    except SavepointError as exc:
+        raise UpgradeFailedError(f"upgrade of job '{name}' to version {new_hash} failed: {error}\nand the rollback "
+                                 f"failed too: {exc}", f"restart it from {summary['stop_savepoint']}") from exc
+    raise UpgradeFailedError(
+        f"upgrade of job '{name}' to version {new_hash} failed: {error}\nrolled back: version "
+        f"{old_ctx.job.version().hash} runs again as run {back['run_id']} ({mode}, from {kwargs})",
+        "fix the new version, then upgrade again")

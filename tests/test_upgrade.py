@@ -1,0 +1,141 @@
+"""Upgrades of a real streaming job (the demo job under spark-submit), through the upgrade_job DAG
+on a real Airflow (dag.test(), SQLite): a last-state upgrade that copies no state, and an upgrade to
+a version that cannot start, rolled back automatically. The sink holds every event exactly once."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import airflow_savepoints.demo.app as demo
+from airflow_savepoints.cli.main import app as cli_app
+from airflow_savepoints.core import list_savepoints, resolve_pointer, take_savepoint
+from airflow_savepoints.errors import InvalidInputError
+from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
+from airflow_savepoints.jobs.launcher import read_run, spark_submit_command, stop_process
+from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.jobs.upgrade import UpgradeRefusedError, UpgradeRequest, new_version, upgrade
+from airflow_savepoints.storage import Store
+from tests.conftest import ROOT
+from tests.support.feeding import Feeder, wait_for_sink
+
+JOB = "demo-dedup"
+FIX = {demo.SKIP_BAD_RECORDS_CONF: "true"}
+
+
+def run_dag(dag_id: str, **conf):
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(ROOT / "dags" / f"{dag_id}.py")).get_dag(dag_id)
+    result = dag.test(run_conf=conf or None)
+    return result.state, {t.task_id: t.state for t in result.get_task_instances()}
+
+
+def submit(job: StreamingJob):
+    return lambda checkpoint, conf: spark_submit_command(job, checkpoint, conf)
+
+
+def checkpoints_of(home: Path) -> list[str]:
+    return sorted(p.name for p in home.iterdir() if p.name.startswith("checkpoint"))
+
+
+def test_refusals_change_nothing(tmp_path):
+    """stateless without its flag, and an upgrade of a job that does not run: refused, nothing written."""
+    job = StreamingJob(name=JOB, application=demo.__file__, checkpoint=str(tmp_path / "checkpoint"),
+                       savepoint_dir=str(tmp_path / "savepoints"))
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    with pytest.raises(UpgradeRefusedError, match="EMPTY state"):
+        upgrade(ctx, UpgradeRequest(version=job.version(), mode="stateless"), submit_for=submit, log_dir=tmp_path)
+    with pytest.raises(UpgradeRefusedError, match="not_started, not running"):
+        upgrade(ctx, UpgradeRequest(version=job.version()), submit_for=submit, log_dir=tmp_path)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - name: {JOB}\n    application: {demo.__file__}\n    checkpoint: {tmp_path}/checkpoint\n"
+                    f"    savepoint_dir: {tmp_path}/savepoints\n")
+    for extra, words in ((["--mode", "stateless"], "EMPTY state"), (["--conf", "nokey"], "not KEY=VALUE"),
+                         (["--mode", "blue-green"], "unknown upgrade mode")):
+        result = CliRunner().invoke(cli_app, ["job", "upgrade", JOB, "--jobs-file", str(jobs), *extra])
+        assert result.exit_code == 1 and words in result.output, result.output
+    assert not (tmp_path / "savepoints").exists()
+
+
+@pytest.mark.slow
+def test_last_state_upgrade_then_a_bad_version_rolled_back(airflow_db, tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
+    monkeypatch.setenv("SAVEPOINTS_DEMO_APP", demo.__file__)
+    sent: set[int] = set()
+    for index in range(2):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    root = Store(str(tmp_path / "savepoints"))
+    job_folder = root.child(JOB)
+    live = str(tmp_path / "checkpoint")
+    try:
+        job = load_jobs(ROOT / "dags" / "jobs.yaml")[JOB]
+        ctx = JobContext(job, root)
+        lifecycle.start(ctx, submit_command=submit(job), log_dir=tmp_path / "logs", fresh=True, wait_timeout=240)
+        first = read_run(job_folder)
+        assert first.version["hash"] and first.version["spark_conf"][demo.SKIP_BAD_RECORDS_CONF] == "false"
+
+        # last-state: stop cleanly (a stop savepoint is recorded), the fixed version resumes on the same checkpoint
+        with Feeder(tmp_path / "input", sent, 2) as feeder:
+            state, tasks = run_dag("upgrade_job", job=JOB, mode="last-state", spark_conf=json.dumps(FIX),
+                                   health_timeout=120)
+        assert state == "success", tasks
+        upgraded = read_run(job_folder)
+        [stop] = list_savepoints(root, JOB)
+        assert stop.type.value == "stop"
+        assert upgraded.checkpoint == live and checkpoints_of(tmp_path) == ["checkpoint"]  # nothing copied
+        assert upgraded.start_batch == stop.batch_id  # it went on from the stop batch, on the live checkpoint
+        commits = sorted(int(p.name) for p in Path(live, "commits").iterdir() if p.name.isdigit())
+        assert stop.batch_id + 1 in commits
+        assert upgraded.version["spark_conf"][demo.SKIP_BAD_RECORDS_CONF] == "true"
+        assert upgraded.version["hash"] != first.version["hash"]
+        _, manifest = resolve_pointer(stop.pointer)
+        assert manifest.format_version == 1 and manifest.job_version == first.version  # the stopped run's
+        status = lifecycle.status(ctx)
+        assert status.state == "running" and status.version["hash"] == upgraded.version["hash"]
+
+        # a version whose application does not exist: it fails at start, the fixed version is rolled back
+        capfd.readouterr()
+        with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
+            state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", application=str(tmp_path / "missing.py"),
+                                   spark_conf=json.dumps(FIX), health_timeout=120)
+        assert state == "failed" and tasks == {"upgrade": "failed"}
+        log = capfd.readouterr().out  # the task's log: the new version's error, then the rollback
+        assert "UpgradeFailedError" in log and "exited before committing a batch" in log and "rolled back" in log, log[-3000:]
+        back = read_run(job_folder)
+        assert back.version == upgraded.version and back.ended is None  # the previous version runs again
+        second_stop = list_savepoints(root, JOB)[-1]
+        assert second_stop.type.value == "stop" and back.start_batch == second_stop.batch_id
+        assert back.checkpoint.startswith(str(tmp_path / "checkpoint-"))  # restored from the stop savepoint
+        got = wait_for_sink(tmp_path / "output", sorted(sent))
+    finally:
+        last = read_run(job_folder)
+        if last is not None:
+            stop_process(last, grace=30)
+    assert got == sorted(sent)  # every event once: nothing lost or repeated across the upgrade and the rollback
+
+
+def test_new_version_keeps_unset_fields(tmp_path):
+    job = StreamingJob(name=JOB, application="app.py", application_args=["a"], spark_conf={"k": "1"},
+                       checkpoint=str(tmp_path / "c"))
+    version = new_version(job, None, None, {"x": "2"})
+    assert (version.application, version.application_args, version.spark_conf) == ("app.py", ["a"], {"k": "1", "x": "2"})
+    assert version.hash != job.version().hash and job.with_version(version).version() == version
+
+
+def test_a_start_refuses_a_savepoint_older_than_max_age_and_changes_nothing(checkpoint, tmp_path):
+    """Flink users' restore check: a savepoint past ``max_age`` is refused before anything starts."""
+    job = StreamingJob(name=JOB, application=demo.__file__, checkpoint=str(tmp_path / "live"),
+                       savepoint_dir=str(tmp_path / "savepoints"))
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    saved = take_savepoint(str(checkpoint), JOB, savepoint_dir=job.savepoint_dir)
+    time.sleep(1.1)
+    before = sorted(p.name for p in (tmp_path / "savepoints" / JOB).iterdir())
+    with pytest.raises(InvalidInputError, match="older than max_age 1s"):
+        lifecycle.start(ctx, submit_command=submit(job), log_dir=tmp_path / "logs", pointer=saved.pointer, max_age="1s")
+    assert sorted(p.name for p in (tmp_path / "savepoints" / JOB).iterdir()) == before  # no run, no lease
+    assert not (tmp_path / "logs").exists() and not list(tmp_path.glob("live*"))  # nothing restored

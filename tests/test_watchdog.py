@@ -1,0 +1,170 @@
+"""The watchdog on a real job (the demo job under spark-submit) and a real Airflow (the supervise_jobs
+DAG with dag.test()): a SIGKILLed job restarted last-state, then, its checkpoint damaged, from the
+newest savepoint after a backoff, and left down after the maximum of restarts. Decisions show in
+``job status --json``; the sink holds every event once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import airflow_savepoints.demo.app as demo
+from airflow_savepoints.cli.main import app as cli_app
+from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs, watchdog
+from airflow_savepoints.jobs.launcher import read_run, spark_submit_command, stop_process
+from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.jobs.upgrade import checkpoint_problem
+from airflow_savepoints.storage import Store
+from tests.conftest import ROOT
+from tests.support.feeding import Feeder, wait_for_sink
+
+JOB = "demo-dedup"
+JOBS_FILE = str(ROOT / "dags" / "jobs.yaml")
+
+
+def run_dag(dag_id: str):
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(ROOT / "dags" / f"{dag_id}.py")).get_dag(dag_id)
+    result = dag.test()
+    return result.state, {t.task_id: t.state for t in result.get_task_instances()}
+
+
+def kill_and_wait_failed(ctx: JobContext) -> None:
+    run = read_run(ctx.folder)
+    os.killpg(run.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while lifecycle.status(ctx).state != "failed":
+        assert time.monotonic() < deadline, lifecycle.status(ctx)
+        time.sleep(0.2)
+
+
+def status_json(tmp_path: Path) -> dict:
+    result = CliRunner().invoke(cli_app, ["job", "status", JOB, "--jobs-file", JOBS_FILE, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def submit(ctx: JobContext):
+    return lambda checkpoint, conf: spark_submit_command(ctx.job, checkpoint, conf)
+
+
+@pytest.mark.slow
+def test_restarts_with_backoff_then_gives_up(airflow_db, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
+    monkeypatch.setenv("SAVEPOINTS_DEMO_APP", demo.__file__)
+    monkeypatch.setenv("SAVEPOINTS_DEMO_MAX_RESTARTS", "2")
+    monkeypatch.setenv("SAVEPOINTS_DEMO_RESTART_BACKOFF", "60")  # outlasts draining the input
+    job = load_jobs(JOBS_FILE)[JOB]
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    live = job.checkpoint
+    sent: set[int] = set()
+    for index in range(2):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    try:
+        with Feeder(tmp_path / "input", sent, 2, every=4) as feeder:
+            lifecycle.start(ctx, submit_command=submit(ctx), log_dir=tmp_path / "logs", fresh=True, wait_timeout=240)
+
+            # SIGKILL: the DAG restarts it on its live checkpoint (it passes the checks), nothing copied
+            kill_and_wait_failed(ctx)
+            state, tasks = run_dag("supervise_jobs")
+            assert (state, tasks) == ("success", {"supervise": "success"})
+            first = read_run(ctx.folder)
+            assert first.checkpoint == live and first.ended is None and lifecycle.status(ctx).live
+            shown = status_json(tmp_path)["watchdog"]
+            assert shown["restarts"] == 1 and shown["last_decision"]["action"] == "restarted"
+            assert shown["last_decision"]["mode"] == "last-state" and shown["next_retry_at"]
+
+            # killed again, between batches (a kill mid-commit can leave the file sink a batch
+            # past the checkpoint, which only last-state recovers): the next restart waits for its backoff
+            feeder.pause()
+            assert wait_for_sink(tmp_path / "output", sorted(sent)) == sorted(sent)
+            kill_and_wait_failed(ctx)
+            waiting = watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=tmp_path / "logs", wait_timeout=30)
+            assert waiting.action == "backoff" and waiting.next_retry_at > waiting.at
+            assert lifecycle.status(ctx).state == "failed"
+            # a savepoint of its last committed batch, then the live checkpoint is damaged
+            saved = take_savepoint(live, JOB, savepoint_dir=job.savepoint_dir)
+            (Path(live) / "metadata").unlink()  # replaced, as Spark writes files (the savepoint hard-links them)
+            (Path(live) / "metadata").write_text("not json")
+            assert checkpoint_problem(ctx, live) is not None
+            feeder.resume()
+            time.sleep(max(0.0, waiting.next_retry_at - waiting.at) + 0.5)
+            restarted = watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=tmp_path / "logs",
+                                           wait_timeout=240)
+            assert (restarted.action, restarted.mode) == ("restarted", "savepoint"), restarted.reason
+            second = read_run(ctx.folder)
+            assert second.checkpoint.startswith(live + "-") and second.start_batch == saved.manifest.batch_id
+        assert wait_for_sink(tmp_path / "output", sorted(sent)) == sorted(sent)  # once each, over 2 restarts
+
+        # a third failure: the maximum (2 per window) is reached, the job stays down, the DAG run fails
+        kill_and_wait_failed(ctx)
+        state, tasks = run_dag("supervise_jobs")
+        assert (state, tasks) == ("failed", {"supervise": "failed"})
+        assert lifecycle.status(ctx).state == "failed"
+        shown = status_json(tmp_path)["watchdog"]
+        assert shown["last_decision"]["action"] == "gave_up" and "max_restarts 2" in shown["gave_up"]
+    finally:
+        stop_process(read_run(ctx.folder), grace=10)
+
+
+def test_a_planned_batch_uncommitted_past_progress_timeout_is_stalled(checkpoint, tmp_path):
+    """A checkpoint whose newest offsets have no commit (input waiting) for longer than progress_timeout."""
+    job = StreamingJob(name="stuck", application="app.py", checkpoint=str(checkpoint), progress_timeout=1,
+                       savepoint_dir=str(tmp_path / "savepoints"))
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    newest = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    state = lifecycle.JobState(job="stuck", state="running", checkpoint=str(checkpoint))
+    assert watchdog.stall_reason(ctx, state) is None  # everything planned is committed
+    (checkpoint / "commits" / str(newest)).unlink()  # batch `newest` planned, not committed
+    old = time.time() - 5
+    os.utime(checkpoint / "offsets" / str(newest), (old, old))
+    reason = watchdog.stall_reason(ctx, state)
+    assert reason and f"batch {newest} was planned" in reason and f"last committed batch {newest - 1}" in reason
+
+
+def test_decisions_without_spark(tmp_path):
+    """down without restarts, gave_up at the maximum (kept while down), a fresh count once it runs again;
+    each decision in _watchdog.json and job status --json's shape."""
+    from tests.test_lifecycle import driver
+
+    job = StreamingJob(name="orders", application="app.py", checkpoint=str(tmp_path / "checkpoint"),
+                       savepoint_dir=str(tmp_path / "savepoints"), lease_timeout=30)
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    never = lambda checkpoint, conf: pytest.fail("no restart expected")  # noqa: E731
+    assert watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path).action == "not_running"
+    assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30}) is None
+    run = driver(ctx, "r1")
+    run.claim()
+    run.beat(last_committed_batch=3)
+    assert watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path).action == "healthy"
+    run.control.report_failure(RuntimeError("bad record"))
+    down = watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path)
+    assert down.action == "down" and "bad record" in down.reason and watchdog.alerts([down]) is not None
+
+    ctx.job = job.model_copy(update={"restart": job.restart.model_copy(update={"enabled": True, "max_restarts": 1})})
+    memory = watchdog.read_state(ctx)
+    memory.restarts = [down.at - 5]  # one restart already in the window
+    ctx.folder.write_bytes_atomic(watchdog.WATCHDOG_FILE, memory.model_dump_json().encode())
+    given_up = watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path)
+    assert given_up.action == "gave_up" and "max_restarts 1" in given_up.reason
+    assert "gave_up" in str(watchdog.alerts([given_up]))
+    view = watchdog.read_state(ctx).view()
+    assert view["gave_up"] and view["restarts"] == 1 and view["last_decision"]["action"] == "gave_up"
+
+    ctx.lease.release("r1")  # as the failed driver does on its way out
+    assert ctx.lease.acquire("r2", {"host": "worker-b", "timeout_s": 30}) is None  # someone started it again
+    again = driver(ctx, "r2")
+    again.claim()
+    again.beat(last_committed_batch=4)
+    assert watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path).action == "healthy"
+    view = watchdog.read_state(ctx).view()
+    assert view["gave_up"] is None and view["restarts"] == 0
+    assert [d.action for d in watchdog.read_state(ctx).history] == ["not_running", "healthy", "down", "gave_up", "healthy"]
