@@ -70,9 +70,7 @@ def context(job_name: str, jobs_file: str, savepoint_dir: str | None, storage_op
     if checkpoint is None and checkpoint_conn_id:
         checkpoint = connection_storage_options(checkpoint_conn_id)
     if checkpoint is None:
-        from airflow_savepoints.storage import split_url
-
-        checkpoint = root.storage_options if split_url(job.checkpoint)[1] == root.protocol else None
+        checkpoint = root.options_for(job.checkpoint)
     return JobContext(job, root, checkpoint, log=lambda message: _main().err.print(message, markup=False))
 
 

@@ -104,7 +104,8 @@ def print_savepoints(workdir: Path) -> list:
     return records
 
 
-def run(workdir: Path, rounds: int, interval: float) -> int:
+def prepare(workdir: Path) -> tuple[Path, Path]:
+    """A fresh work folder with the example DAGs and an Airflow metadata database: (DAGs folder, task log)."""
     shutil.rmtree(workdir, ignore_errors=True)
     (workdir / "airflow").mkdir(parents=True)
     dags = workdir / "dags"
@@ -116,12 +117,28 @@ def run(workdir: Path, rounds: int, interval: float) -> int:
 
     from airflow.utils import db
 
-    from airflow_savepoints.jobs.launcher import read_run, stop_process
-    from airflow_savepoints.storage import Store
-
     with quiet(log_file):
         db.resetdb()
     console.print("Airflow metadata database ready (SQLite)")
+    return dags, log_file
+
+
+def verdict(output: Path, sent: set[int]) -> int:
+    """0 when the sink holds every event sent exactly once, else 1."""
+    ids = app.committed_event_ids(output)
+    console.print(f"output: {len(ids)} events, {len(set(ids))} distinct ids, {len(sent)} distinct ids sent")
+    if ids == sorted(sent):
+        console.print("[bold green]every event exactly once across the stop and the restore[/]")
+        return 0
+    console.print("[bold red]output does not match the input: duplicates or losses[/]")
+    return 1
+
+
+def run(workdir: Path, rounds: int, interval: float) -> int:
+    from airflow_savepoints.jobs.launcher import read_run, stop_process
+    from airflow_savepoints.storage import Store
+
+    dags, log_file = prepare(workdir)
     input_dir, job_folder = workdir / "input", Store(str(workdir / "savepoints" / JOB))
     sent: set[int] = set()
     next_file = 0
@@ -161,13 +178,7 @@ def run(workdir: Path, rounds: int, interval: float) -> int:
         last = read_run(job_folder)
         if last is not None and stop_process(last, grace=30):
             console.print(f"demo job (pid {last.pid}) stopped")
-    ids = app.committed_event_ids(workdir / "output")
-    console.print(f"output: {len(ids)} events, {len(set(ids))} distinct ids, {len(sent)} distinct ids sent")
-    if ids == sorted(sent):
-        console.print("[bold green]every event exactly once across the stop and the restore[/]")
-        return 0
-    console.print("[bold red]output does not match the input: duplicates or losses[/]")
-    return 1
+    return verdict(workdir / "output", sent)
 
 
 def main() -> None:

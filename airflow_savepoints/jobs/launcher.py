@@ -135,12 +135,12 @@ def application_id_from_log(path: str | None) -> str | None:
 
 
 def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: Store, log_dir: Path,
-                   env: dict[str, str] | None = None, control: Store | None = None, master: str | None = None,
-                   master_ui: str | None = None) -> JobRun:
+                   env: dict[str, str] | None = None, control: Store | None = None, **recorded: Any) -> JobRun:
     """Start ``command`` in its own session (it outlives the caller) and record the run.
 
     ``control``: the control folder passed to the job in its command (``spark.savepoints.control``);
-    its name is the run id."""
+    its name is the run id. ``recorded``: further fields of the run record (``master``, ``master_ui``,
+    ``version``)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     start_batch, _ = checkpoint_progress(checkpoint)
@@ -154,7 +154,7 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
     run = JobRun(job=job, pid=process.pid, pid_started=process_started(process.pid), host=socket.gethostname(),
                  command=command, log_file=str(log_file), checkpoint=checkpoint.url, started_at=datetime.now(UTC),
                  start_batch=start_batch, control=control.url if control else None,
-                 run_id=control.name if control else None, master=master, master_ui=master_ui)
+                 run_id=control.name if control else None, **recorded)
     write_run(job_folder, run)
     return run
 

@@ -352,9 +352,8 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
         conf = {**extra_conf, **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint,
                                          heartbeat_interval=ctx.heartbeat_interval, lease_timeout=ctx.lease_timeout)}
         run = start_detached(job.name, submit_command(checkpoint, conf), ctx.checkpoint(checkpoint), ctx.folder,
-                             log_dir, control=control, master=job.master, master_ui=job.master_ui)
-        run = run.model_copy(update={"version": version.model_dump()})
-        write_run(ctx.folder, run)
+                             log_dir, control=control, master=job.master, master_ui=job.master_ui,
+                             version=version.model_dump())
         ctx.lease.renew(run_id, {"pid": run.pid, "checkpoint": checkpoint})
     except BaseException:
         ctx.lease.release(run_id)

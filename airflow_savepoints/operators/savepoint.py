@@ -14,7 +14,7 @@ from airflow_savepoints.jobs.launcher import read_run
 from airflow_savepoints.jobs.runlease import running_spark_version
 from airflow_savepoints.operators.base import SavepointsBaseOperator, savepoints_template_fields
 from airflow_savepoints.operators.links import SavepointsPageLink
-from airflow_savepoints.storage import Store, split_url
+from airflow_savepoints.storage import Store
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -49,7 +49,7 @@ def checkpoint_options(checkpoint: str, store: Store, given: dict[str, Any] | No
     """Storage options for the live checkpoint: as given, else the savepoint store's on the same kind of store."""
     if given is not None:
         return given
-    return store.storage_options if split_url(checkpoint)[1] == store.protocol else None
+    return store.options_for(checkpoint)
 
 
 def recorded_checkpoint(store: Store, job: str, fallback: str | None = None) -> str:

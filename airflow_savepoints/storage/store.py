@@ -155,6 +155,10 @@ class Store:
         """A local filesystem reached without fsspec caching or wrapping (plain ``os`` calls are safe)."""
         return self.backend.is_local_disk
 
+    def options_for(self, url: str) -> dict[str, Any] | None:
+        """This store's options for another URL on the same kind of store (its keys, endpoint), else None."""
+        return self.storage_options if split_url(url)[1] == self.protocol else None
+
     def _with_root(self, root: str) -> Store:
         other = Store.__new__(Store)
         other.scheme, other.protocol, other.root = self.scheme, self.protocol, root
