@@ -39,6 +39,18 @@ OPTIONS = (
            "Periodic savepoints older than this are removed by retention (e.g. 7d, 12h); none for no age limit."),
     Option("orphan_timeout", "string", "1h", "1h",
            "Savepoint locations without _metadata (a trigger that crashed) older than this are removed by retention."),
+    # read by the console in the API server (airflow_savepoints.plugins)
+    Option("api_timeout", "float", "10", "10", "Seconds the console and its API wait for the store before answering 504."),
+    Option("jobs_file", "string", "", "/opt/airflow/dags/jobs.yaml",
+           "The jobs.yaml whose jobs the console lists before their first savepoint; empty: the DAGs folder's jobs.yaml."),
+    Option("periodic_interval", "string", "", "15m",
+           "The periodic savepoint interval; the console flags a job whose newest savepoint is older than twice this."),
+    Option("console_savepoint_dag", "string", "periodic_savepoints", "periodic_savepoints",
+           "The DAG the console's 'Savepoint now' triggers."),
+    Option("console_stop_dag", "string", "stop_job_with_savepoint", "stop_job_with_savepoint",
+           "The DAG the console's 'Stop with savepoint' triggers (conf: job)."),
+    Option("console_restore_dag", "string", "restore_from_savepoint", "restore_from_savepoint",
+           "The DAG the console's 'Restore' triggers (conf: job, pointer)."),
 )
 DEFAULTS = {option.name: option.default for option in OPTIONS}
 

@@ -13,17 +13,19 @@ from typing import Any
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.configuration import conf
 
+from airflow_savepoints.core.settings import DEFAULTS
+
 log = logging.getLogger(__name__)
 
-# action -> (configuration option naming its DAG, default DAG id, conf keys, stops the job, what it does)
+# action -> (configuration option naming its DAG, conf keys, stops the job, what it does); default DAG ids in core.settings
 ACTIONS: dict[str, dict[str, Any]] = {
-    "savepoint": {"option": "console_savepoint_dag", "dag_id": "periodic_savepoints", "params": [],
+    "savepoint": {"option": "console_savepoint_dag", "params": [],
                   "stops": False, "label": "Savepoint now",
                   "says": "takes a periodic savepoint of every job in the DAG's jobs.yaml, then applies retention"},
-    "stop": {"option": "console_stop_dag", "dag_id": "stop_job_with_savepoint", "params": ["job"],
+    "stop": {"option": "console_stop_dag", "params": ["job"],
              "stops": True, "label": "Stop with savepoint",
              "says": "stops the job and takes a final stop savepoint"},
-    "restore": {"option": "console_restore_dag", "dag_id": "restore_from_savepoint", "params": ["job", "pointer"],
+    "restore": {"option": "console_restore_dag", "params": ["job", "pointer"],
                 "stops": False, "label": "Restore",
                 "says": "starts the job from this savepoint in a fresh checkpoint location"},
 }
@@ -53,7 +55,7 @@ def _may_trigger(user: Any, dag_id: str) -> bool:
 
 def available_actions(user: Any) -> list[dict[str, Any]]:
     """Each action with its DAG, whether that DAG is deployed (and paused) and whether ``user`` may trigger it."""
-    chosen = {name: conf.get("savepoints", spec["option"], fallback="") or spec["dag_id"] for name, spec in ACTIONS.items()}
+    chosen = {name: conf.get("savepoints", spec["option"], fallback="") or DEFAULTS[spec["option"]] for name, spec in ACTIONS.items()}
     deployed = _dag_states(sorted(set(chosen.values())))
     return [{"action": name, "dag_id": chosen[name], "params": spec["params"], "stops_job": spec["stops"],
              "label": spec["label"], "description": spec["says"], "deployed": chosen[name] in deployed,

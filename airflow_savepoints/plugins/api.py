@@ -35,6 +35,7 @@ from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
 from airflow_savepoints.core.dispose import check_no_link
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, list_savepoints, read_manifest
+from airflow_savepoints.core.settings import DEFAULTS
 from airflow_savepoints.errors import (
     ConfigurationError,
     CredentialsError,
@@ -140,7 +141,7 @@ _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="savepoints-api")  
 
 def store_timeout() -> float:
     """Seconds a request waits for the store (``[savepoints] api_timeout``, default 10)."""
-    return conf.getfloat("savepoints", "api_timeout", fallback=10.0)
+    return conf.getfloat("savepoints", "api_timeout", fallback=float(DEFAULTS["api_timeout"]))
 
 
 def jobs_file() -> str | None:
