@@ -402,6 +402,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
         files2 = second["info"].manifest.files
         ours["incremental"].update(files=len(files2), new_files=len(added), methods=_tally(e.method for e in files2),
                                    checksum_sources=_tally(e.checksum_source for e in files2),
+                                   reused_from_previous=sum(1 for e in files2 if e.reused_from),
                                    streamed_bytes=sum(e.size for e in files2 if e.method == "stream"))
         log(f"{latency * 1000:.0f} ms: restore")
         restore_dir = work / f"restored-{latency}"
