@@ -230,11 +230,12 @@ def hash_candidates(paths: list[Path], seconds_cap: float = 20.0) -> dict[str, f
             view = memoryview(buf)
             state = 0 if make is None else make()
             with open(path, "rb", buffering=0) as handle:
+                if make is None:  # google-crc32c >= 1.9 takes read-only bytes only, as the copier reads
+                    while chunk := handle.read(len(buf)):
+                        state = google_crc32c.extend(state, chunk)
+                    return
                 while n := handle.readinto(buf):
-                    if make is None:
-                        state = google_crc32c.extend(state, view[:n])
-                    else:
-                        state.update(view[:n])
+                    state.update(view[:n])
 
         start = time.perf_counter()
         with ThreadPoolExecutor(2) as pool:
