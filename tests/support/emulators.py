@@ -19,6 +19,7 @@ its filesystems (``fsspec.config.apply_config``), so ``gs://<bucket>/...`` and
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -106,7 +107,14 @@ def _spawn(name: str, command: list[str], workdir: Path) -> tuple[subprocess.Pop
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    cwd=workdir, start_new_session=True)
+    atexit.register(_end, process)  # a caller that dies without stop() (an exception, Ctrl-C) leaves none behind
     return process, log
+
+
+def _end(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 # --- fake-gcs-server -------------------------------------------------------------------------------------
