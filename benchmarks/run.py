@@ -440,7 +440,7 @@ def main() -> int:
     if args.object_store:
         from benchmarks import object_store
 
-        report = object_store.run(args.quick, workdir=args.workdir)
+        report = object_store.run(args.quick, workdir=args.workdir, with_peers="peers" not in args.skip.split(","))
         if args.json:
             print(json.dumps(report, default=str))
         if args.json_file:

@@ -202,3 +202,17 @@ def remove_checkpoint(path: Path) -> None:
 
 # Object-store emulators (fake-gcs-server, Azurite) and a fresh bucket/container per test.
 from tests.support.emulators import azure_container, azure_emulator, gcs_bucket, gcs_emulator  # noqa: E402, F401
+
+
+@pytest.fixture
+def without_cloud_backends(monkeypatch):
+    """gcsfs and adlfs unimportable, as on an install without the [gcs] and [azure] extras (the test
+    extra installs both for the emulator tests)."""
+    import importlib
+
+    registry = importlib.import_module("fsspec.registry")._registry  # (fsspec.registry is its mapping proxy)
+    for module in ("gcsfs", "adlfs"):
+        monkeypatch.setitem(sys.modules, module, None)  # `import gcsfs` raises ImportError
+    for protocol in ("gs", "gcs", "abfs", "abfss", "az", "adl"):
+        if protocol in registry:  # a class fsspec already imported would be reused
+            monkeypatch.delitem(registry, protocol)

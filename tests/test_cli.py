@@ -108,6 +108,7 @@ BAD_TRIGGERS = [
 ]
 
 
+@pytest.mark.usefixtures("without_cloud_backends")  # the missing-backend case
 @pytest.mark.parametrize("case,args,code,words", BAD_TRIGGERS, ids=[c[0] for c in BAD_TRIGGERS])
 def test_bad_trigger_input_fails_clearly_and_changes_nothing(case, args, code, words, checkpoint,
                                                             uncommitted_checkpoint, tmp_path):
@@ -127,6 +128,7 @@ def test_bad_trigger_input_fails_clearly_and_changes_nothing(case, args, code, w
     assert not sp.exists()
 
 
+@pytest.mark.usefixtures("without_cloud_backends")  # abfs:// without adlfs
 def test_pointer_errors_each_have_their_own_message(checkpoint, tmp_path):
     sp = tmp_path / "sp"
     code, taken = cli("trigger", str(checkpoint), "--job", "j", "--dir", str(sp))

@@ -148,6 +148,7 @@ def test_cli_with_conn_id_lands_where_the_operator_with_that_connection_puts_it(
     assert missing.exit_code == 1 and "'nope' is not defined" in json.loads(missing.stdout)["error"]["message"]
 
 
+@pytest.mark.usefixtures("without_cloud_backends")
 @pytest.mark.parametrize("url,extra", [("gs://bucket/sp", "gcs"), ("abfs://container/sp", "azure")])
 def test_a_missing_backend_names_the_package_extra(url, extra):
     result = runner.invoke(app, ["list", "--job", "j", "--dir", url, "--json"])

@@ -21,32 +21,21 @@ from tests.test_roundtrip import references, round_trip  # noqa: F401 - referenc
 SHAPES_ON_OBJECT_STORES = ["rocksdb_v2", "transform_with_state"]
 
 
-def _savepoint_objects(protocol: str, root: str) -> list[str]:
-    return fsspec.filesystem(protocol, skip_instance_cache=True).find(root)
-
-
 # --- round trips ----------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.gcs
 @pytest.mark.parametrize("name", SHAPES_ON_OBJECT_STORES)
-def test_round_trip_with_savepoints_on_gcs(spark, references, name, tmp_path, gcs_bucket):  # noqa: F811
-    combined, summary, _ = round_trip(spark, name, tmp_path, f"gs://{gcs_bucket}/savepoints")
-    assert summary["pointer"].startswith(f"gs://{gcs_bucket}/savepoints/{name}/savepoint-")
-    stored = _savepoint_objects("gcs", summary["pointer"].removeprefix("gs://"))
-    assert f"{summary['pointer'].removeprefix('gs://')}/{MANIFEST_FILE}" in stored
-    assert len(stored) >= summary["files"]
-    assert combined == references(name)
-
-
-@pytest.mark.slow
-@pytest.mark.azure
-@pytest.mark.parametrize("name", SHAPES_ON_OBJECT_STORES)
-def test_round_trip_with_savepoints_on_azure(spark, references, name, tmp_path, azure_container):  # noqa: F811
-    combined, summary, _ = round_trip(spark, name, tmp_path, f"abfs://{azure_container}/savepoints")
-    assert summary["pointer"].startswith(f"abfs://{azure_container}/savepoints/{name}/savepoint-")
-    stored = _savepoint_objects("abfs", summary["pointer"].removeprefix("abfs://"))
-    assert f"{summary['pointer'].removeprefix('abfs://')}/{MANIFEST_FILE}" in stored
-    assert len(stored) >= summary["files"]
+@pytest.mark.parametrize("scheme,protocol,root", [
+    pytest.param("gs", "gcs", "gcs_bucket", marks=pytest.mark.gcs, id="gcs"),
+    pytest.param("abfs", "abfs", "azure_container", marks=pytest.mark.azure, id="azure"),
+])
+def test_round_trip_with_savepoints_on_gcs_and_azure(spark, references, name, tmp_path, request,  # noqa: F811
+                                                     scheme, protocol, root):
+    bucket = request.getfixturevalue(root)
+    combined, summary, _ = round_trip(spark, name, tmp_path, f"{scheme}://{bucket}/savepoints")
+    assert summary["pointer"].startswith(f"{scheme}://{bucket}/savepoints/{name}/savepoint-")
+    folder = summary["pointer"].removeprefix(f"{scheme}://")
+    stored = fsspec.filesystem(protocol, skip_instance_cache=True).find(folder)
+    assert f"{folder}/{MANIFEST_FILE}" in stored and len(stored) >= summary["files"]
     assert combined == references(name)
 
 

@@ -19,6 +19,7 @@ its filesystems (``fsspec.config.apply_config``), so ``gs://<bucket>/...`` and
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -106,7 +107,14 @@ def _spawn(name: str, command: list[str], workdir: Path) -> tuple[subprocess.Pop
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    cwd=workdir, start_new_session=True)
+    atexit.register(_end, process)  # a caller that dies without stop() (an exception, Ctrl-C) leaves none behind
     return process, log
+
+
+def _end(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 # --- fake-gcs-server -------------------------------------------------------------------------------------
@@ -221,45 +229,45 @@ def fsspec_configured(monkeypatch, protocol: str, options: dict):
         fsspec.config.conf.update(saved)
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator():
-    """fake-gcs-server for the whole session (skips the test with the reason if it cannot run here)."""
-    reason = missing_gcs()
+def running(missing, start):
+    """Start an emulator for a session fixture, or skip the test with the reason it cannot run here."""
+    reason = missing()
     if reason:
         pytest.skip(reason)
-    emulator = start_fake_gcs()
+    emulator = start()
     yield emulator
     emulator.stop()
 
 
-@pytest.fixture
-def gcs_bucket(gcs_emulator, monkeypatch):
-    """A fresh bucket on fake-gcs-server; gs:// and gcs:// filesystems reach it through fsspec's configuration."""
+def fresh_root(emulator: Emulator, monkeypatch, protocol: str):
+    """A new bucket or container on ``emulator``, which ``protocol`` filesystems reach (fsspec's configuration)."""
     import fsspec
 
-    with fsspec_configured(monkeypatch, "gcs", gcs_emulator.options):
-        bucket = f"sp-{time.monotonic_ns()}"
-        fsspec.filesystem("gcs", skip_instance_cache=True).mkdir(bucket)
-        yield bucket
+    with fsspec_configured(monkeypatch, protocol, emulator.options):
+        name = f"sp-{time.monotonic_ns()}"
+        fsspec.filesystem(protocol, skip_instance_cache=True).mkdir(name)
+        yield name
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """fake-gcs-server for the whole session (skips the test with the reason if it cannot run here)."""
+    yield from running(missing_gcs, start_fake_gcs)
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator, monkeypatch):
+    """A fresh bucket on fake-gcs-server; gs:// and gcs:// URLs reach it."""
+    yield from fresh_root(gcs_emulator, monkeypatch, "gcs")
 
 
 @pytest.fixture(scope="session")
 def azure_emulator():
     """Azurite for the whole session (skips the test with the reason if it cannot run here)."""
-    reason = missing_azurite()
-    if reason:
-        pytest.skip(reason)
-    emulator = start_azurite()
-    yield emulator
-    emulator.stop()
+    yield from running(missing_azurite, start_azurite)
 
 
 @pytest.fixture
 def azure_container(azure_emulator, monkeypatch):
-    """A fresh container on Azurite; abfs:// and az:// filesystems reach it through fsspec's configuration."""
-    import fsspec
-
-    with fsspec_configured(monkeypatch, "abfs", azure_emulator.options):
-        container = f"sp-{time.monotonic_ns()}"
-        fsspec.filesystem("abfs", skip_instance_cache=True).mkdir(container)
-        yield container
+    """A fresh container on Azurite; abfs:// and az:// URLs reach it."""
+    yield from fresh_root(azure_emulator, monkeypatch, "abfs")
