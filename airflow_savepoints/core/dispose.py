@@ -115,9 +115,13 @@ def dispose_location(location: Store, manifest: SavepointManifest) -> SavepointI
     return savepoint_info(location, manifest)
 
 
-def discard_incomplete(location: Store, *, release_lease: bool = False, quiet: bool = False) -> bool:
+def discard_incomplete(location: Store, *, release_lease: bool = False, quiet: bool = False,
+                       own_failed_run: bool = False) -> bool:
     """Remove a savepoint location that has no ``_metadata`` (a failed, killed or orphaned attempt)
-    and its catalog record; True if removed. A location with ``_metadata`` is complete: left alone.
+    and its catalog record; True if removed. A location with ``_metadata`` is complete: left alone,
+    except with ``own_failed_run``: the caller is the run that wrote it and is failing (its
+    ``_metadata`` write may have landed although it reported an error), so its caller never sees
+    a savepoint complete that it was told had failed.
 
     ``release_lease``: also remove the job's savepoint lease if this process holds it for this
     location (a killed task). ``quiet``: a failure is logged and the record marked failed, for
@@ -125,7 +129,7 @@ def discard_incomplete(location: Store, *, release_lease: bool = False, quiet: b
     job_folder = location.parent()
     catalog = Catalog(job_folder)
     try:
-        if location.exists(MANIFEST_FILE):
+        if not own_failed_run and location.exists(MANIFEST_FILE):
             return False
         job_folder.remove_tree(location.name)
         catalog.forget(location.name)

@@ -398,9 +398,9 @@ class SavepointRun:
         return info
 
     def discard(self) -> None:
-        """Remove the incomplete location of a failed run (never a completed one)."""
+        """Remove this failed run's location, a ``_metadata`` it may have written included."""
         if self.location is not None:
-            discard_incomplete(self.location, quiet=True)
+            discard_incomplete(self.location, quiet=True, own_failed_run=True)
 
 
 def run_savepoint(request: SavepointRequest, on_event: Notify | None = None) -> SavepointInfo:
