@@ -30,7 +30,6 @@ reported as skipped, and ``--skip peers`` leaves them out.
 
 from __future__ import annotations
 
-import inspect
 import io
 import json
 import math
@@ -292,9 +291,9 @@ def peer_tools() -> dict[str, str | None]:
 
 
 def our_parallelism() -> int:
-    from airflow_savepoints.core import take_savepoint
+    from airflow_savepoints.core.savepoint import SavepointRequest
 
-    return int(inspect.signature(take_savepoint).parameters["parallelism"].default)
+    return int(SavepointRequest.model_fields["parallelism"].default)
 
 
 # --- one pass at one latency -----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,8 +126,12 @@ def _collector(listing: Mapping[str, FileStat], into: dict[str, PlannedFile], pu
     return add
 
 
-def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str = "the checkpoint") -> CheckpointPlan:
-    """Plan the savepoint of the newest committed batch of the checkpoint described by ``listing``."""
+def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str = "the checkpoint",
+                    parallelism: int = 1) -> CheckpointPlan:
+    """Plan the savepoint of the newest committed batch of the checkpoint described by ``listing``.
+
+    The state stores are planned ``parallelism`` at a time: on an object store, reading the RocksDB
+    snapshot zips (one request each) dominates planning, and each store's zips are independent."""
     listing = _VisibleFiles(listing)
     offsets, commits = _int_names(listing, "offsets"), _int_names(listing, "commits")
     n = _newest_committed(listing, offsets, commits, where)
@@ -155,10 +160,11 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
 
     _plan_sources(listing, offsets_for_sources, add, where)
     ckpt_format = 2 if commit_n.state_unique_ids else 1
-    operators = _plan_state(listing, read, n + 1, commit_n, add, where)
+    state = _StatePlanner(listing, read, commit_n, where, parallelism)
+    operators = state.plan(n + 1, add)
     next_state = False
     if next_batch is not None and operators and ckpt_format == 1:
-        next_state = _plan_next_state(listing, read, n + 2, commit_n, planned, where)
+        next_state = _plan_next_state(listing, state, n + 2, planned, where)
     _add_sidecars(listing, planned, where)
     return CheckpointPlan(
         batch_id=n, query_id=query_id, includes_next_offsets=next_batch is not None, includes_next_state=next_state,
@@ -203,7 +209,7 @@ def _add_sidecars(listing: Mapping[str, FileStat], planned: dict[str, PlannedFil
             planned[sidecar] = PlannedFile(sidecar, stat.size, stat.version, planned[path].group, sidecar_of=path)
 
 
-def _plan_next_state(listing, read, version: int, commit, planned: dict[str, PlannedFile], where) -> bool:
+def _plan_next_state(listing, state: _StatePlanner, version: int, planned: dict[str, PlannedFile], where) -> bool:
     """Add state version N+2 if EVERY store has it complete (batch N+1's tasks all finished).
 
     Then a restore behaves exactly like Spark's crash recovery even when the sink had already
@@ -213,7 +219,7 @@ def _plan_next_state(listing, read, version: int, commit, planned: dict[str, Pla
     extra: dict[str, PlannedFile] = {}
     add = _collector(listing, extra, f"{where}: state version {version}")
     try:
-        _plan_state(listing, read, version, commit, add, where)
+        state.plan(version, add)
     except (CheckpointRaceError, CheckpointError):
         return False
     for path, file in extra.items():
@@ -286,26 +292,51 @@ def _store_folders(op_paths: list[str], op_folder: str) -> dict[str, list[str]]:
     return stores
 
 
-def _plan_state(listing, read: Reader, version: int, commit: formats.CommitEntry, add, where: str) -> list[str]:
-    by_operator: dict[str, list[str]] = defaultdict(list)
-    for path in listing:
-        parts = path.split("/")
-        if parts[0] == "state" and len(parts) >= 3 and parts[1].isdigit():
-            by_operator[parts[1]].append(path)
-    for op, paths in sorted(by_operator.items()):
-        op_folder = f"state/{op}"
-        _plan_operator_metadata(listing, read, op, op_folder, paths, version, add, where)
-        unique_ids = commit.state_unique_ids.get(op)
-        for store, files in sorted(_store_folders(paths, op_folder).items()):
-            partition = store.split("/")[2]
-            ids: set[str] = set()
-            if unique_ids is not None:
-                try:
-                    ids = set(unique_ids[int(partition)])
-                except (IndexError, ValueError, TypeError):
-                    ids = set()
-            _plan_store(listing, read, store, files, version, ids, add, where)
-    return sorted(by_operator)
+class _StatePlanner:
+    """Plans every operator's state for one version; the stores are planned ``parallelism`` at a time
+    (``add`` only sets dictionary items, which is safe from several threads)."""
+
+    def __init__(self, listing, read: Reader, commit: formats.CommitEntry, where: str, parallelism: int):
+        self.listing, self.read, self.commit, self.where = listing, read, commit, where
+        self.parallelism = max(1, parallelism)
+        self.by_operator: dict[str, list[str]] = defaultdict(list)
+        for path in listing:
+            parts = path.split("/")
+            if parts[0] == "state" and len(parts) >= 3 and parts[1].isdigit():
+                self.by_operator[parts[1]].append(path)
+
+    def plan(self, version: int, add) -> list[str]:
+        """Add what restores state ``version`` of every operator; returns the operators."""
+        stores: list[tuple[str, list[str], set[str]]] = []
+        for op, paths in sorted(self.by_operator.items()):
+            op_folder = f"state/{op}"
+            _plan_operator_metadata(self.listing, self.read, op, op_folder, paths, version, add, self.where)
+            unique_ids = self.commit.state_unique_ids.get(op)
+            for store, files in sorted(_store_folders(paths, op_folder).items()):
+                stores.append((store, files, _committed_ids(unique_ids, store.split("/")[2])))
+
+        def one(job: tuple[str, list[str], set[str]]) -> None:
+            store, files, ids = job
+            _plan_store(self.listing, self.read, store, files, version, ids, add, self.where)
+
+        workers = min(self.parallelism, len(stores))
+        if workers <= 1:
+            for job in stores:
+                one(job)
+        else:  # the first failure (in store order) is raised, as when planned one after another
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plan") as pool:
+                list(pool.map(one, stores))
+        return sorted(self.by_operator)
+
+
+def _committed_ids(unique_ids, partition: str) -> set[str]:
+    """The unique ids commits/N records for ``partition`` of an operator (format v2), else none."""
+    if unique_ids is None:
+        return set()
+    try:
+        return set(unique_ids[int(partition)])
+    except (IndexError, ValueError, TypeError):
+        return set()
 
 
 def _plan_operator_metadata(listing, read, op, op_folder, paths, version, add, where) -> None:

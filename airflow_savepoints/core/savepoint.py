@@ -25,7 +25,7 @@ from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, plan_checkpoint
 from airflow_savepoints.core.catalog import Catalog
-from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, copy_many
+from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, copy_many, workers_for
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.core.lease import InflightHolder, JobLock
 from airflow_savepoints.core.manifest import new_savepoint_id, savepoint_info
@@ -154,14 +154,16 @@ class PreviousSavepoint:
         return found
 
 
-def plan_listed(source: Store) -> Listed:
-    """The plan and the one listing it was made from (on a local disk, only planned files are stat'ed)."""
+def plan_listed(source: Store, parallelism: int = 1) -> Listed:
+    """The plan and the one listing it was made from (on a local disk, only planned files are stat'ed);
+    the snapshot zips are read ``parallelism`` at a time (fewer on a local disk: see ``workers_for``)."""
     listing = source.list_files_lazily()
     if not listing and not source.exists():
         raise CheckpointNotFoundError(
             f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
         )
-    return plan_checkpoint(listing, source.read_bytes, where=source.url), listing
+    workers = workers_for((source,), parallelism, parallelism)
+    return plan_checkpoint(listing, source.read_bytes, where=source.url, parallelism=workers), listing
 
 
 class SavepointRun:
@@ -194,7 +196,7 @@ class SavepointRun:
 
     def plan_first(self) -> None:
         """Plan before anything is written (bad input fails here); the first attempt uses this plan."""
-        self._first_plan = plan_listed(self.source)
+        self._first_plan = plan_listed(self.source, self.request.parallelism)
 
     def wait_for_lease(self) -> SavepointInfo | None:
         """Take the job's lease (None), or return the result of the same request finishing elsewhere."""
@@ -285,7 +287,7 @@ class SavepointRun:
     def plan(self) -> Listed:
         """The plan made before the lease for the first attempt, a fresh one for a retry."""
         first, self._first_plan = self._first_plan, None
-        return first if first is not None else plan_listed(self.source)
+        return first if first is not None else plan_listed(self.source, self.request.parallelism)
 
     def open_location(self, plan: CheckpointPlan) -> Store:
         """A fresh location recorded as in progress (the lease names it), or the same one emptied for a retry."""

@@ -1,0 +1,164 @@
+"""Requests a savepoint makes on S3 scale with its plan, not with the checkpoint (issue 17, item 4).
+
+A small checkpoint in Spark's RocksDB layout (the benchmark's generator, benchmarks/object_store.py,
+over a few partitions) lies on moto's S3 server behind the counting proxy
+(tests/support/fault_proxy.py, no latency). A savepoint and an incremental one are taken through
+the proxy and the requests counted by kind and by object:
+
+* one server-side copy per planned file, no HEAD of any checkpoint or savepoint file;
+* the checkpoint read once per listing page and once per file whose content decides the plan
+  (``metadata``, ``offsets/N``, ``commits/N``, the snapshot zips), never twice;
+* a file the previous savepoint lends costs its one server-side copy (no HEAD, no read);
+* what is left (lease, catalog, ``_metadata``) is a constant: the same for twice the files.
+
+The issue's targets (requests <= planned files + listing pages + 10; incremental <= first) are
+not met yet: the zips' reads and the lease and catalog requests come on top. The two tests marked
+``xfail(strict=True)`` state them, and fail loudly once they are met.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from airflow_savepoints.checkpoint.planner import plan_checkpoint
+from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.storage import Store
+from benchmarks import object_store as bench
+from tests.support.fault_proxy import FaultProxy
+
+PARTITIONS = 6
+LISTING_PAGE = 1000
+PLAN_READS = 3  # metadata, offsets/N, commits/N (no offsets/N+1 in this checkpoint)
+
+
+class Counted:
+    """A checkpoint on moto behind the counting proxy, and savepoints taken through it."""
+
+    def __init__(self, bucket: str, endpoint: str, folder: Path, monkeypatch, partitions: int = PARTITIONS):
+        monkeypatch.setattr(bench, "PARTITIONS", partitions)
+        self.local, self.bucket = folder / "checkpoint", bucket
+        self.newest = bench.write_checkpoint(self.local, partitions * 10)
+        bench.keep_only_planned(self.local)
+        self.direct = Store(f"s3://{bucket}", {"endpoint_url": endpoint, "skip_instance_cache": True})
+        self.direct.fs.put(str(self.local) + "/", f"{bucket}/checkpoint", recursive=True)
+        self.listed = len(self.direct.fs.find(f"{bucket}/checkpoint"))
+        self.proxy = FaultProxy(endpoint).start()
+
+    def stores(self) -> tuple[Store, Store]:
+        options = {"endpoint_url": self.proxy.url, "skip_instance_cache": True}  # a fresh process's view
+        return Store(f"s3://{self.bucket}/checkpoint", options), Store(f"s3://{self.bucket}/savepoints", options)
+
+    def savepoint(self, **options):
+        """(the savepoint taken, the proxy's counts, the proxy's log of (method, target, status))."""
+        checkpoint, savepoints = self.stores()
+        self.proxy.reset()
+        info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, **options)
+        counts = self.proxy.counts()
+        with self.proxy.lock:
+            return info, counts, list(self.proxy.log)
+
+    def next_batch(self) -> list[str]:
+        added = bench.next_batch(self.local, self.newest + 1)
+        for rel in added:
+            self.direct.fs.pipe_file(f"{self.bucket}/checkpoint/{rel}", (self.local / rel).read_bytes())
+        return added
+
+    def pages(self) -> int:
+        return math.ceil(self.listed / LISTING_PAGE)
+
+
+@pytest.fixture
+def counted(s3, s3_endpoint, tmp_path, monkeypatch):
+    setup = Counted(s3, s3_endpoint, tmp_path, monkeypatch)
+    yield setup
+    setup.proxy.stop()
+
+
+def _objects(log, bucket: str, folder: str, method: str) -> Counter[str]:
+    prefix = f"/{bucket}/{folder}/"
+    return Counter(t.split("?")[0][len(prefix):] for m, t, _ in log if m == method and t.startswith(prefix))
+
+
+def _zips(info) -> int:
+    return sum(1 for e in info.manifest.files if e.path.endswith(".zip"))
+
+
+def _bookkeeping(info, counts, pages: int) -> int:
+    """Requests besides the copies, the listing and the plan's reads: lease, catalog, ``_metadata``."""
+    return counts["requests"] - len(info.manifest.files) - pages - PLAN_READS - _zips(info)
+
+
+def test_a_savepoint_copies_each_planned_file_once_and_reads_each_plan_input_once(counted):
+    info, counts, log = counted.savepoint(incremental=False)
+    planned = len(info.manifest.files)
+    assert counted.listed == planned  # the checkpoint holds only what is planned
+    assert counts["by_kind"]["COPY"] == planned
+    assert {e.method for e in info.manifest.files} == {"server_copy"}
+    reads = _objects(log, counted.bucket, "checkpoint", "GET")
+    assert all(p.endswith(".zip") or p.split("/")[0] in ("metadata", "offsets", "commits") for p in reads), reads
+    assert max(reads.values()) == 1, "an object of the checkpoint was read twice"
+    assert sum(reads.values()) == PLAN_READS + _zips(info) == PLAN_READS + PARTITIONS
+    assert not _objects(log, counted.bucket, "checkpoint", "HEAD"), "a checkpoint file was HEADed"
+    location = f"savepoints/counted/{info.manifest.savepoint_id}"
+    assert set(_objects(log, counted.bucket, location, "HEAD")) <= {"_metadata"}
+    assert sum(1 for m, t, _ in log if m == "GET" and "list-type=2" in t and "prefix=checkpoint" in t) \
+        == counted.pages()
+
+
+def test_a_reused_file_costs_its_one_server_side_copy(counted):
+    first, _, _ = counted.savepoint(incremental=False)
+    added = counted.next_batch()
+    second, counts, log = counted.savepoint()
+    reused = [e for e in second.manifest.files if e.reused_from == first.manifest.savepoint_id]
+    unchanged = {e.path for e in first.manifest.files} - {f"offsets/{counted.newest - 1}", f"commits/{counted.newest}"}
+    assert {e.path for e in reused} == unchanged
+    assert counts["by_kind"]["COPY"] == len(second.manifest.files)  # reused or new: one copy each
+    by_path = {e.path: e for e in first.manifest.files}
+    assert all(e.checksum == by_path[e.path].checksum for e in reused)
+    location = f"savepoints/counted/{first.manifest.savepoint_id}"
+    assert not _objects(log, counted.bucket, location, "HEAD") - Counter({"_metadata": 1})
+    assert set(_objects(log, counted.bucket, location, "GET")) <= {"_metadata"}  # reused files are not read
+    assert len(second.manifest.files) == len(first.manifest.files) + len(added) - 2  # offsets/N-1, commits/N gone
+
+
+def test_what_is_not_a_copy_or_a_plan_read_is_a_constant(s3, s3_endpoint, tmp_path, monkeypatch):
+    overheads = []
+    for partitions in (PARTITIONS, 2 * PARTITIONS):
+        bucket = f"{s3}-{partitions}"
+        Store(f"s3://{s3}", {"endpoint_url": s3_endpoint}).fs.mkdir(bucket)
+        setup = Counted(bucket, s3_endpoint, tmp_path / str(partitions), monkeypatch, partitions)
+        try:
+            info, counts, _ = setup.savepoint(incremental=False)
+            overheads.append(_bookkeeping(info, counts, setup.pages()))
+        finally:
+            setup.proxy.stop()
+    assert overheads[0] == overheads[1], overheads
+
+
+def test_planning_in_parallel_plans_the_same_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "PARTITIONS", 12)
+    bench.write_checkpoint(tmp_path, 240)
+    store = Store(str(tmp_path))
+    one = plan_checkpoint(store.list_files(), store.read_bytes, parallelism=1)
+    many = plan_checkpoint(store.list_files(), store.read_bytes, parallelism=8)
+    assert many.files == one.files and len(one.files) > 240 - 12
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17 item 4 target not met: each snapshot zip is read (one GET) "
+                   "besides its copy, and the lease and catalog take ~35 requests")
+def test_target_requests_within_planned_files_plus_listing_pages_plus_10(counted):
+    info, counts, _ = counted.savepoint(incremental=False)
+    assert counts["requests"] <= len(info.manifest.files) + counted.pages() + 10
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17 item 4 target not met: pinning the previous savepoint "
+                   "adds catalog updates, and the new batch adds planned files")
+def test_target_incremental_savepoint_makes_no_more_requests_than_the_first(counted):
+    _, first, _ = counted.savepoint(incremental=False)
+    counted.next_batch()
+    _, second, _ = counted.savepoint()
+    assert second["requests"] <= first["requests"]
