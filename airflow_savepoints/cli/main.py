@@ -273,6 +273,9 @@ def restore(
     sink_path: Annotated[
         str | None, typer.Option(help="The job's file sink output path: refuse if it is past the savepoint.")
     ] = None,
+    max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None,
+    skip_missing_input: Annotated[bool, typer.Option(
+        help="Restore even if input files a file source will read again are gone.")] = False,
     conn_id: ConnOption = None,
     quiet: QuietFlag = False,
     as_json: JsonFlag = False,
@@ -280,6 +283,7 @@ def restore(
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
     with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
         result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, sink_path=sink_path,
+                                        max_age=max_age, skip_missing_input=skip_missing_input,
                                         storage_options=storage_options(conn_id), on_event=on_event)
     confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
     _emit(as_json, result.model_dump(mode="json"),
