@@ -346,14 +346,17 @@ def retain(
                                                      "'none': no limit; default: [savepoints] max_savepoint_age, else 7d).")] = None,
     orphan_timeout: Annotated[str | None, typer.Option(help="Remove locations without _metadata older than this "
                                                             "(default: [savepoints] orphan_timeout, else 1h).")] = None,
+    max_manual: Annotated[str | None, typer.Option(help="Manual, stop and retained-checkpoint savepoints to keep "
+                                                        "('none': no limit; default: [savepoints] max_manual_savepoints, "
+                                                        "else none).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Apply the retention policy to a job's savepoints (manual and stop savepoints are always kept)."""
+    """Apply the retention policy to a job's savepoints (manual and stop savepoints only beyond --max-manual)."""
     from airflow_savepoints.core.retention import RetentionPolicy
     from airflow_savepoints.core.retention import retain as run_retention
 
-    policy = RetentionPolicy.resolve(max_periodic, max_age, orphan_timeout)
+    policy = RetentionPolicy.resolve(max_periodic, max_age, orphan_timeout, max_manual)
     report = run_retention(open_root(conn_id, savepoint_dir, must_exist=True), job, policy, dry_run=dry_run)
     summary = report.summary()
     if as_json:
