@@ -217,13 +217,17 @@ def list_(
         out.print(f"no savepoints of job '{job}' in {root.url}")
         return
     table = Table(title=f"savepoints of {job} in {root.url}")
+    versions = any(r.job_version_hash for r in records)  # a column only when a savepoint knows its job version
     for column in ("type", "reason", "batch", "size", "age", "state"):
         table.add_column(column, overflow="fold")
+    if versions:
+        table.add_column("version", no_wrap=True)  # the job version's short hash: whole, to compare at a glance
     table.add_column("pointer", no_wrap=True)  # whole, to copy and paste
     for record in records:
+        version = (record.job_version_hash or "",) if versions else ()
         table.add_row(record.type.value, record.reason or "", "" if record.batch_id is None else str(record.batch_id),
                       "" if record.bytes is None else _human_size(record.bytes), _human_age(record.created_at),
-                      record.state.value, record.pointer)
+                      record.state.value, *version, record.pointer)
     out.print(table)
 
 
