@@ -157,6 +157,14 @@ class SinkAheadError(RestoreError):
     code = "sink_ahead"
 
 
+class SavepointTooOldError(RestoreError):
+    code = "savepoint_too_old"
+
+
+class MissingInputError(RestoreError):
+    code = "missing_input"
+
+
 class SavepointDirNotFoundError(InvalidInputError):
     code = "savepoint_dir_not_found"
 

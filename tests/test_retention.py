@@ -206,7 +206,7 @@ def test_defaults_come_from_the_savepoints_configuration(monkeypatch):
     resolved = RetentionPolicy.resolve()
     assert (resolved.max_periodic, resolved.max_age_seconds, resolved.orphan_timeout_seconds) == (4, 43200, 3600)
     assert RetentionPolicy.resolve(max_periodic=2, max_age="none").model_dump() == {
-        "max_periodic": 2, "max_age_seconds": None, "orphan_timeout_seconds": 3600.0}
+        "max_periodic": 2, "max_age_seconds": None, "orphan_timeout_seconds": 3600.0, "max_manual": None}
 
 
 def test_cli_retain_dry_run_then_apply(checkpoint, tmp_path):

@@ -217,13 +217,17 @@ def list_(
         out.print(f"no savepoints of job '{job}' in {root.url}")
         return
     table = Table(title=f"savepoints of {job} in {root.url}")
+    versions = any(r.job_version_hash for r in records)  # a column only when a savepoint knows its job version
     for column in ("type", "reason", "batch", "size", "age", "state"):
         table.add_column(column, overflow="fold")
+    if versions:
+        table.add_column("version", no_wrap=True)  # the job version's short hash: whole, to compare at a glance
     table.add_column("pointer", no_wrap=True)  # whole, to copy and paste
     for record in records:
+        version = (record.job_version_hash or "",) if versions else ()
         table.add_row(record.type.value, record.reason or "", "" if record.batch_id is None else str(record.batch_id),
                       "" if record.bytes is None else _human_size(record.bytes), _human_age(record.created_at),
-                      record.state.value, record.pointer)
+                      record.state.value, *version, record.pointer)
     out.print(table)
 
 
@@ -273,6 +277,9 @@ def restore(
     sink_path: Annotated[
         str | None, typer.Option(help="The job's file sink output path: refuse if it is past the savepoint.")
     ] = None,
+    max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None,
+    skip_missing_input: Annotated[bool, typer.Option(
+        help="Restore even if input files a file source will read again are gone.")] = False,
     conn_id: ConnOption = None,
     quiet: QuietFlag = False,
     as_json: JsonFlag = False,
@@ -280,6 +287,7 @@ def restore(
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
     with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
         result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, sink_path=sink_path,
+                                        max_age=max_age, skip_missing_input=skip_missing_input,
                                         storage_options=storage_options(conn_id), on_event=on_event)
     confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
     _emit(as_json, result.model_dump(mode="json"),
@@ -342,14 +350,17 @@ def retain(
                                                      "'none': no limit; default: [savepoints] max_savepoint_age, else 7d).")] = None,
     orphan_timeout: Annotated[str | None, typer.Option(help="Remove locations without _metadata older than this "
                                                             "(default: [savepoints] orphan_timeout, else 1h).")] = None,
+    max_manual: Annotated[str | None, typer.Option(help="Manual, stop and retained-checkpoint savepoints to keep "
+                                                        "('none': no limit; default: [savepoints] max_manual_savepoints, "
+                                                        "else none).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Apply the retention policy to a job's savepoints (manual and stop savepoints are always kept)."""
+    """Apply the retention policy to a job's savepoints (manual and stop savepoints only beyond --max-manual)."""
     from airflow_savepoints.core.retention import RetentionPolicy
     from airflow_savepoints.core.retention import retain as run_retention
 
-    policy = RetentionPolicy.resolve(max_periodic, max_age, orphan_timeout)
+    policy = RetentionPolicy.resolve(max_periodic, max_age, orphan_timeout, max_manual)
     report = run_retention(open_root(conn_id, savepoint_dir, must_exist=True), job, policy, dry_run=dry_run)
     summary = report.summary()
     if as_json:

@@ -84,6 +84,7 @@ class SavepointRecord(BaseModel):
     created_at: datetime
     updated_at: datetime
     conflict: str | None = None  # what retention found disagreeing about its identity: kept, never restored or disposed
+    job_version_hash: str | None = None  # the short hash of the job's version (manifest job_version.hash)
 
     @classmethod
     def from_manifest(cls, manifest: SavepointManifest, pointer: str = "") -> SavepointRecord:
@@ -92,7 +93,7 @@ class SavepointRecord(BaseModel):
             pointer=pointer, reason=manifest.reason, request_id=manifest.request_id, query_id=manifest.query_id,
             batch_id=manifest.batch_id, files=len(manifest.files), bytes=manifest.total_bytes,
             spark_version=manifest.spark_version, checkpoint_format_version=manifest.state_store.checkpoint_format_version,
-            created_at=manifest.created_at, updated_at=datetime.now(UTC),
+            created_at=manifest.created_at, updated_at=datetime.now(UTC), job_version_hash=manifest.job_version_hash,
         )
 
     def summary(self) -> dict[str, Any]:

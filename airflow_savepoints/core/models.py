@@ -131,6 +131,12 @@ class SavepointManifest(BaseModel):
             seen.add(entry.path)
         return value
 
+    @property
+    def job_version_hash(self) -> str | None:
+        """The ``hash`` of ``job_version``, if the manifest records one."""
+        value = (self.job_version or {}).get("hash")
+        return value if isinstance(value, str) and value else None
+
     def age_seconds(self, now: datetime | None = None) -> float:
         return ((now or datetime.now(UTC)) - self.created_at).total_seconds()
 
@@ -157,6 +163,7 @@ class SavepointSummary(BaseModel):
     spark_version: str | None = None
     checkpoint_format_version: int | None = None
     conflict: str | None = None  # identity sources disagree: kept, never restored or disposed
+    job_version_hash: str | None = None  # the short hash of the job's version it was taken of, when known
 
     @classmethod
     def of_manifest(cls, pointer: str, manifest: SavepointManifest) -> SavepointSummary:
@@ -164,7 +171,8 @@ class SavepointSummary(BaseModel):
         return cls(pointer=pointer, savepoint_id=m.savepoint_id, job=m.job, query_id=m.query_id, batch_id=m.batch_id,
                    includes_next_offsets=m.includes_next_offsets, type=m.type, state="completed", reason=m.reason,
                    request_id=m.request_id, created_at=m.created_at, files=len(m.files), bytes=m.total_bytes,
-                   spark_version=m.spark_version, checkpoint_format_version=m.state_store.checkpoint_format_version)
+                   spark_version=m.spark_version, checkpoint_format_version=m.state_store.checkpoint_format_version,
+                   job_version_hash=m.job_version_hash)
 
     @field_serializer("created_at")
     def _iso(self, value: datetime) -> str:

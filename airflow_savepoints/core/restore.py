@@ -26,6 +26,7 @@ from pydantic import Field
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.copier import checksum_of, copy_many, workers_for
+from airflow_savepoints.core.input_check import check_input
 from airflow_savepoints.core.lease import Lease
 from airflow_savepoints.core.manifest import SAVEPOINT_NAME, parse_manifest
 from airflow_savepoints.core.models import FileEntry, Request, RestoreResult, SavepointManifest
@@ -38,9 +39,11 @@ from airflow_savepoints.core.names import (
 )
 from airflow_savepoints.core.pointer import refuse_symlinks, resolve_pointer
 from airflow_savepoints.core.savepoint import CopyMode
+from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.errors import (
     CredentialsError,
     InvalidInputError,
+    SavepointTooOldError,
     SinkAheadError,
     StorageError,
     StoragePermissionError,
@@ -140,6 +143,21 @@ class RestoreRequest(Request):
     copy_mode: CopyMode = "auto"
     prefer_secondary: bool = True
     secondary_storage_options: dict[str, Any] | None = None
+    max_age: str | None = None  # refuse a savepoint older than this ("12h", "7d")
+    skip_missing_input: bool = False  # restore even if input files a file source will re-read are gone
+    input_storage_options: dict[str, Any] | None = None  # for a file source's input files
+
+
+def check_age(location: Store, manifest: SavepointManifest, max_age: str | None) -> None:
+    """Refuse a savepoint older than ``max_age`` (``None``: no limit)."""
+    if max_age is None:
+        return
+    age = manifest.age_seconds()
+    if age > parse_duration(max_age):
+        raise SavepointTooOldError(
+            f"savepoint {location.url} is {age / 3600:.1f} h old, older than max_age {max_age}",
+            "take a fresh savepoint, raise max_age, or leave it out to restore this one; nothing was restored",
+        )
 
 
 def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = None, **options: Any) -> RestoreResult:
@@ -151,6 +169,10 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     (``copy_mode="stream"`` always streams); every file's CRC32C is checked against the manifest
     either way (read from the linked inode, or computed by the store).
 
+    Refused before anything is written: a savepoint older than ``max_age``; a file sink past it
+    (``sink_path``); input files a file source will read again that are gone (unless
+    ``skip_missing_input``; see ``core/input_check.py``).
+
     If the savepoint has a secondary copy (``take_savepoint(secondary_dir=...)``) that exists here
     and is the same savepoint, it is restored from instead, every file checked against the
     primary's manifest; any problem with it falls back to the primary.
@@ -159,9 +181,12 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     request: RestoreRequest = RestoreRequest.of("restore_savepoint", pointer=pointer, target=target, **options)
     location, manifest = resolve_pointer(pointer, request.storage_options)
     refuse_symlinks(location, "savepoint")
+    check_age(location, manifest, request.max_age)
     destination = _fresh_target(location, Store(target, request.target_storage_options))
     if request.sink_path:
         check_sink(manifest, request.sink_path, request.sink_storage_options)
+    if not request.skip_missing_input:
+        check_input(location, manifest, request.input_storage_options)
     with claimed(destination), pinned(location, manifest):
         secondary = _usable_secondary(manifest, request.secondary_storage_options) if request.prefer_secondary else None
         if secondary is not None:

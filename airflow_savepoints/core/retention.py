@@ -1,8 +1,9 @@
 """Retention: which savepoints of a job to keep, and the disposal of the rest.
 
-Never removed: manual, stop and retained-checkpoint savepoints; the newest completed savepoint of
-the job; a savepoint pinned by a restore in progress; anything still in progress. Periodic
-savepoints beyond the ``max_periodic`` newest, or older than ``max_age``, are disposed. Locations
+Never removed: the newest completed savepoint of the job; a savepoint pinned by a restore in
+progress; anything still in progress. Periodic savepoints beyond the ``max_periodic`` newest, or
+older than ``max_age``, are disposed; manual, stop and retained-checkpoint savepoints beyond the
+``max_manual`` newest of them (default: no limit). Locations
 without ``_metadata`` older than ``orphan_timeout`` (a trigger that crashed) are removed. Every
 removal re-checks its grounds right before it deletes; a dry run only returns the plan.
 """
@@ -47,48 +48,59 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_PERIODIC = int(DEFAULTS["max_periodic_savepoints"])
 DEFAULT_MAX_AGE = DEFAULTS["max_savepoint_age"]
 DEFAULT_ORPHAN_TIMEOUT = DEFAULTS["orphan_timeout"]
+DEFAULT_MAX_MANUAL = DEFAULTS["max_manual_savepoints"]
+NO_LIMIT = ("none", "off", "unlimited")
 PROTECTED_TYPES = {SavepointType.MANUAL, SavepointType.STOP, SavepointType.RETAINED_CHECKPOINT}
 _TEN_YEARS = 10 * 365 * 86400.0
 
 
 class RetentionPolicy(BaseModel):
-    """Bounds for a job's periodic savepoints. ``None``: no bound of that kind."""
+    """Bounds for a job's savepoints. ``None``: no bound of that kind. ``max_manual`` caps manual,
+    stop and retained-checkpoint savepoints together."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_periodic: int | None = Field(default=DEFAULT_MAX_PERIODIC, ge=0, le=100_000)
     max_age_seconds: float | None = Field(default=parse_duration(DEFAULT_MAX_AGE), ge=0, le=_TEN_YEARS)
     orphan_timeout_seconds: float = Field(default=parse_duration(DEFAULT_ORPHAN_TIMEOUT), ge=0, le=_TEN_YEARS)
+    max_manual: int | None = Field(default=None, ge=0, le=100_000)
 
     @classmethod
     def resolve(cls, max_periodic: int | str | None = None, max_age: str | float | None = None,
-                orphan_timeout: str | float | None = None) -> RetentionPolicy:
-        """Given values beat ``[savepoints]`` configuration, which beats the defaults (10, 7d, 1h:
-        ``core.settings.OPTIONS``).
+                orphan_timeout: str | float | None = None, max_manual: int | str | None = None) -> RetentionPolicy:
+        """Given values beat ``[savepoints]`` configuration, which beats the defaults (10, 7d, 1h,
+        no limit: ``core.settings.OPTIONS``).
 
-        A ``max_age`` of "none" means no age limit."""
-        periodic = max_periodic if max_periodic not in (None, "") else (
-            configured_option("max_periodic_savepoints") or DEFAULT_MAX_PERIODIC)
-        age = max_age if max_age not in (None, "") else (configured_option("max_savepoint_age") or DEFAULT_MAX_AGE)
-        orphan = orphan_timeout if orphan_timeout not in (None, "") else (
-            configured_option("orphan_timeout") or DEFAULT_ORPHAN_TIMEOUT)
-        try:
-            count = int(periodic)
-        except (TypeError, ValueError):
-            raise InvalidInputError(f"invalid max_periodic {periodic!r}", "use a whole number >= 0, e.g. 10") from None
+        A ``max_age`` or ``max_manual`` of "none" means no limit."""
+        periodic = _given_or_configured(max_periodic, "max_periodic_savepoints")
+        age = _given_or_configured(max_age, "max_savepoint_age")
+        orphan = _given_or_configured(orphan_timeout, "orphan_timeout")
+        manual = _given_or_configured(max_manual, "max_manual_savepoints")
         try:
             return cls(
-                max_periodic=count,
-                max_age_seconds=None if str(age).strip().lower() in ("none", "off") else _seconds(age),
+                max_periodic=_count(periodic, "max_periodic"),
+                max_age_seconds=None if str(age).strip().lower() in NO_LIMIT else _seconds(age),
                 orphan_timeout_seconds=_seconds(orphan),
+                max_manual=None if str(manual).strip().lower() in NO_LIMIT else _count(manual, "max_manual"),
             )
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(x) for x in first.get("loc", ()))
             raise InvalidInputError(
                 f"invalid retention setting {field}: {first.get('msg')} (got {first.get('input')!r})",
-                "max_periodic is 0..100000; durations are 0s..3650d, e.g. 90s, 15m, 12h, 7d",
+                "max_periodic and max_manual are 0..100000; durations are 0s..3650d, e.g. 90s, 15m, 12h, 7d",
             ) from exc
+
+
+def _given_or_configured(value: Any, option: str) -> Any:
+    return value if value not in (None, "") else (configured_option(option) or DEFAULTS[option])
+
+
+def _count(value: Any, name: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"invalid {name} {value!r}", "use a whole number >= 0, e.g. 10") from None
 
 
 def _seconds(value: str | float) -> float:
@@ -288,6 +300,7 @@ class _Planner:
         live = [r for r in completed if r.state == SavepointState.COMPLETED]
         newest = live[-1].savepoint_id if live else None
         rank = {r.savepoint_id: i for i, r in enumerate(r for r in reversed(live) if r.type == SavepointType.PERIODIC)}
+        rank.update({r.savepoint_id: i for i, r in enumerate(r for r in reversed(live) if r.type in PROTECTED_TYPES)})
         for record in completed:
             action, reason = self._policy_says(record, newest, rank)
             conflict = self._disposal_conflict(record) if action == Action.DISPOSE else None
@@ -307,13 +320,23 @@ class _Planner:
         if record.savepoint_id == newest:
             return Action.KEEP, "the newest completed savepoint of the job"
         if record.type in PROTECTED_TYPES:
-            return Action.KEEP, f"a {record.type.value} savepoint: never removed by retention"
+            return self._manual_policy_says(record, rank)
         place = f"periodic #{rank[record.savepoint_id] + 1} from the newest"
         if policy.max_periodic is not None and rank[record.savepoint_id] >= policy.max_periodic:
             return Action.DISPOSE, f"{place}, beyond max_periodic={policy.max_periodic}"
         if policy.max_age_seconds is not None and age > policy.max_age_seconds:
             return Action.DISPOSE, f"periodic, {_human(age)} old, past max_age={_human(policy.max_age_seconds)}"
         return Action.KEEP, f"{place}, {_human(age)} old: within the policy"
+
+    def _manual_policy_says(self, record: SavepointRecord, rank: dict[str, int]) -> tuple[Action, str]:
+        """Manual, stop and retained-checkpoint savepoints: counted together from the newest."""
+        cap = self.policy.max_manual
+        if cap is None:
+            return Action.KEEP, f"a {record.type.value} savepoint: never removed by retention (max_manual: no limit)"
+        place = f"{record.type.value} #{rank[record.savepoint_id] + 1} from the newest manual/stop/retained"
+        if rank[record.savepoint_id] >= cap:
+            return Action.DISPOSE, f"{place}, beyond max_manual={cap}"
+        return Action.KEEP, f"{place}: within max_manual={cap}"
 
     def _disposal_conflict(self, record: SavepointRecord) -> str | None:
         try:
@@ -364,7 +387,8 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
             location = job_store.child(decision.savepoint_id)
             manifest = read_manifest(location)
             check_under_root(location, manifest, root)
-            if manifest.type in PROTECTED_TYPES or manifest.type.value != decision.type:
+            uncapped = manifest.type in PROTECTED_TYPES and plan.policy.max_manual is None
+            if uncapped or manifest.type.value != decision.type:
                 report.skipped.append({"savepoint_id": decision.savepoint_id, "error": "conflict",
                                        "message": f"its _metadata now says {manifest.type.value}: kept"})
                 continue

@@ -37,6 +37,8 @@ OPTIONS = (
     Option("max_periodic_savepoints", "integer", "10", "10", "How many periodic savepoints of a job retention keeps."),
     Option("max_savepoint_age", "string", "7d", "7d",
            "Periodic savepoints older than this are removed by retention (e.g. 7d, 12h); none for no age limit."),
+    Option("max_manual_savepoints", "string", "none", "20",
+           "How many manual, stop and retained-checkpoint savepoints of a job retention keeps; none for no limit."),
     Option("orphan_timeout", "string", "1h", "1h",
            "Savepoint locations without _metadata (a trigger that crashed) older than this are removed by retention."),
     # read by the console in the API server (airflow_savepoints.plugins)

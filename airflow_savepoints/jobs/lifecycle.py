@@ -282,7 +282,7 @@ def handle_failure(ctx: JobContext, state: JobState, policy: str | None = None) 
     reason = state.error or state.detail or state.state
     outcome = apply_checkpoint_retention(ctx.checkpoint(current.checkpoint), ctx.job.name,
                                          policy or ctx.job.checkpoint_retention, "failed", savepoint_dir=ctx.root,
-                                         spark_version=state.spark_version)
+                                         spark_version=state.spark_version, job_version=state.version)
     outcome = {**outcome, "reason": f"{'lost: ' if state.state == 'lost' else ''}{reason}", "pid": state.pid,
                "run_id": state.run_id}
     _record_end(ctx, current, "failed", outcome)
@@ -557,7 +557,8 @@ def cancel(ctx: JobContext, *, policy: str | None = None, grace: float = 60,
     current = _current_run(ctx)
     checkpoint = current.checkpoint or state.checkpoint or ctx.job.checkpoint
     outcome = apply_checkpoint_retention(ctx.checkpoint(checkpoint), ctx.job.name, chosen, "cancelled",
-                                         savepoint_dir=ctx.root, spark_version=state.spark_version, on_event=on_event)
+                                         savepoint_dir=ctx.root, spark_version=state.spark_version,
+                                         job_version=state.version, on_event=on_event)
     if current.record is not None or current.holder is not None:
         _record_end(ctx, current, "cancelled", outcome)
     return {**outcome, "stop_method": ended["method"], "run_id": state.run_id}

@@ -52,6 +52,15 @@ def checkpoint_options(checkpoint: str, store: Store, given: dict[str, Any] | No
     return store.options_for(checkpoint)
 
 
+def recorded_version(store: Store, job: str, checkpoint: str) -> dict[str, Any] | None:
+    """The version the job's recorded run runs, if that run writes ``checkpoint`` (compared without
+    a trailing slash); else None (a job started by other means, or another checkpoint)."""
+    run = read_run(store.child(job))
+    if run is None or not run.checkpoint or run.checkpoint.rstrip("/") != checkpoint.rstrip("/"):
+        return None
+    return run.version
+
+
 def recorded_checkpoint(store: Store, job: str, fallback: str | None = None) -> str:
     """The checkpoint of the job's run recorded in its savepoint folder, else ``fallback``."""
     run = read_run(store.child(job))
@@ -160,6 +169,7 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
             checkpoint_storage_options=checkpoint_options(checkpoint, store, self.checkpoint_storage_options),
             max_attempts=self.max_attempts, parallelism=self.parallelism,
             spark_version=running_spark_version(store, self.job, checkpoint),
+            job_version=recorded_version(store, self.job, checkpoint),
             on_event=self.savepoint_events(store, self.job),
         )
         summary = info.summary()

@@ -124,3 +124,56 @@ def test_applying_a_plan_disposes_and_removes_orphans_only(tmp_path, root):
     report = apply_retention(root, plan_retention(root, "orders", RetentionPolicy(max_periodic=1, orphan_timeout_seconds=600)))
     assert (report.disposed, report.removed_orphans, report.failed) == ([gone], [ORPHAN], [])
     assert sorted(p.name for p in (tmp_path / "sp" / "orders").iterdir() if p.name.startswith("savepoint-")) == [kept]
+
+
+def test_max_manual_caps_manual_stop_and_retained_savepoints_together(tmp_path, root):
+    protected = [take(tmp_path, kind) for kind in ("manual", "stop", "retained_checkpoint", "manual")]
+    periodic = take(tmp_path, "periodic")
+    newest_manual = take(tmp_path, "manual")
+    assert set(actions(plan_retention(root, "orders", RetentionPolicy(max_periodic=5))).values()) == {Action.KEEP}
+
+    plan = plan_retention(root, "orders", RetentionPolicy(max_periodic=5, max_manual=2))
+    assert actions(plan) == {protected[0]: Action.DISPOSE, protected[1]: Action.DISPOSE,
+                             protected[2]: Action.DISPOSE, protected[3]: Action.KEEP,
+                             periodic: Action.KEEP, newest_manual: Action.KEEP}
+    reasons = {d.savepoint_id: d.reason for d in plan.decisions}
+    assert reasons[protected[1]] == "stop #4 from the newest manual/stop/retained, beyond max_manual=2"
+    assert "within max_manual=2" in reasons[protected[3]]
+
+    report = apply_retention(root, plan)
+    assert sorted(report.disposed) == sorted(protected[:3]) and report.failed == []
+    left = sorted(p.name for p in (tmp_path / "sp" / "orders").iterdir() if p.name.startswith("savepoint-"))
+    assert left == sorted([protected[3], periodic, newest_manual])
+
+
+def test_max_manual_never_removes_the_newest_completed_or_a_pinned_savepoint(tmp_path, root):
+    from airflow_savepoints.core.catalog import Catalog
+    from airflow_savepoints.core.manifest import read_manifest
+
+    old_stop = take(tmp_path, "stop")
+    newest = take(tmp_path, "manual")
+    plan = plan_retention(root, "orders", RetentionPolicy(max_manual=0))
+    assert actions(plan) == {old_stop: Action.DISPOSE, newest: Action.KEEP}
+    assert next(d.reason for d in plan.decisions if d.savepoint_id == newest) == \
+        "the newest completed savepoint of the job"
+
+    job = root.child("orders")
+    with Catalog(job, "orders").pinned(old_stop, "restore", read_manifest(job.child(old_stop))):
+        pinned = plan_retention(root, "orders", RetentionPolicy(max_manual=0))
+        assert actions(pinned) == {old_stop: Action.KEEP, newest: Action.KEEP}
+        assert apply_retention(root, plan).disposed == []  # the pin taken after planning is honoured too
+    assert (tmp_path / "sp" / "orders" / old_stop).exists()
+
+
+def test_max_manual_resolves_from_configuration_and_refuses_bad_values(monkeypatch):
+    monkeypatch.delenv("AIRFLOW__SAVEPOINTS__MAX_MANUAL_SAVEPOINTS", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONFIG", "/nonexistent/airflow.cfg")
+    assert RetentionPolicy.resolve().max_manual is None  # default: no limit
+    monkeypatch.setenv("AIRFLOW__SAVEPOINTS__MAX_MANUAL_SAVEPOINTS", "3")
+    assert RetentionPolicy.resolve().max_manual == 3
+    assert RetentionPolicy.resolve(max_manual="none").max_manual is None
+    assert RetentionPolicy.resolve(max_manual=7).max_manual == 7
+    with pytest.raises(InvalidInputError, match="max_manual"):
+        RetentionPolicy.resolve(max_manual="lots")
+    with pytest.raises(InvalidInputError, match="max_manual"):
+        RetentionPolicy.resolve(max_manual=-1)
