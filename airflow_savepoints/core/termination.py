@@ -56,13 +56,13 @@ def apply_checkpoint_retention(
     *,
     savepoint_dir: str | Store,
     storage_options: dict[str, Any] | None = None,
-    spark_version: str | None = None,
-    job_version: dict[str, Any] | None = None,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    **written_by: Any,
 ) -> dict[str, Any]:
-    """Keep (and register) or delete the terminated job's live checkpoint, as ``policy`` says
-    (``spark_version``: the driver's, ``job_version``: the version the run ran, both for the
-    retained checkpoint's manifest)."""
+    """Keep (and register) or delete the terminated job's live checkpoint, as ``policy`` says.
+
+    ``written_by``: what the run that wrote the checkpoint ran (``spark_version``, the driver's;
+    ``job_version``), for the retained checkpoint's manifest."""
     policy = parse_policy(policy)
     source = checkpoint if isinstance(checkpoint, Store) else Store(checkpoint, storage_options)
     root = savepoint_dir if isinstance(savepoint_dir, Store) else Store(savepoint_dir, storage_options)
@@ -75,7 +75,7 @@ def apply_checkpoint_retention(
         try:
             retained = take_savepoint(source, job, savepoint_dir=root, savepoint_type=SavepointType.RETAINED_CHECKPOINT,
                                       reason=f"checkpoint retained after the job was {termination}",
-                                      spark_version=spark_version, job_version=job_version, on_event=on_event)
+                                      on_event=on_event, **written_by)
         except NoCommittedBatchError:
             pass  # nothing committed yet: kept, but nothing to restore from
         return {"policy": policy.value, "termination": termination, "checkpoint": source.url, "action": "retained",
