@@ -2,7 +2,10 @@
 
 Trigger manually with Params: ``job`` (a name in jobs.yaml), ``pointer`` (optional: a savepoint
 directory or its _metadata) and ``fresh_start`` (start with EMPTY state; only when asked for).
-The task ends once the job has committed its first batch; the job keeps running detached.
+``restore_and_start`` ends once the job has committed its first batch; the job keeps running
+detached. ``wait_for_progress`` then waits in the triggerer (up to 10 minutes) for a batch after
+that first one, so it ends once new input has arrived and been committed; it fails at once if the
+job dies.
 """
 
 from __future__ import annotations
