@@ -6,6 +6,7 @@ works from any machine that reaches the job's storage (and its runner, for a for
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -13,12 +14,14 @@ from typing import Annotated, Any
 
 import typer
 
+from airflow_savepoints.cli.options import option_group, with_option_groups
 from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.jobs import lifecycle, load_jobs, watchdog
 from airflow_savepoints.jobs.launcher import spark_submit_command
 from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.jobs.model import StreamingJob
 from airflow_savepoints.jobs.upgrade import UpgradeRequest, new_version, upgrade
 from airflow_savepoints.storage import Store
 
@@ -54,24 +57,34 @@ def _options(text: str | None, what: str) -> dict[str, Any] | None:
     return value
 
 
-def context(job_name: str, jobs_file: str, savepoint_dir: str | None, storage_options: str | None,
-            checkpoint_storage_options: str | None, conn_id: str | None = None,
-            checkpoint_conn_id: str | None = None) -> JobContext:
-    """The job and its storage, as the command line names them (connections as every command resolves them)."""
-    jobs = load_jobs(jobs_file)
-    if job_name not in jobs:
-        raise InvalidInputError(f"no job named {job_name!r} in {jobs_file}", f"use one of: {', '.join(sorted(jobs))}")
-    job = jobs[job_name]
-    root = open_root(conn_id, savepoint_dir or job.savepoint_dir)
-    extra = _options(storage_options, "--storage-options")
-    if extra:
-        root = Store(root.url, {**root.storage_options, **extra})
-    checkpoint = _options(checkpoint_storage_options, "--checkpoint-storage-options")
-    if checkpoint is None and checkpoint_conn_id:
-        checkpoint = connection_storage_options(checkpoint_conn_id)
-    if checkpoint is None:
-        checkpoint = root.options_for(job.checkpoint)
-    return JobContext(job, root, checkpoint, log=lambda message: _main().err.print(message, markup=False))
+@option_group
+class JobTarget:
+    """Where a job command finds the job and its storage (connections as every command resolves them)."""
+
+    jobs_file: JobsFile = "jobs.yaml"
+    savepoint_dir: DirOption = None
+    storage_options: OptionsOption = None
+    checkpoint_storage_options: CheckpointOptions = None
+    conn_id: ConnOption = None
+    checkpoint_conn_id: CheckpointConn = None
+
+    def context(self, job_name: str) -> JobContext:
+        """The job named ``job_name`` in the jobs file, with its savepoint root and checkpoint options."""
+        jobs = load_jobs(self.jobs_file)
+        if job_name not in jobs:
+            raise InvalidInputError(f"no job named {job_name!r} in {self.jobs_file}",
+                                    f"use one of: {', '.join(sorted(jobs))}")
+        job = jobs[job_name]
+        root = open_root(self.conn_id, self.savepoint_dir or job.savepoint_dir)
+        extra = _options(self.storage_options, "--storage-options")
+        if extra:
+            root = Store(root.url, {**root.storage_options, **extra})
+        checkpoint = _options(self.checkpoint_storage_options, "--checkpoint-storage-options")
+        if checkpoint is None and self.checkpoint_conn_id:
+            checkpoint = connection_storage_options(self.checkpoint_conn_id)
+        if checkpoint is None:
+            checkpoint = root.options_for(job.checkpoint)
+        return JobContext(job, root, checkpoint, log=lambda message: _main().err.print(message, markup=False))
 
 
 def _main():
@@ -100,33 +113,41 @@ def _submit_command(ctx: JobContext):
     return lambda checkpoint, conf: spark_submit_command(ctx.job, checkpoint, conf)
 
 
+@option_group
+class StartFrom:
+    """What a started run's checkpoint comes from."""
+
+    pointer: Annotated[str | None, typer.Option("--from", help="A savepoint to start from (default: the newest).")] = None
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start with EMPTY state in the job's (empty) checkpoint.")] = False
+    max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None
+    to: Annotated[str | None, typer.Option("--to", help="The new checkpoint location "
+                                                        "(default <checkpoint>-<UTC time>).")] = None
+
+
+def _log_dir(given: Path | None) -> Path:
+    return given or Path(os.environ.get("TMPDIR", "/tmp")) / "airflow-savepoints-jobs"
+
+
 @app.command()
+@with_option_groups
 def start(
     job: JobArgument,
-    pointer: Annotated[str | None, typer.Option("--from", help="A savepoint to start from (default: the newest).")] = None,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Start with EMPTY state in the job's (empty) checkpoint.")] = False,
-    max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None,
-    to: Annotated[str | None, typer.Option("--to", help="The new checkpoint location (default <checkpoint>-<UTC time>).")] = None,
+    *,
+    origin: StartFrom,
     wait_timeout: Annotated[float, typer.Option(help="Seconds to wait for the first committed batch.")] = 300,
     log_dir: Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the driver's log goes "
                                                  "(default: $TMPDIR/airflow-savepoints-jobs).")] = None,
-    jobs_file: JobsFile = "jobs.yaml",
-    savepoint_dir: DirOption = None,
-    storage_options: OptionsOption = None,
-    checkpoint_storage_options: CheckpointOptions = None,
-    conn_id: ConnOption = None,
-    checkpoint_conn_id: CheckpointConn = None,
+    target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
     """Start JOB from a savepoint (or --fresh); refused while another run of JOB lives anywhere."""
     def action():
-        if pointer and fresh:
+        if origin.pointer and origin.fresh:
             raise InvalidInputError("--from and --fresh exclude each other", "give one of them")
-        ctx = context(job, jobs_file, savepoint_dir, storage_options, checkpoint_storage_options, conn_id,
-                      checkpoint_conn_id)
-        logs = log_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "airflow-savepoints-jobs"
-        result = lifecycle.start(ctx, submit_command=_submit_command(ctx), log_dir=logs, pointer=pointer,
-                                 fresh=fresh, max_age=max_age, target_checkpoint=to, wait_timeout=wait_timeout)
+        ctx = target.context(job)
+        result = lifecycle.start(ctx, submit_command=_submit_command(ctx), log_dir=_log_dir(log_dir),
+                                 pointer=origin.pointer, fresh=origin.fresh, max_age=origin.max_age,
+                                 target_checkpoint=origin.to, wait_timeout=wait_timeout)
         return result, (f"[green]started[/] job {job}: run {result['run_id']} (pid {result['pid']} on {result['host']}), "
                         f"first batch {result['first_batch']}\n  checkpoint {result['checkpoint']}\n  log {result['log_file']}")
 
@@ -134,22 +155,18 @@ def start(
 
 
 @app.command()
+@with_option_groups
 def stop(
     job: JobArgument,
+    *,
     grace: Annotated[float, typer.Option(help="Seconds for the job to stop between batches before it is forced.")] = 60,
     inflight_wait: Annotated[float, typer.Option(help="Seconds to wait for a savepoint in flight before stopping.")] = 300,
-    jobs_file: JobsFile = "jobs.yaml",
-    savepoint_dir: DirOption = None,
-    storage_options: OptionsOption = None,
-    checkpoint_storage_options: CheckpointOptions = None,
-    conn_id: ConnOption = None,
-    checkpoint_conn_id: CheckpointConn = None,
+    target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
     """Stop JOB with a final ``stop`` savepoint of its last committed batch."""
     def action():
-        ctx = context(job, jobs_file, savepoint_dir, storage_options, checkpoint_storage_options, conn_id,
-                      checkpoint_conn_id)
+        ctx = target.context(job)
         result = lifecycle.stop(ctx, grace=grace, inflight_wait=inflight_wait)
         return result, (f"[green]stopped[/] job {job} ({result['stop_method']}); {result['consistency']} stop "
                         f"savepoint of batch {result['batch_id']}: {result['pointer']}")
@@ -158,23 +175,19 @@ def stop(
 
 
 @app.command()
+@with_option_groups
 def cancel(
     job: JobArgument,
+    *,
     policy: Annotated[str | None, typer.Option(help="RETAIN_ON_CANCELLATION, RETAIN_ON_FAILURE or "
                                                     "NEVER_RETAIN_AFTER_TERMINATION (default: the job's).")] = None,
     grace: Annotated[float, typer.Option(help="Seconds for the job to answer before it is forced.")] = 60,
-    jobs_file: JobsFile = "jobs.yaml",
-    savepoint_dir: DirOption = None,
-    storage_options: OptionsOption = None,
-    checkpoint_storage_options: CheckpointOptions = None,
-    conn_id: ConnOption = None,
-    checkpoint_conn_id: CheckpointConn = None,
+    target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
     """Cancel JOB without a savepoint, then apply its checkpoint retention policy."""
     def action():
-        ctx = context(job, jobs_file, savepoint_dir, storage_options, checkpoint_storage_options, conn_id,
-                      checkpoint_conn_id)
+        ctx = target.context(job)
         result = lifecycle.cancel(ctx, policy=policy, grace=grace)
         return result, (f"[yellow]cancelled[/] job {job} ({result['stop_method']}); checkpoint {result['checkpoint']} "
                         f"{result['action']} ({result['policy']})")
@@ -186,20 +199,16 @@ STATUS_KEYS = ("job", "state", "run_id", "host", "application_id", "last_batch",
 
 
 @app.command()
+@with_option_groups
 def status(
     job: JobArgument,
-    jobs_file: JobsFile = "jobs.yaml",
-    savepoint_dir: DirOption = None,
-    storage_options: OptionsOption = None,
-    checkpoint_storage_options: CheckpointOptions = None,
-    conn_id: ConnOption = None,
-    checkpoint_conn_id: CheckpointConn = None,
+    *,
+    target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
     """Show JOB's state (starting, running, stopping, stopped, failed, lost, unknown, not_started)."""
     def action():
-        ctx = context(job, jobs_file, savepoint_dir, storage_options, checkpoint_storage_options, conn_id,
-                      checkpoint_conn_id)
+        ctx = target.context(job)
         found = lifecycle.status(ctx)
         found.watchdog = watchdog.read_state(ctx).view()
         state = found.model_dump(mode="json")
@@ -235,35 +244,51 @@ def _conf_pairs(pairs: list[str]) -> dict[str, str]:
     return conf
 
 
+@option_group
+class NewVersion:
+    """The version a job is upgraded to: what differs from the job's own definition."""
+
+    application: Annotated[str | None, typer.Option(help="The new version's application (default: the job's).")] = None
+    args: Annotated[list[str] | None, typer.Option("--arg", help="An application argument of the new version "
+                                                   "(repeat; default: the job's).")] = None
+    conf: Annotated[list[str] | None, typer.Option("--conf", help="KEY=VALUE Spark conf set on top of the job's "
+                                                   "(repeat).")] = None
+
+    def of(self, job: StreamingJob) -> StreamingJob:
+        return new_version(job, self.application, self.args or None, _conf_pairs(self.conf or []))
+
+
+@option_group
+class UpgradePolicy:
+    """How an upgrade carries the state over and judges the new version (see UpgradeRequest)."""
+
+    mode: Annotated[str | None, typer.Option(help="savepoint, last-state or stateless (default: the job's "
+                                                  "upgrade_mode).")] = None
+    fallback_to_savepoint: Annotated[bool, typer.Option(help="If last-state is refused, use the stop savepoint.")] = False
+    allow_stateless: Annotated[bool, typer.Option(help="Allow mode stateless (the new version gets EMPTY state).")] = False
+    health_timeout: Annotated[float, typer.Option(help="Seconds for the new version to commit past the stop "
+                                                       "batch.")] = 300
+    rollback: Annotated[bool, typer.Option(help="Start the previous version again if the new one is not "
+                                                "healthy.")] = True
+
+
 @app.command("upgrade")
+@with_option_groups
 def upgrade_job(
     job: JobArgument,
-    application: Annotated[str | None, typer.Option(help="The new version's application (default: the job's).")] = None,
-    args: Annotated[list[str] | None, typer.Option("--arg", help="An application argument of the new version "
-                                                   "(repeat; default: the job's).")] = None,
-    conf: Annotated[list[str] | None, typer.Option("--conf", help="KEY=VALUE Spark conf set on top of the job's "
-                                                   "(repeat).")] = None,
-    mode: Annotated[str | None, typer.Option(help="savepoint, last-state or stateless (default: the job's "
-                                                  "upgrade_mode).")] = None,
-    fallback_to_savepoint: Annotated[bool, typer.Option(help="If last-state is refused, use the stop savepoint.")] = False,
-    allow_stateless: Annotated[bool, typer.Option(help="Allow mode stateless (the new version gets EMPTY state).")] = False,
-    health_timeout: Annotated[float, typer.Option(help="Seconds for the new version to commit past the stop batch.")] = 300,
-    rollback: Annotated[bool, typer.Option(help="Start the previous version again if the new one is not healthy.")] = True,
+    *,
+    version: NewVersion,
+    policy: UpgradePolicy,
     log_dir: Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the drivers' logs go.")] = None,
-    jobs_file: JobsFile = "jobs.yaml",
-    savepoint_dir: DirOption = None,
-    conn_id: ConnOption = None,
+    target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
     """Upgrade running JOB to a new version; roll back automatically if it is not healthy."""
     def action():
-        ctx = context(job, jobs_file, savepoint_dir, None, None, conn_id)
-        request = UpgradeRequest(version=new_version(ctx.job, application, args or None, _conf_pairs(conf or [])),
-                                 mode=mode, fallback_to_savepoint=fallback_to_savepoint,
-                                 allow_stateless=allow_stateless, health_timeout=health_timeout, rollback=rollback)
-        logs = log_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "airflow-savepoints-jobs"
-        result = upgrade(ctx, request, submit_for=lambda version: _submit_command(JobContext(version, ctx.root)),
-                         log_dir=logs)
+        ctx = target.context(job)
+        request = UpgradeRequest(version=version.of(ctx.job), **dataclasses.asdict(policy))
+        result = upgrade(ctx, request, submit_for=lambda new: _submit_command(JobContext(new, ctx.root)),
+                         log_dir=_log_dir(log_dir))
         return result, (f"[green]upgraded[/] job {job} to version {result['to_version']['hash']} ({result['mode']}): "
                         f"run {result['started']['run_id']}, batch {result['started']['first_batch']} committed")
 

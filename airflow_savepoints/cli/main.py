@@ -8,6 +8,7 @@ missing option). Storage is reached as the operators reach it (``--conn-id``, se
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -31,6 +32,7 @@ except ImportError:  # pragma: no cover - older typer on click
 
 from airflow_savepoints import __version__, core
 from airflow_savepoints.cli.job import app as job_commands
+from airflow_savepoints.cli.options import option_group, with_option_groups
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.names import CATALOG_FILE
@@ -167,20 +169,30 @@ def _human_age(created: datetime) -> str:
     return f"{max(seconds, 0)}s"
 
 
+@option_group
+class TriggerOptions:
+    """What kind of savepoint is asked for, and how it is copied."""
+
+    savepoint_type: Annotated[TriggerType, typer.Option(
+        "--type", help="manual (kept by retention), periodic (subject to retention) or stop (of a job stopped by "
+                       "other means).")] = TriggerType.manual
+    reason: Annotated[str | None, typer.Option(help="Why it is taken (kept in the manifest).")] = None
+    request_id: Annotated[str | None, typer.Option(help="Idempotency key: a retry returns the same savepoint.")] = None
+    max_attempts: Annotated[int, typer.Option(min=1, max=100, help="Attempts when the checkpoint moves during the "
+                                                                   "copy.")] = 5
+    parallelism: Annotated[int, typer.Option(min=1, max=256, help="Files copied at once.")] = 8
+
+
 @app.command()
 @_command
+@with_option_groups
 def trigger(
     checkpoint: Annotated[str, typer.Argument(help="The live checkpoint location of the query.")],
     job: Annotated[str, typer.Option("--job", help="Job name: the folder of its savepoints.")],
+    *,
     savepoint_dir: DirOption = None,
     conn_id: ConnOption = None,
-    savepoint_type: Annotated[TriggerType, typer.Option("--type", help="manual (kept by retention), periodic (subject "
-                                                                        "to retention) or stop (of a job stopped by other means).")]
-    = TriggerType.manual,
-    reason: Annotated[str | None, typer.Option(help="Why it is taken (kept in the manifest).")] = None,
-    request_id: Annotated[str | None, typer.Option(help="Idempotency key: a retry returns the same savepoint.")] = None,
-    max_attempts: Annotated[int, typer.Option(min=1, max=100, help="Attempts when the checkpoint moves during the copy.")] = 5,
-    parallelism: Annotated[int, typer.Option(min=1, max=256, help="Files copied at once.")] = 8,
+    asked: TriggerOptions,
     quiet: QuietFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -189,9 +201,9 @@ def trigger(
     root = open_root(conn_id, savepoint_dir)
     with progress_bar("savepoint", enabled=not (quiet or as_json)) as on_event:
         info = core.take_savepoint(
-            checkpoint, job, savepoint_dir=root, savepoint_type=savepoint_type.value, reason=reason,
-            request_id=request_id, max_attempts=max_attempts, parallelism=parallelism, on_event=on_event,
-            spark_version=running_spark_version(root, job, checkpoint),
+            checkpoint, job, savepoint_dir=root, savepoint_type=asked.savepoint_type.value, reason=asked.reason,
+            request_id=asked.request_id, max_attempts=asked.max_attempts, parallelism=asked.parallelism,
+            on_event=on_event, spark_version=running_spark_version(root, job, checkpoint),
         )
     s = info.summary()
     _emit(as_json, s, f"[green]savepoint completed[/]: {s['pointer']}\n"
@@ -268,26 +280,33 @@ def verify(
           f"[green]ok[/]: {location.url}: {len(manifest.files)} files, {_human_size(manifest.total_bytes)} verified")
 
 
+@option_group
+class RestoreChecks:
+    """What a restore checks before it copies anything."""
+
+    sink_path: Annotated[str | None, typer.Option(
+        help="The job's file sink output path: refuse if it is past the savepoint.")] = None
+    max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None
+    skip_missing_input: Annotated[bool, typer.Option(
+        help="Restore even if input files a file source will read again are gone.")] = False
+
+
 @app.command()
 @_command
+@with_option_groups
 def restore(
     pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
     to: Annotated[str, typer.Option("--to", help="A new, empty checkpoint location.")],
+    *,
     new_query_id: Annotated[bool, typer.Option(help="Give the restored query a new id (a fork).")] = False,
-    sink_path: Annotated[
-        str | None, typer.Option(help="The job's file sink output path: refuse if it is past the savepoint.")
-    ] = None,
-    max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None,
-    skip_missing_input: Annotated[bool, typer.Option(
-        help="Restore even if input files a file source will read again are gone.")] = False,
+    checks: RestoreChecks,
     conn_id: ConnOption = None,
     quiet: QuietFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
     with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
-        result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, sink_path=sink_path,
-                                        max_age=max_age, skip_missing_input=skip_missing_input,
+        result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, **dataclasses.asdict(checks),
                                         storage_options=storage_options(conn_id), on_event=on_event)
     confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
     _emit(as_json, result.model_dump(mode="json"),
@@ -338,21 +357,30 @@ def status(
     _emit(as_json, state, text)
 
 
-@app.command()
-@_command
-def retain(
-    job: Annotated[str, typer.Option("--job", help="Job name.")],
-    savepoint_dir: DirOption = None,
-    conn_id: ConnOption = None,
+@option_group
+class PolicyOptions:
+    """The retention policy; what is not given comes from the [savepoints] configuration."""
+
     max_periodic: Annotated[int | None, typer.Option(help="Periodic savepoints to keep (default: [savepoints] "
-                                                          "max_periodic_savepoints, else 10).")] = None,
-    max_age: Annotated[str | None, typer.Option(help="Dispose periodic savepoints older than this (7d, 12h; "
-                                                     "'none': no limit; default: [savepoints] max_savepoint_age, else 7d).")] = None,
+                                                          "max_periodic_savepoints, else 10).")] = None
+    max_age: Annotated[str | None, typer.Option(help="Dispose periodic savepoints older than this (7d, 12h; 'none': no "
+                                                     "limit; default: [savepoints] max_savepoint_age, else 7d).")] = None
     orphan_timeout: Annotated[str | None, typer.Option(help="Remove locations without _metadata older than this "
-                                                            "(default: [savepoints] orphan_timeout, else 1h).")] = None,
+                                                            "(default: [savepoints] orphan_timeout, else 1h).")] = None
     max_manual: Annotated[str | None, typer.Option(help="Manual, stop and retained-checkpoint savepoints to keep "
                                                         "('none': no limit; default: [savepoints] max_manual_savepoints, "
-                                                        "else none).")] = None,
+                                                        "else none).")] = None
+
+
+@app.command()
+@_command
+@with_option_groups
+def retain(
+    job: Annotated[str, typer.Option("--job", help="Job name.")],
+    *,
+    savepoint_dir: DirOption = None,
+    conn_id: ConnOption = None,
+    given: PolicyOptions,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -360,7 +388,7 @@ def retain(
     from airflow_savepoints.core.retention import RetentionPolicy
     from airflow_savepoints.core.retention import retain as run_retention
 
-    policy = RetentionPolicy.resolve(max_periodic, max_age, orphan_timeout, max_manual)
+    policy = RetentionPolicy.resolve(**dataclasses.asdict(given))
     report = run_retention(open_root(conn_id, savepoint_dir, must_exist=True), job, policy, dry_run=dry_run)
     summary = report.summary()
     if as_json:
