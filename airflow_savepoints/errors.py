@@ -106,6 +106,10 @@ class SavepointNotFoundError(PointerError):
     code = "savepoint_not_found"
 
 
+class SavepointRootMissingError(SavepointNotFoundError):
+    code = "savepoint_root_not_found"
+
+
 class IncompleteSavepointError(PointerError):
     code = "incomplete_savepoint"
 

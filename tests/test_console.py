@@ -96,19 +96,20 @@ def jobs_file(path: Path, root: Path) -> Path:
 # ---- pure parts (fast) -----------------------------------------------------------------------------
 
 def test_job_folders_are_directories_and_a_missing_root_says_so(tmp_path):
-    from airflow_savepoints.plugins.console import SavepointRootMissingError, job_folders
+    from airflow_savepoints.core.pointer import list_jobs
+    from airflow_savepoints.errors import SavepointRootMissingError
 
     root = tmp_path / "savepoints"
     with pytest.raises(SavepointRootMissingError, match="does not exist") as missing:
-        job_folders(Store(str(root)))
+        list_jobs(Store(str(root)))
     assert missing.value.code == "savepoint_root_not_found" and "savepoint_dir" in missing.value.hint
     for name in ("orders", "payments", ".hidden", "_tmp", "a..b"):
         (root / name).mkdir(parents=True)
     (root / "README.md").write_text("not a job")
     (root / "notes").write_text("a file with a job-like name")
-    assert job_folders(Store(str(root))) == ["orders", "payments"]
+    assert list_jobs(Store(str(root))) == ["orders", "payments"]
     (root / "empty").mkdir()
-    assert job_folders(Store(str(tmp_path / "savepoints" / "empty"))) == []  # exists, no jobs: not an error
+    assert list_jobs(Store(str(tmp_path / "savepoints" / "empty"))) == []  # exists, no jobs: not an error
 
 
 def test_pages_commands_and_intervals():

@@ -14,7 +14,12 @@ from airflow_savepoints.core.manifest import (  # noqa: F401 - re-exported: wher
 )
 from airflow_savepoints.core.models import JOB_NAME, SavepointInfo, SavepointManifest, validate_job_name
 from airflow_savepoints.core.names import MANIFEST_FILE
-from airflow_savepoints.errors import IncompleteSavepointError, SavepointNotFoundError, SymlinkError
+from airflow_savepoints.errors import (
+    IncompleteSavepointError,
+    SavepointNotFoundError,
+    SavepointRootMissingError,
+    SymlinkError,
+)
 from airflow_savepoints.storage import Store
 
 
@@ -57,8 +62,16 @@ def latest_savepoint(root: Store, job: str) -> SavepointInfo | None:
 
 
 def list_jobs(root: Store) -> list[str]:
-    """Names of the job folders under the savepoint root (one listing; also jobs that have ended)."""
-    return sorted(name for name in root.listdir() if JOB_NAME.match(name) and ".." not in name)
+    """Names of the job folders under the savepoint root (one listing; also jobs that have ended): folders
+    with a valid job name, so a stray ``README.md`` is not a job. Raises when the root does not exist."""
+    names = [name for name in root.listdir(folders_only=True) if JOB_NAME.match(name) and ".." not in name]
+    if not names and not root.exists():
+        raise SavepointRootMissingError(
+            f"the savepoint root {root.url} does not exist",
+            "no savepoint has been taken there yet, or the savepoints_default connection (its host) or "
+            "[savepoints] savepoint_dir names the wrong place",
+        )
+    return names
 
 
 def incomplete_locations(root: Store, job: str) -> list[str]:

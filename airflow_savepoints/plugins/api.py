@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
 from airflow_savepoints.core.dispose import check_no_link
 from airflow_savepoints.core.models import validate_job_name
-from airflow_savepoints.core.pointer import SAVEPOINT_NAME, list_savepoints, read_manifest
+from airflow_savepoints.core.pointer import SAVEPOINT_NAME, list_jobs, list_savepoints, read_manifest
 from airflow_savepoints.core.settings import DEFAULTS
 from airflow_savepoints.errors import (
     ConfigurationError,
@@ -55,7 +55,7 @@ from airflow_savepoints.errors import (
 )
 from airflow_savepoints.hooks.savepoint import SECRET_OPTION_WORDS, SavepointStorageHook
 from airflow_savepoints.plugins.actions import available_actions
-from airflow_savepoints.plugins.console import job_folders, overview, page_of, periodic_interval_s, savepoint_detail
+from airflow_savepoints.plugins.console import overview, page_of, periodic_interval_s, savepoint_detail
 from airflow_savepoints.plugins.page import page_refusal, render_page, wants_page
 from airflow_savepoints.plugins.savepoints import URL_PREFIX
 from airflow_savepoints.storage import Store
@@ -265,7 +265,7 @@ def _register_api(app: FastAPI) -> None:
     @app.get("/api/jobs")
     async def jobs(request: Request) -> JSONResponse:
         """Job folders under the savepoint root (also of jobs that have ended); files are not jobs."""
-        return await answer(request, lambda root: {"root": root.store.url, "jobs": job_folders(root.store)})
+        return await answer(request, lambda root: {"root": root.store.url, "jobs": list_jobs(root.store)})
 
     @app.get("/api/overview")
     async def jobs_overview(request: Request) -> JSONResponse:

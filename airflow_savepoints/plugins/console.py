@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
-from airflow_savepoints.core.models import JOB_NAME, SavepointManifest
-from airflow_savepoints.core.pointer import latest_savepoint, list_savepoints
+from airflow_savepoints.core.models import SavepointManifest
+from airflow_savepoints.core.pointer import latest_savepoint, list_jobs, list_savepoints
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.core.settings import parse_duration
-from airflow_savepoints.errors import SavepointError, SavepointNotFoundError
+from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.storage import Store, split_url
 
 log = logging.getLogger(__name__)
@@ -31,35 +31,9 @@ LIFECYCLE_MARKS = ("_lease.json", "_run.json", "_control")  # a job folder the l
 DEFAULT_PERIODIC_INTERVAL = "15m"  # dags/periodic_savepoints.py's default
 
 
-class SavepointRootMissingError(SavepointNotFoundError):
-    code = "savepoint_root_not_found"
-
-
 def periodic_interval_s(configured: str | None = None) -> float:
     """The periodic savepoint interval: configured, else the example DAG's ``SAVEPOINTS_PERIODIC_INTERVAL``, else 15m."""
     return parse_duration(configured or os.environ.get("SAVEPOINTS_PERIODIC_INTERVAL") or DEFAULT_PERIODIC_INTERVAL)
-
-
-def job_folders(root: Store) -> list[str]:
-    """Names of the job folders under the root: directories with a valid job name (a stray
-    ``README.md`` or any other file is not a job). Raises when the root itself does not exist."""
-    with root.translate_errors(root.url):
-        try:
-            entries = root.fs.ls(root.path_of(), detail=True)
-        except FileNotFoundError:
-            entries = None
-    if entries is None or (not entries and not root.exists()):
-        raise SavepointRootMissingError(
-            f"the savepoint root {root.url} does not exist",
-            "no savepoint has been taken there yet, or the savepoints_default connection (its host) or "
-            "[savepoints] savepoint_dir names the wrong place",
-        )
-    names = set()
-    for entry in entries:
-        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry.get("type") == "directory" and JOB_NAME.match(name) and ".." not in name:
-            names.add(name)
-    return sorted(names)
 
 
 # ---- job summaries ------------------------------------------------------------------------------
@@ -149,7 +123,7 @@ def overview(root: Store, *, interval_s: float, jobs_file: str | None, paralleli
         except SavepointError as exc:
             return {"job": job, "error": exc.to_dict()}
 
-    names = sorted(set(job_folders(root)) | declared_here(root, specs))
+    names = sorted(set(list_jobs(root)) | declared_here(root, specs))
     with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(names)))) as pool:
         jobs = list(pool.map(summary, names))
     return {"root": root.url, "checked_at": now.isoformat(), "periodic_interval_s": interval_s, "jobs": jobs}

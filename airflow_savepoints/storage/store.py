@@ -289,10 +289,10 @@ class Store:
         with self.translate_errors(self.url_of(rel)):
             return self.backend.isfile(self.path_of(rel))
 
-    def listdir(self, rel: str = "") -> list[str]:
-        """Names of the direct children of ``rel`` (files and folders); empty if it does not exist."""
+    def listdir(self, rel: str = "", folders_only: bool = False) -> list[str]:
+        """Names of the direct children of ``rel`` (files and folders, or only folders); empty if it does not exist."""
         with self.translate_errors(self.url_of(rel)):
-            return self.backend.listdir(self.path_of(rel))
+            return self.backend.listdir(self.path_of(rel), folders_only)
 
     def stat(self, rel: str) -> FileStat:
         with self.translate_errors(self.url_of(rel)):

@@ -160,13 +160,15 @@ class Backend:
         self.invalidate(path)
         return self.fs.isfile(path)
 
-    def listdir(self, path: str) -> list[str]:
-        """Names of the direct children of ``path``; empty if it does not exist."""
+    def listdir(self, path: str, folders_only: bool = False) -> list[str]:
+        """Names of the direct children of ``path`` (only its folders, if asked); empty if it does not exist."""
         self.invalidate(path)
         try:
-            entries = self.fs.ls(path, detail=False)
+            entries = self.fs.ls(path, detail=folders_only)
         except FileNotFoundError:
             return []
+        if folders_only:
+            entries = [entry["name"] for entry in entries if entry.get("type") == "directory"]
         names, itself = set(), self.strip(path).rstrip("/")
         for entry in entries:
             entry = self.strip(entry).rstrip("/")

@@ -193,6 +193,15 @@ def test_a_file_added_after_a_listing_is_listed_and_read_the_next_time(store):
     assert store.read_bytes("offsets/2") == b"2" and store.stat("offsets/2").size == 1
 
 
+def test_a_listing_of_folders_only_leaves_files_out(store):
+    store.write_bytes_atomic("orders/savepoint-a/_metadata", b"{}")
+    store.write_bytes_atomic("payments/x", b"1")
+    store.write_bytes_atomic("README.md", b"not a job")
+    assert store.listdir() == ["README.md", "orders", "payments"]
+    assert store.listdir(folders_only=True) == ["orders", "payments"]
+    assert store.listdir("missing", folders_only=True) == []
+
+
 @pytest.mark.parametrize("store", ["local", S3, GCS, AZURE], indirect=True)
 def test_version_tokens_change_when_a_file_is_replaced(store):  # fsspec's memory store keeps no versions
     store.write_bytes_atomic("f", b"one")
