@@ -1,6 +1,7 @@
 """Upgrades of a real streaming job (the demo job under spark-submit), through the upgrade_job DAG
-on a real Airflow (dag.test(), SQLite): a last-state upgrade that copies no state, and an upgrade to
-a version that cannot start, rolled back automatically. The sink holds every event exactly once."""
+on a real Airflow (dag.test(), SQLite): a last-state upgrade that copies no state; upgrades to a
+version that cannot start and to one that raises on its first batch, each rolled back automatically;
+a savepoint upgrade that adds an output column. The sink holds every event exactly once."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_refusals_change_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_last_state_upgrade_then_a_bad_version_rolled_back(airflow_db, tmp_path, monkeypatch, capfd):
+def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airflow_db, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
     monkeypatch.setenv("SAVEPOINTS_DEMO_APP", demo.__file__)
     sent: set[int] = set()
@@ -111,7 +112,35 @@ def test_last_state_upgrade_then_a_bad_version_rolled_back(airflow_db, tmp_path,
         second_stop = list_savepoints(root, JOB)[-1]
         assert second_stop.type.value == "stop" and back.start_batch == second_stop.batch_id
         assert back.checkpoint.startswith(str(tmp_path / "checkpoint-"))  # restored from the stop savepoint
+
+        # a version that starts but raises on its first batch: rolled back from the same stop savepoint
+        capfd.readouterr()
+        with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
+            state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", health_timeout=120,
+                                   spark_conf=json.dumps({**FIX, demo.FAIL_EVERY_BATCH_CONF: "true"}))
+        assert state == "failed" and tasks == {"upgrade": "failed"}
+        log = capfd.readouterr().out
+        assert "UpgradeFailedError" in log and "fails on every batch" in log and "rolled back" in log, log[-3000:]
+        again, third_stop = read_run(job_folder), list_savepoints(root, JOB)[-1]
+        assert again.version == upgraded.version and again.ended is None and again.start_batch == third_stop.batch_id
+
+        # a compatible change of the output, a new column, by savepoint: the column from the stop batch + 1 on
+        with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
+            state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", health_timeout=120,
+                                   spark_conf=json.dumps({**FIX, demo.VERSION_COLUMN_CONF: "v2"}))
+        assert state == "success", tasks
+        v2, last_stop = read_run(job_folder), list_savepoints(root, JOB)[-1]
+        assert v2.start_batch == last_stop.batch_id and v2.version["spark_conf"][demo.VERSION_COLUMN_CONF] == "v2"
         got = wait_for_sink(tmp_path / "output", sorted(sent))
+        rows = demo.committed_rows(tmp_path / "output")
+        old = [r["id"] for r in rows if "version" not in r]
+        new = [r["id"] for r in rows if r.get("version") == "v2"]
+        assert old and new and len(old) + len(new) == len(rows) and max(old) < min(new)
+        first_v2 = tmp_path / "output" / "_spark_metadata" / str(last_stop.batch_id + 1)
+        if first_v2.exists():  # not folded into a .compact file: the stop batch + 1 wrote the first v2 rows
+            written = [json.loads(line)["path"].removeprefix("file://").removeprefix("file:")
+                       for line in first_v2.read_text().splitlines()[1:]]
+            assert written and all('"version":"v2"' in Path(p).read_text() for p in written)
     finally:
         last = read_run(job_folder)
         if last is not None:

@@ -130,6 +130,43 @@ def test_a_planned_batch_uncommitted_past_progress_timeout_is_stalled(checkpoint
     assert reason and f"batch {newest} was planned" in reason and f"last committed batch {newest - 1}" in reason
 
 
+@pytest.mark.slow
+def test_a_real_job_whose_batch_hangs_is_reported_stalled_within_its_progress_timeout(tmp_path):
+    """The demo job under spark-submit, its next batch held (input waiting, nothing committed): the
+    watchdog reports it stalled once the batch is older than progress_timeout, and leaves it running."""
+    hold, inputs, output = tmp_path / "hold", tmp_path / "input", tmp_path / "output"
+    job = StreamingJob(name="stalling", application=demo.__file__, master="local[2]", progress_timeout=4,
+                       application_args=[str(inputs), "{checkpoint}", str(output)],
+                       spark_conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
+                                   demo.STALL_WHILE_CONF: str(hold)},
+                       checkpoint=str(tmp_path / "checkpoint"), savepoint_dir=str(tmp_path / "savepoints"))
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    logs, sent = tmp_path / "logs", set(demo.write_events(inputs, 0))
+    try:
+        started = lifecycle.start(ctx, submit_command=submit(ctx), log_dir=logs, fresh=True, wait_timeout=240)
+        assert watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=logs).action == "healthy"
+        hold.touch()
+        sent.update(demo.write_events(inputs, 1))
+        offsets = Path(job.checkpoint) / "offsets"
+        deadline = time.monotonic() + 60
+        while not (offsets / "1").exists():  # the next batch is planned: input is waiting
+            assert time.monotonic() < deadline, "batch 1 was never planned"
+            time.sleep(0.2)
+        planned_at = (offsets / "1").stat().st_mtime
+        while (decision := watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=logs)).action == "healthy":
+            assert time.time() - planned_at < 30, "never reported stalled"
+            time.sleep(0.5)
+        reported_after = time.time() - planned_at
+        assert decision.action == "stalled" and "batch 1 was planned" in decision.reason, decision
+        assert 4 <= reported_after <= 4 + 5, reported_after  # within its progress_timeout (and one look)
+        assert lifecycle.status(ctx).live and read_run(ctx.folder).run_id == started["run_id"]  # reported, not restarted
+        hold.unlink()
+        assert wait_for_sink(output, sorted(sent)) == sorted(sent)
+        assert watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=logs).action == "healthy"
+    finally:
+        stop_process(read_run(ctx.folder), grace=10)
+
+
 def test_decisions_without_spark(tmp_path):
     """down without restarts, gave_up at the maximum (kept while down), a fresh count once it runs again;
     each decision in _watchdog.json and job status --json's shape."""

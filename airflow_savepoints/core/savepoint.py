@@ -155,14 +155,15 @@ class PreviousSavepoint:
 
 
 def plan_listed(source: Store, parallelism: int = 1) -> Listed:
-    """The plan and the one listing it was made from (on a local disk, only planned files are stat'ed);
-    the snapshot zips are read ``parallelism`` at a time (fewer on a local disk: see ``workers_for``)."""
+    """The plan and the one listing it was made from (on a local disk, only planned files are stat'ed).
+    On an object store the snapshot zips are read ``parallelism`` at a time (one request each); on a
+    local disk planning is Python work on cached pages, which threads only slow down: one at a time."""
     listing = source.list_files_lazily()
     if not listing and not source.exists():
         raise CheckpointNotFoundError(
             f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
         )
-    workers = workers_for((source,), parallelism, parallelism)
+    workers = 1 if source.is_local else workers_for((source,), parallelism, parallelism)
     return plan_checkpoint(listing, source.read_bytes, where=source.url, parallelism=workers), listing
 
 

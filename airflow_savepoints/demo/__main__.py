@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -124,25 +123,6 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
     return dags, log_file
 
 
-@contextlib.contextmanager
-def arriving(send, every: float = 2.0):
-    """Send one more input file every ``every`` seconds while the block runs: ``wait_for_progress``
-    waits for a batch after the job's first, and a file source commits one only when input arrives."""
-    done = threading.Event()
-
-    def feed() -> None:
-        while not done.wait(every):
-            send(1)
-
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
-    try:
-        yield
-    finally:
-        done.set()
-        feeder.join()
-
-
 def verdict(output: Path, sent: set[int]) -> int:
     """0 when the sink holds every event sent exactly once, else 1."""
     ids = app.committed_event_ids(output)
@@ -171,8 +151,9 @@ def run(workdir: Path, rounds: int, interval: float) -> int:
 
     try:
         send(2)
-        with arriving(send):
+        with app.Feeder(input_dir, sent, next_file) as arriving:  # wait_for_progress waits for a batch after the first
             started = run_dag(dags, "restore_from_savepoint", log_file, job=JOB, fresh_start=True)
+        next_file = arriving.index
         first = started["restore_and_start"]
         console.print(f"restore_from_savepoint (fresh start): job {JOB} runs as pid {first['pid']}, "
                       f"committed batch {first['first_batch']}")
@@ -188,8 +169,9 @@ def run(workdir: Path, rounds: int, interval: float) -> int:
                       f"{stopped['consistency']} savepoint at batch {stopped['batch_id']}")
         infos = print_savepoints(workdir)
         send(3)
-        with arriving(send):
+        with app.Feeder(input_dir, sent, next_file) as arriving:
             restarted = run_dag(dags, "restore_from_savepoint", log_file, job=JOB)["restore_and_start"]
+        next_file = arriving.index
         console.print(f"restore_from_savepoint: restored batch {restarted['restored']['batch_id']} of "
                       f"{infos[-1].pointer}\n  into {restarted['checkpoint']}; the job resumed and committed "
                       f"batch {restarted['first_batch']}")

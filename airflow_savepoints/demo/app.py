@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +31,38 @@ def write_events(folder: Path, index: int, per_file: int = 50) -> list[int]:
     return ids
 
 
+class Feeder:
+    """Input arriving while something acts on the running demo job (a file every ``every`` seconds), as
+    a live stream's would: a file source commits a batch only when input arrives."""
+
+    def __init__(self, folder: Path, sent: set[int], next_index: int, every: float = 2.0) -> None:
+        self.folder, self.sent, self.index, self.every = folder, sent, next_index, every
+        self._done = threading.Event()
+        self._paused = threading.Event()
+        self._thread = threading.Thread(target=self._feed, daemon=True)
+
+    def _feed(self) -> None:
+        while not self._done.wait(self.every):
+            if self._paused.is_set():
+                continue
+            self.sent.update(write_events(self.folder, self.index))
+            self.index += 1
+
+    def pause(self) -> None:
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+
+    def __enter__(self) -> Feeder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def wait_for_batch(query, batch_id: int, timeout: float = 120) -> int:
     """Wait until ``query`` has committed ``batch_id``; return its newest committed batch id."""
     deadline = time.monotonic() + timeout
@@ -48,7 +81,12 @@ def committed_event_ids(output: Path) -> list[int]:
 
     Files of a batch that was interrupted are on disk but not committed: they do not count.
     """
-    ids: list[int] = []
+    return sorted(row["id"] for row in committed_rows(output))
+
+
+def committed_rows(output: Path) -> list[dict]:
+    """The records in the files the file sink committed (see :func:`committed_event_ids`)."""
+    rows: list[dict] = []
     log = Path(output) / "_spark_metadata"
     names = [p.name for p in log.iterdir()] if log.exists() else []
     compact = max((int(n.split(".")[0]) for n in names if n.endswith(".compact")), default=-1)
@@ -56,11 +94,26 @@ def committed_event_ids(output: Path) -> list[int]:
     for name in entries:  # the newest compact file holds every earlier entry
         for line in (log / name).read_text().splitlines()[1:]:
             path = Path(json.loads(line)["path"].removeprefix("file://").removeprefix("file:"))
-            ids += [json.loads(x)["id"] for x in path.read_text().splitlines() if x]
-    return sorted(ids)
+            rows += [json.loads(x) for x in path.read_text().splitlines() if x]
+    return rows
 
 
 SKIP_BAD_RECORDS_CONF = "spark.savepoints.demo.skipBadRecords"
+VERSION_COLUMN_CONF = "spark.savepoints.demo.versionColumn"
+FAIL_EVERY_BATCH_CONF = "spark.savepoints.demo.failEveryBatch"
+STALL_WHILE_CONF = "spark.savepoints.demo.stallWhile"
+
+
+def _held_while(marker: str):
+    """A Python UDF passing a value through once the file ``marker`` is gone."""
+    from pyspark.sql import functions as F
+
+    def held(value):
+        while os.path.exists(marker):
+            time.sleep(0.2)
+        return value
+
+    return F.udf(held, "long")
 
 
 def write_bad_record(folder: Path, index: int) -> None:
@@ -72,10 +125,18 @@ def write_bad_record(folder: Path, index: int) -> None:
 
 def build_query(spark, input_dir: str, checkpoint: str, output: str, trigger_ms: int = 500):
     """A negative id is a bad record: the query fails on it, unless ``spark.savepoints.demo.skipBadRecords``
-    is true (the fixed version of the job), which drops such records."""
+    is true (the fixed version of the job), which drops such records. Two more versions, for upgrades:
+    ``spark.savepoints.demo.versionColumn=V`` adds an output column ``version`` holding V (a compatible
+    change: the state is untouched), ``spark.savepoints.demo.failEveryBatch=true`` raises on every record.
+    ``spark.savepoints.demo.stallWhile=PATH`` holds each record while the file PATH exists: a batch
+    that hangs, input waiting and nothing committed (a stalled job, for the watchdog)."""
     from pyspark.sql import functions as F
 
     events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", 1).json(input_dir)
+    if hold := spark.conf.get(STALL_WHILE_CONF, ""):
+        events = events.withColumn("id", _held_while(hold)("id"))
+    if spark.conf.get(FAIL_EVERY_BATCH_CONF, "false").lower() == "true":
+        events = events.withColumn("id", F.raise_error(F.lit("demo: this version fails on every batch")).cast("long"))
     if spark.conf.get(SKIP_BAD_RECORDS_CONF, "false").lower() == "true":
         events = events.where(F.col("id") >= 0)
     else:
@@ -83,6 +144,8 @@ def build_query(spark, input_dir: str, checkpoint: str, output: str, trigger_ms:
             "id", F.when(F.col("id") < 0, F.raise_error(F.concat(F.lit("bad record: negative id "), F.col("id").cast("string"))))
             .otherwise(F.col("id")))
     unique = events.withWatermark("ts", "1 hour").dropDuplicatesWithinWatermark(["id"])
+    if version := spark.conf.get(VERSION_COLUMN_CONF, ""):
+        unique = unique.withColumn("version", F.lit(version))
     return (unique.writeStream.format("json").option("path", output).option("checkpointLocation", checkpoint)
             .queryName("demo-dedup").trigger(processingTime=f"{trigger_ms} milliseconds").start())
 
