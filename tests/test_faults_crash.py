@@ -36,7 +36,7 @@ from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_sa
 from airflow_savepoints.errors import SavepointInFlightError
 from tests.conftest import ROOT, settled_copy, write_json_inputs
 
-TRIALS = 16
+TRIALS = 20
 STALE_AFTER = 1.5  # seconds: the lease of a killed trigger may be broken after this
 CATALOG_LOCK_STALE = 30.0  # core.catalog.LOCK_STALE_AFTER: a kill inside a catalog update costs this much
 

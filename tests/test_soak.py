@@ -1,7 +1,7 @@
 """Soak: triggers, retention, restores, list and dispose in parallel loops with random kill -9,
 on a local disk and on the moto S3 server (issue 14).
 
-SAVEPOINT_SOAK_SECONDS sets the total time (default 120: half local, half S3; 600 for the closing
+SAVEPOINT_SOAK_SECONDS sets the total time (default 180: half local, half S3; 600 for the closing
 note). Timeouts of the leases are shortened so that a killed holder blocks the others seconds, not
 minutes (the staleness rules are the same)."""
 
@@ -35,7 +35,7 @@ from airflow_savepoints.storage import Store
 from tests.support.synthetic import offsets_bytes, write_checkpoint
 
 FORK = multiprocessing.get_context("fork")
-SOAK_SECONDS = float(os.environ.get("SAVEPOINT_SOAK_SECONDS", "120"))
+SOAK_SECONDS = float(os.environ.get("SAVEPOINT_SOAK_SECONDS", "180"))
 STALE = 6.0
 
 

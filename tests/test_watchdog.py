@@ -130,6 +130,11 @@ def test_a_planned_batch_uncommitted_past_progress_timeout_is_stalled(checkpoint
     assert reason and f"batch {newest} was planned" in reason and f"last committed batch {newest - 1}" in reason
 
 
+def newest(job: StreamingJob, log: str) -> int:
+    """The newest batch id in the checkpoint's ``offsets`` or ``commits`` log (-1: none)."""
+    return max((int(p.name) for p in (Path(job.checkpoint) / log).iterdir() if p.name.isdigit()), default=-1)
+
+
 @pytest.mark.slow
 def test_a_real_job_whose_batch_hangs_is_reported_stalled_within_its_progress_timeout(tmp_path):
     """The demo job under spark-submit, its next batch held (input waiting, nothing committed): the
@@ -147,17 +152,16 @@ def test_a_real_job_whose_batch_hangs_is_reported_stalled_within_its_progress_ti
         assert watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=logs).action == "healthy"
         hold.touch()
         sent.update(demo.write_events(inputs, 1))
-        offsets = Path(job.checkpoint) / "offsets"
         deadline = time.monotonic() + 60
-        while not (offsets / "1").exists():  # the next batch is planned: input is waiting
-            assert time.monotonic() < deadline, "batch 1 was never planned"
+        while (held := newest(job, "offsets")) <= newest(job, "commits"):  # planned past the commits: input waits
+            assert time.monotonic() < deadline, "no batch was planned for the new input"
             time.sleep(0.2)
-        planned_at = (offsets / "1").stat().st_mtime
+        planned_at = (Path(job.checkpoint) / "offsets" / str(held)).stat().st_mtime
         while (decision := watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=logs)).action == "healthy":
             assert time.time() - planned_at < 30, "never reported stalled"
             time.sleep(0.5)
         reported_after = time.time() - planned_at
-        assert decision.action == "stalled" and "batch 1 was planned" in decision.reason, decision
+        assert decision.action == "stalled" and f"batch {held} was planned" in decision.reason, decision
         assert 4 <= reported_after <= 4 + 5, reported_after  # within its progress_timeout (and one look)
         assert lifecycle.status(ctx).live and read_run(ctx.folder).run_id == started["run_id"]  # reported, not restarted
         hold.unlink()
