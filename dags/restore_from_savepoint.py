@@ -1,7 +1,9 @@
 """Start a streaming job from its latest savepoint (or a given one) in a fresh checkpoint location.
 
 Trigger manually with Params: ``job`` (a name in jobs.yaml), ``pointer`` (optional: a savepoint
-directory or its _metadata) and ``fresh_start`` (start with EMPTY state; only when asked for).
+directory or its _metadata), ``fresh_start`` (start with EMPTY state; only when asked for),
+``max_age`` (refuse an older savepoint) and ``skip_missing_input`` (start even if input files a
+file source will read again are gone; refused by default, naming them).
 ``restore_and_start`` ends once the job has committed its first batch; the job keeps running
 detached. ``wait_for_progress`` then waits in the triggerer (up to 10 minutes) for a batch after
 that first one, so it ends once new input has arrived and been committed; it fails at once if the
@@ -32,6 +34,8 @@ with DAG(
         "pointer": Param("", type="string", description="A savepoint to restore; empty for the latest"),
         "fresh_start": Param(False, type="boolean", description="Start with EMPTY state instead"),
         "max_age": Param("", type="string", description="Refuse an older savepoint (e.g. 7d); empty: no limit"),
+        "skip_missing_input": Param(False, type="boolean",
+                                    description="Start even if input files a file source will read again are gone"),
     },
 ) as dag:
     started = RestoreJobOperator(
@@ -40,6 +44,7 @@ with DAG(
         jobs_file=JOBS_FILE,
         pointer="{{ params.pointer }}",
         max_age="{{ params.max_age }}",
+        skip_missing_input="{{ params.skip_missing_input }}",
         fresh_start="{{ params.fresh_start }}",
     )
     # deferrable: the wait runs in the triggerer and fails fast if the job dies

@@ -115,6 +115,21 @@ def test_restore_names_input_files_gone_and_refuses_unless_told_to_skip(spark, t
     skipped = core.restore_savepoint(str(pointer), str(tmp_path / "api"), skip_missing_input=True)
     assert skipped.batch_id == 2 and (tmp_path / "api" / "offsets" / "3").exists()
 
+    # a job start restores through the same check: refused, nothing started; --skip-missing-input passes it
+    app_file = tmp_path / "exits.py"
+    app_file.write_text("import sys\nsys.exit(3)\n")  # a driver that ends before any batch
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - name: files\n    application: {app_file}\n    master: local[1]\n"
+                    f"    checkpoint: {tmp_path}/live\n    savepoint_dir: {tmp_path}/sp\n")
+    start = ("job", "start", "files", "--from", str(pointer), "--jobs-file", str(jobs), "--log-dir", str(tmp_path / "logs"))
+    code, body = cli(*start, "--to", str(tmp_path / "job-refused"))
+    assert code == 1 and body["error"]["code"] == "missing_input", body
+    assert not (tmp_path / "job-refused").exists() and not (tmp_path / "logs").exists()
+    code, body = cli(*start, "--to", str(tmp_path / "job-skipped"), "--skip-missing-input")
+    assert code == 1 and body["error"]["code"] == "job_failed" and "exited before committing" in body["error"]["message"]
+    assert (tmp_path / "job-skipped" / "offsets" / "3").exists()  # restored, then the driver ran (and ended)
+    assert tree_snapshot(pointer) == before
+
 
 def test_missing_input_lists_the_first_ten_and_a_count(tmp_path):
     """Synthetic: 14 planned-not-committed log entries whose files (file:///in/...) do not exist."""

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import airflow_savepoints.demo.app as demo
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints, resolve_pointer, take_savepoint
-from airflow_savepoints.errors import InvalidInputError
+from airflow_savepoints.errors import SavepointTooOldError
 from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
 from airflow_savepoints.jobs.launcher import read_run, spark_submit_command, stop_process
 from airflow_savepoints.jobs.lifecycle import JobContext
@@ -164,7 +164,7 @@ def test_a_start_refuses_a_savepoint_older_than_max_age_and_changes_nothing(chec
     saved = take_savepoint(str(checkpoint), JOB, savepoint_dir=job.savepoint_dir)
     time.sleep(1.1)
     before = sorted(p.name for p in (tmp_path / "savepoints" / JOB).iterdir())
-    with pytest.raises(InvalidInputError, match="older than max_age 1s"):
+    with pytest.raises(SavepointTooOldError, match="older than max_age 1s"):  # the restore's own check
         lifecycle.start(ctx, submit_command=submit(job), log_dir=tmp_path / "logs", pointer=saved.pointer, max_age="1s")
     assert sorted(p.name for p in (tmp_path / "savepoints" / JOB).iterdir()) == before  # no run, no lease
     assert not (tmp_path / "logs").exists() and not list(tmp_path.glob("live*"))  # nothing restored

@@ -120,6 +120,8 @@ class StartFrom:
     pointer: Annotated[str | None, typer.Option("--from", help="A savepoint to start from (default: the newest).")] = None
     fresh: Annotated[bool, typer.Option("--fresh", help="Start with EMPTY state in the job's (empty) checkpoint.")] = False
     max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None
+    skip_missing_input: Annotated[bool, typer.Option(
+        help="Start even if input files a file source will read again are gone.")] = False
     to: Annotated[str | None, typer.Option("--to", help="The new checkpoint location "
                                                         "(default <checkpoint>-<UTC time>).")] = None
 
@@ -147,6 +149,7 @@ def start(
         ctx = target.context(job)
         result = lifecycle.start(ctx, submit_command=_submit_command(ctx), log_dir=_log_dir(log_dir),
                                  pointer=origin.pointer, fresh=origin.fresh, max_age=origin.max_age,
+                                 skip_missing_input=origin.skip_missing_input,
                                  target_checkpoint=origin.to, wait_timeout=wait_timeout)
         return result, (f"[green]started[/] job {job}: run {result['run_id']} (pid {result['pid']} on {result['host']}), "
                         f"first batch {result['first_batch']}\n  checkpoint {result['checkpoint']}\n  log {result['log_file']}")

@@ -28,10 +28,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from airflow_savepoints.core import SavepointType, resolve_pointer, restore_savepoint, take_savepoint
+from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
 from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.pointer import latest_savepoint
-from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
 from airflow_savepoints.errors import (
     InvalidInputError,
@@ -308,14 +307,15 @@ SubmitCommand = Callable[[str, dict[str, str]], list[str]]
 
 
 def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, pointer: str | None = None,
-          fresh: bool = False, max_age: str | None = None, target_checkpoint: str | None = None,
-          wait_timeout: float = 300) -> dict[str, Any]:
+          fresh: bool = False, target_checkpoint: str | None = None, wait_timeout: float = 300,
+          **restore_checks: Any) -> dict[str, Any]:
     """Start the job: from ``pointer``, else its newest completed savepoint, or with empty state
     (``fresh``). Refuses while another run lives; takes over the lease of a lost run (after applying
     its checkpoint retention policy, which keeps and savepoints its last committed batch). Returns
-    once the run has committed its first batch; the run goes on detached."""
+    once the run has committed its first batch; the run goes on detached. ``restore_checks``
+    (``max_age``, ``skip_missing_input``) go to the restore: see :func:`restore_savepoint`."""
     return _launch(ctx, submit_command, log_dir, wait_timeout,
-                   lambda: _prepare_checkpoint(ctx, pointer, fresh, max_age, target_checkpoint))
+                   lambda: _prepare_checkpoint(ctx, pointer, fresh, target_checkpoint, restore_checks))
 
 
 def resume(ctx: JobContext, checkpoint: str, *, submit_command: SubmitCommand, log_dir: Path,
@@ -372,8 +372,8 @@ def _hostname() -> str:
     return socket.gethostname()
 
 
-def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, max_age: str | None,
-                        target: str | None) -> tuple[str, dict[str, str], dict[str, Any] | None]:
+def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, target: str | None,
+                        restore_checks: dict[str, Any]) -> tuple[str, dict[str, str], dict[str, Any] | None]:
     """The new run's checkpoint: the job's (empty) one for a fresh start, else a restored savepoint."""
     job, root = ctx.job, ctx.root
     if fresh:
@@ -391,17 +391,10 @@ def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, max_a
             raise NoSavepointError(f"job '{job.name}' has no completed savepoint in {root.url}",
                                    "pass a pointer, or fresh_start=True (--fresh) to start it with empty state")
         pointer = latest.pointer
-    if max_age is not None:
-        _, manifest = resolve_pointer(pointer, root.storage_options)
-        if manifest.age_seconds() > parse_duration(max_age):
-            raise InvalidInputError(
-                f"savepoint {pointer} is {manifest.age_seconds() / 3600:.1f} h old, older than max_age {max_age}",
-                "take a fresh savepoint, raise max_age, or pass the pointer you mean",
-            )
     checkpoint = target or f"{job.checkpoint.rstrip('/')}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     sink = job.sink.path if job.sink and job.sink.kind == "file" else None
     result = restore_savepoint(pointer, checkpoint, sink_path=sink, storage_options=root.storage_options,
-                               target_storage_options=ctx.checkpoint_options)
+                               target_storage_options=ctx.checkpoint_options, **restore_checks)
     ctx.log(f"restored {pointer} (batch {result.batch_id}) into {checkpoint}")
     return checkpoint, result.spark_conf_to_set, result.model_dump(mode="json")
 

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 BASE_TEMPLATE_FIELDS = ("savepoints_conn_id", "savepoint_dir")
 
 
+def rendered_flag(value: Any) -> bool:
+    """A boolean given as such or rendered from a template or a Param ("True", "false", "1")."""
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
 def savepoints_template_fields(*fields: str) -> tuple[str, ...]:
     """``fields`` followed by the base's templated fields (``savepoints_conn_id``, ``savepoint_dir``), each once."""
     return tuple(dict.fromkeys((*fields, *BASE_TEMPLATE_FIELDS)))

@@ -19,7 +19,7 @@ from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
 from airflow_savepoints.jobs.lifecycle import JobContext, NoSavepointError
-from airflow_savepoints.operators.base import SavepointsBaseOperator, savepoints_template_fields
+from airflow_savepoints.operators.base import SavepointsBaseOperator, rendered_flag, savepoints_template_fields
 from airflow_savepoints.operators.savepoint import (
     RemovesPartialSavepoint,
     checkpoint_options,
@@ -88,19 +88,23 @@ class RestoreJobOperator(_JobOperator):
     :param pointer: a savepoint to restore (templated); default: the job's newest completed savepoint
     :param fresh_start: start with empty state in the job's checkpoint location (must be empty)
     :param max_age: refuse a savepoint older than this (``12h``, ``7d``; templated)
+    :param skip_missing_input: start even if input files a file source will read again are gone
+        (templated; by default such a restore is refused, naming them)
     :param target_checkpoint: where to restore (templated); default ``<checkpoint>-<UTC time>``
     :param wait_timeout: seconds to wait for the first committed batch
     """
 
     template_fields: Sequence[str] = savepoints_template_fields("job", "pointer", "fresh_start", "max_age",
-                                                                "target_checkpoint")
+                                                                "skip_missing_input", "target_checkpoint")
 
     def __init__(self, *, pointer: str | None = None, fresh_start: bool | str = False, max_age: str | None = None,
-                 target_checkpoint: str | None = None, wait_timeout: float = 300, **kwargs: Any) -> None:
+                 skip_missing_input: bool | str = False, target_checkpoint: str | None = None,
+                 wait_timeout: float = 300, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pointer = pointer
         self.fresh_start = fresh_start
         self.max_age = max_age
+        self.skip_missing_input = skip_missing_input
         self.target_checkpoint = target_checkpoint
         self.wait_timeout = wait_timeout
 
@@ -109,8 +113,9 @@ class RestoreJobOperator(_JobOperator):
         return lifecycle.start(
             ctx, submit_command=SparkStreamingJobHook(ctx.job).submit_command, log_dir=self.log_dir(),
             pointer=self.pointer or None, max_age=self.max_age or None,  # "" from a Param: not given
-            fresh=str(self.fresh_start).strip().lower() in ("true", "1", "yes"),
+            fresh=rendered_flag(self.fresh_start), skip_missing_input=rendered_flag(self.skip_missing_input),
             target_checkpoint=self.target_checkpoint or None, wait_timeout=self.wait_timeout)
+
 
 
 class StopJobWithSavepointOperator(_JobOperator, RemovesPartialSavepoint):

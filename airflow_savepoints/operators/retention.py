@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_savepoints.core.retention import RetentionPolicy, retain
 from airflow_savepoints.errors import RetentionFailedError
-from airflow_savepoints.operators.base import SavepointsBaseOperator, savepoints_template_fields
+from airflow_savepoints.operators.base import SavepointsBaseOperator, rendered_flag, savepoints_template_fields
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -44,7 +44,7 @@ class ApplyRetentionOperator(SavepointsBaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         policy = RetentionPolicy.resolve(self.max_periodic, self.max_age, self.orphan_timeout)
         root = self.savepoint_store()
-        dry_run = str(self.dry_run).strip().lower() in ("true", "1", "yes")
+        dry_run = rendered_flag(self.dry_run)
         report = retain(root, self.job, policy, dry_run=dry_run)
         for decision in report.plan.decisions:
             self.log.info("%-8s %s (%s, batch %s): %s", decision.action.value, decision.savepoint_id,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs.upgrade import UpgradeRequest, new_version, upgrade
-from airflow_savepoints.operators.base import savepoints_template_fields
+from airflow_savepoints.operators.base import rendered_flag, savepoints_template_fields
 from airflow_savepoints.operators.job import _JobOperator
 
 if TYPE_CHECKING:
@@ -35,10 +35,6 @@ def _parsed(value: Any, kind: type, what: str) -> Any:
         raise InvalidInputError(f"{what} must be a {kind.__name__}, not {type(value).__name__}",
                                 f"give a JSON {kind.__name__}")
     return value or None
-
-
-def _flag(value: Any) -> bool:
-    return str(value).strip().lower() in ("true", "1", "yes")
 
 
 class UpgradeJobOperator(_JobOperator):
@@ -80,7 +76,7 @@ class UpgradeJobOperator(_JobOperator):
                               _parsed(self.application_args, list, "application_args"),
                               _parsed(self.spark_conf, dict, "spark_conf"))
         request = UpgradeRequest(version=version, mode=self.mode or None, health_timeout=float(self.health_timeout),
-                                 fallback_to_savepoint=_flag(self.fallback_to_savepoint),
-                                 allow_stateless=_flag(self.allow_stateless), rollback=self.rollback, grace=self.grace)
+                                 fallback_to_savepoint=rendered_flag(self.fallback_to_savepoint),
+                                 allow_stateless=rendered_flag(self.allow_stateless), rollback=self.rollback, grace=self.grace)
         return upgrade(ctx, request, submit_for=lambda job: SparkStreamingJobHook(job).submit_command,
                        log_dir=self.log_dir())
