@@ -1,6 +1,8 @@
 """Exclusive create between processes, on every store with an atomic one: 10 processes, each with its
-own client, race for one job's lease; exactly one wins and the lease holds its bytes (local disk,
-moto's S3 server, fake-gcs-server, Azurite; a process spawns in seconds, hence slow)."""
+own client, race for one job's lease; exactly one wins and the lease holds its bytes. The same 10
+then each record a savepoint in the job's catalog at once (read-modify-write under the catalog
+lock): all 10 records are there, none lost (local disk, moto's S3 server, fake-gcs-server,
+Azurite; a process spawns in seconds, hence slow)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import multiprocessing
 
 import pytest
 
+from airflow_savepoints.core.catalog import Catalog, SavepointState
+from airflow_savepoints.core.models import SavepointType
+from airflow_savepoints.core.names import CATALOG_LOCK
 from airflow_savepoints.storage import Store
 from tests.unit.storage.test_backends import AZURE, EMULATED, GCS, S3
 
@@ -21,17 +26,24 @@ def folder(request, tmp_path) -> str:
     return url.format(request.getfixturevalue(bucket))
 
 
+def savepoint_of(racer: int) -> str:
+    return f"savepoint-racer{racer % 10}-{racer:012x}"
+
+
 def _race_for_lease(url: str, racer: int, barrier, wins) -> None:
-    """One racing process: create the lease once all racers are ready."""
+    """One racing process: create the lease once all racers are ready, then (all at once again)
+    record its own savepoint in the catalog."""
     store = Store(url)
     barrier.wait(timeout=120)
     if store.create_exclusive("_lease.json", f'{{"owner": "racer {racer}"}}'.encode()):
         wins.put(racer)
+    barrier.wait(timeout=120)
+    Catalog(store, "job").begin(savepoint_of(racer), SavepointType.MANUAL, f"racer {racer}", None)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", ["local", S3, GCS, AZURE], indirect=True)
-def test_ten_processes_racing_for_a_lease_have_exactly_one_winner(folder):
+def test_ten_processes_racing_for_a_lease_have_one_winner_and_lose_no_catalog_update(folder):
     context = multiprocessing.get_context("spawn")  # each racer its own client and connections
     barrier, wins = context.Barrier(10), context.Queue()
     racers = [context.Process(target=_race_for_lease, args=(folder, i, barrier, wins)) for i in range(10)]
@@ -43,3 +55,6 @@ def test_ten_processes_racing_for_a_lease_have_exactly_one_winner(folder):
     winners = [wins.get(timeout=10) for _ in range(wins.qsize())] if wins.qsize() else []
     assert len(winners) == 1, winners
     assert Store(folder).read_bytes("_lease.json") == f'{{"owner": "racer {winners[0]}"}}'.encode()
+    records = Catalog(Store(folder), "job").records()
+    assert sorted(r.savepoint_id for r in records) == sorted(savepoint_of(i) for i in range(10))  # none lost
+    assert {r.state for r in records} == {SavepointState.IN_PROGRESS} and not Store(folder).exists(CATALOG_LOCK)
