@@ -136,11 +136,15 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
         old = [r["id"] for r in rows if "version" not in r]
         new = [r["id"] for r in rows if r.get("version") == "v2"]
         assert old and new and len(old) + len(new) == len(rows) and max(old) < min(new)
-        first_v2 = tmp_path / "output" / "_spark_metadata" / str(last_stop.batch_id + 1)
-        if first_v2.exists():  # not folded into a .compact file: the stop batch + 1 wrote the first v2 rows
-            written = [json.loads(line)["path"].removeprefix("file://").removeprefix("file:")
-                       for line in first_v2.read_text().splitlines()[1:]]
-            assert written and all('"version":"v2"' in Path(p).read_text() for p in written)
+        by_batch = {}  # batch -> whether its rows carry the column, for the sink log's entries not yet compacted
+        for entry in (tmp_path / "output" / "_spark_metadata").iterdir():
+            paths = [json.loads(line)["path"].removeprefix("file://").removeprefix("file:")
+                     for line in entry.read_text().splitlines()[1:]] if entry.name.isdigit() else []
+            rows = [json.loads(x) for p in paths for x in Path(p).read_text().splitlines() if x]
+            if rows:  # a no-data batch (watermark) writes no file
+                by_batch[int(entry.name)] = {"version" in r for r in rows}
+        assert any(b > last_stop.batch_id for b in by_batch), by_batch
+        assert all(flags == {b > last_stop.batch_id} for b, flags in by_batch.items()), (last_stop.batch_id, by_batch)
     finally:
         last = read_run(job_folder)
         if last is not None:
