@@ -173,12 +173,7 @@ class LiveQuery:
 
 def committed_ids_through(output: Path, batch_id: int) -> list[int]:
     """Event ids the file sink committed in batches 0..batch_id (its log is never compacted here)."""
-    ids: list[int] = []
-    for batch in range(batch_id + 1):
-        for line in (output / "_spark_metadata" / str(batch)).read_text().splitlines()[1:]:
-            path = Path(json.loads(line)["path"].removeprefix("file://").removeprefix("file:"))
-            ids += [json.loads(x)["id"] for x in path.read_text().splitlines() if x]
-    return ids
+    return [row["id"] for batch in range(batch_id + 1) for row in demo.sink_log_rows(output, str(batch))]
 
 
 def _runs_to_the_exact_count(tmp_path: Path, live: LiveQuery, restored: Path, batch_id: int) -> dict:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from airflow_savepoints.cli.options import option_group, with_option_groups
+from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption, option_group, with_option_groups
 from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
@@ -119,9 +119,8 @@ class StartFrom:
 
     pointer: Annotated[str | None, typer.Option("--from", help="A savepoint to start from (default: the newest).")] = None
     fresh: Annotated[bool, typer.Option("--fresh", help="Start with EMPTY state in the job's (empty) checkpoint.")] = False
-    max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None
-    skip_missing_input: Annotated[bool, typer.Option(
-        help="Start even if input files a file source will read again are gone.")] = False
+    max_age: MaxAgeOption = None
+    skip_missing_input: SkipMissingInputOption = False
     to: Annotated[str | None, typer.Option("--to", help="The new checkpoint location "
                                                         "(default <checkpoint>-<UTC time>).")] = None
 

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - older typer on click
 
 from airflow_savepoints import __version__, core
 from airflow_savepoints.cli.job import app as job_commands
-from airflow_savepoints.cli.options import option_group, with_option_groups
+from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption, option_group, with_option_groups
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.names import CATALOG_FILE
@@ -286,9 +286,8 @@ class RestoreChecks:
 
     sink_path: Annotated[str | None, typer.Option(
         help="The job's file sink output path: refuse if it is past the savepoint.")] = None
-    max_age: Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")] = None
-    skip_missing_input: Annotated[bool, typer.Option(
-        help="Restore even if input files a file source will read again are gone.")] = False
+    max_age: MaxAgeOption = None
+    skip_missing_input: SkipMissingInputOption = False
 
 
 @app.command()

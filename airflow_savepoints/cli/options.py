@@ -12,10 +12,17 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar, get_type_hints
+from typing import Annotated, Any, TypeVar, get_type_hints
+
+import typer
 
 T = TypeVar("T")
 _GROUP_MARK = "__cli_option_group__"
+
+# options that more than one command (or group) takes, declared once
+MaxAgeOption = Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")]
+SkipMissingInputOption = Annotated[bool, typer.Option(
+    help="Restore even if input files a file source will read again are gone.")]
 
 
 def option_group(cls: type[T]) -> type[T]:
@@ -37,10 +44,10 @@ def with_option_groups(fn: Callable[..., Any]) -> Callable[..., Any]:
     visible: list[inspect.Parameter] = []
     groups: dict[str, type] = {}
     for param in inspect.signature(fn).parameters.values():
-        kind = hints.get(param.name)
-        if getattr(kind, _GROUP_MARK, False):
-            groups[param.name] = kind
-            visible += _group_fields(kind)
+        annotation = hints.get(param.name)
+        if getattr(annotation, _GROUP_MARK, False):
+            groups[param.name] = annotation
+            visible += _group_fields(annotation)
         else:
             visible.append(param.replace(annotation=hints.get(param.name, param.annotation),
                                          kind=inspect.Parameter.KEYWORD_ONLY if param.default is not param.empty

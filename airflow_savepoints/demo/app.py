@@ -92,9 +92,16 @@ def committed_rows(output: Path) -> list[dict]:
     compact = max((int(n.split(".")[0]) for n in names if n.endswith(".compact")), default=-1)
     entries = ([f"{compact}.compact"] if compact >= 0 else []) + [n for n in names if n.isdigit() and int(n) > compact]
     for name in entries:  # the newest compact file holds every earlier entry
-        for line in (log / name).read_text().splitlines()[1:]:
-            path = Path(json.loads(line)["path"].removeprefix("file://").removeprefix("file:"))
-            rows += [json.loads(x) for x in path.read_text().splitlines() if x]
+        rows += sink_log_rows(output, name)
+    return rows
+
+
+def sink_log_rows(output: Path, entry: str) -> list[dict]:
+    """The records in the files that one entry of the file sink's log (``_spark_metadata/<entry>``) lists."""
+    rows: list[dict] = []
+    for line in (Path(output) / "_spark_metadata" / entry).read_text().splitlines()[1:]:
+        path = Path(json.loads(line)["path"].removeprefix("file://").removeprefix("file:"))
+        rows += [json.loads(x) for x in path.read_text().splitlines() if x]
     return rows
 
 

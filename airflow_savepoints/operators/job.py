@@ -117,7 +117,6 @@ class RestoreJobOperator(_JobOperator):
             target_checkpoint=self.target_checkpoint or None, wait_timeout=self.wait_timeout)
 
 
-
 class StopJobWithSavepointOperator(_JobOperator, RemovesPartialSavepoint):
     """Stop a running job, then take a ``stop`` savepoint of its last committed batch.
 
