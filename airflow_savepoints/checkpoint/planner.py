@@ -73,10 +73,37 @@ class CheckpointPlan:
     source_offsets: dict[str, Any]
     spark_conf: dict[str, str] = field(default_factory=dict)
     operators: list[str] = field(default_factory=list)
+    snapshots: dict[str, dict[str, int]] = field(default_factory=dict)  # RocksDB zip -> the files it lists
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+
+# A snapshot zip's listed version token and the files it lists (store-relative path -> size, -1 unknown)
+KnownSnapshot = tuple[str, dict[str, int]]
+
+
+class _PlanInputs:
+    """Reads the files whose content decides the plan. A RocksDB snapshot zip whose listed version
+    is one the caller already knows the content of (a previous savepoint's manifest) is not read
+    again; every zip's file list is kept for the new manifest."""
+
+    def __init__(self, read: Reader, listing: Mapping[str, FileStat], known: Mapping[str, KnownSnapshot]):
+        self.read, self.listing, self.known = read, listing, known
+        self.snapshots: dict[str, dict[str, int]] = {}
+
+    def __call__(self, path: str) -> bytes:
+        return self.read(path)
+
+    def snapshot(self, zip_path: str) -> dict[str, int]:
+        known = self.known.get(zip_path)
+        if known is not None and known[0] == self.listing[zip_path].version:
+            files = dict(known[1])
+        else:
+            files = formats.parse_rocksdb_zip(self.read(zip_path), zip_path).files
+        self.snapshots[zip_path] = files  # one key per thread: safe without a lock
+        return files
 
 
 class _VisibleFiles(Mapping[str, FileStat]):
@@ -127,12 +154,15 @@ def _collector(listing: Mapping[str, FileStat], into: dict[str, PlannedFile], pu
 
 
 def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str = "the checkpoint",
-                    parallelism: int = 1) -> CheckpointPlan:
+                    parallelism: int = 1, known_snapshots: Mapping[str, KnownSnapshot] | None = None) -> CheckpointPlan:
     """Plan the savepoint of the newest committed batch of the checkpoint described by ``listing``.
 
     The state stores are planned ``parallelism`` at a time: on an object store, reading the RocksDB
-    snapshot zips (one request each) dominates planning, and each store's zips are independent."""
+    snapshot zips (one request each) dominates planning, and each store's zips are independent.
+    ``known_snapshots``: zips whose content is known for a version token; one still listed with that
+    token is not read."""
     listing = _VisibleFiles(listing)
+    read = _PlanInputs(read, listing, known_snapshots or {})
     offsets, commits = _int_names(listing, "offsets"), _int_names(listing, "commits")
     n = _newest_committed(listing, offsets, commits, where)
     planned: dict[str, PlannedFile] = {}
@@ -173,6 +203,7 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
         state_store_provider=offset_n.conf.get("spark.sql.streaming.stateStore.providerClass"),
         changelog_checkpointing=any(p.endswith(".changelog") for p in planned) if operators else None,
         source_offsets=offset_n.sources, spark_conf=offset_n.conf, operators=operators,
+        snapshots={p: read.snapshots[p] for p in sorted(read.snapshots) if p in planned},
     )
 
 
@@ -407,8 +438,7 @@ def _plan_hdfs(store, files: dict[int, dict[str, list[str]]], version: int, add,
 
 def _add_rocksdb_snapshot(listing, read, store, zip_path, add) -> None:
     add(zip_path, GROUP_STATE)
-    snapshot = formats.parse_rocksdb_zip(read(zip_path), zip_path)
-    for rel, size in snapshot.files.items():
+    for rel, size in read.snapshot(zip_path).items():
         add(f"{store}/{rel}", GROUP_STATE, expected_size=size if size >= 0 else None)
 
 

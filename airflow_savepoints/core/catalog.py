@@ -137,12 +137,51 @@ def _confirmed_manifest(location: Store) -> SavepointManifest:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+Change = Callable[[CatalogDocument], Any]  # an edit of the catalog, applied under its lease
+
+
+class PinHold:
+    """A pin held in the catalog, extended every ``PIN_TTL / 4`` seconds by a heartbeat until released."""
+
+    def __init__(self, catalog: Catalog, savepoint_id: str, pin_id: str, ttl: timedelta):
+        self.catalog, self.savepoint_id, self.pin_id, self.ttl = catalog, savepoint_id, pin_id, ttl
+        self.released = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"pin-{savepoint_id}", daemon=True)
+        self._thread.start()
+
+    def _extend(self, document: CatalogDocument) -> None:
+        pin = document.pins.get(self.pin_id)
+        if pin is not None:
+            document.pins[self.pin_id] = pin.model_copy(update={"expires_at": datetime.now(UTC) + self.ttl})
+
+    def _beat(self) -> None:
+        while not self._stop.wait(PIN_TTL / 4):
+            try:
+                self.catalog.update(self._extend)
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                log.warning("could not extend the pin on %s (%s)", self.savepoint_id, exc)
+
+    def release(self, also: Change | None = None) -> None:
+        """Remove the pin, writing ``also`` in the same update (once released: ``also`` alone)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        if self.released:
+            if also is not None:
+                self.catalog.update(also)
+            return
+        self.catalog.unpin(self.pin_id, also)
+        self.released = True
+
+
 class Catalog:
     """The catalog of one job folder ``<dir>/<job>``."""
 
     def __init__(self, job_store: Store, job: str | None = None):
         self.store = job_store
         self.job = job or job_store.name
+        self._last_read: tuple[CatalogDocument | None] | None = None  # (the catalog as last read,) once read
 
     # --- reading ------------------------------------------------------------------------------------
     def load(self) -> CatalogDocument:
@@ -151,6 +190,11 @@ class Catalog:
         return self._with_pointers(self._read() or self._crawl())
 
     def _read(self) -> CatalogDocument | None:
+        document = self._parse()
+        self._last_read = (document.model_copy(deep=True) if document is not None else None,)
+        return document
+
+    def _parse(self) -> CatalogDocument | None:
         try:
             raw = self.store.read_bytes(CATALOG_FILE)
         except FileNotFoundError:
@@ -262,14 +306,24 @@ class Catalog:
         return document
 
     def begin(self, savepoint_id: str, savepoint_type: SavepointType, reason: str | None, request_id: str | None) -> None:
+        self.update(self.record_begun(savepoint_id, savepoint_type, reason, request_id))
+
+    def record_begun(self, savepoint_id: str, savepoint_type: SavepointType, reason: str | None,
+                     request_id: str | None) -> Change:
+        """The change that records ``savepoint_id`` as in progress (``begin`` applies it alone)."""
         now = datetime.now(UTC)
         record = SavepointRecord(savepoint_id=savepoint_id, job=self.job, type=savepoint_type,
                                  state=SavepointState.IN_PROGRESS, reason=reason, request_id=request_id,
                                  created_at=now, updated_at=now)
-        self.update(lambda d: d.records.__setitem__(savepoint_id, record))
+        return lambda d: d.records.__setitem__(savepoint_id, record)
 
     def complete(self, manifest: SavepointManifest) -> None:
-        self.update(lambda d: d.records.__setitem__(manifest.savepoint_id, SavepointRecord.from_manifest(manifest)))
+        self.update(self.record_completed(manifest))
+
+    @staticmethod
+    def record_completed(manifest: SavepointManifest) -> Change:
+        """The change that records the savepoint of ``manifest`` as completed (``complete`` applies it alone)."""
+        return lambda d: d.records.__setitem__(manifest.savepoint_id, SavepointRecord.from_manifest(manifest))
 
     def forget(self, savepoint_id: str) -> None:
         self.update(lambda d: d.records.pop(savepoint_id, None))
@@ -283,10 +337,12 @@ class Catalog:
 
         self.update(fail)
 
-    def reconcile(self, in_flight: str | None) -> list[str]:
+    def reconcile(self, in_flight: str | None, *, as_last_read: bool = False) -> list[str]:
         """Settle in-progress records other than ``in_flight``: completed if their ``_metadata``
-        exists, failed if the location remains without one, dropped if it is gone."""
-        document = self._read()
+        exists, failed if the location remains without one, dropped if it is gone. ``as_last_read``:
+        find them in the catalog as this object last read it, if it has (no request); the update
+        itself re-reads it under the lease and skips a record no longer in progress."""
+        document = self._last_read[0] if as_last_read and self._last_read is not None else self._read()
         stale = [sid for sid, r in (document.records.items() if document else ())
                  if r.state == SavepointState.IN_PROGRESS and sid != in_flight]
         if not stale:
@@ -318,10 +374,11 @@ class Catalog:
 
     # --- pins and disposal --------------------------------------------------------------------------
     def pin(self, savepoint_id: str, ttl: timedelta = timedelta(hours=6), purpose: str = "restore",
-            manifest: SavepointManifest | None = None) -> str:
+            manifest: SavepointManifest | None = None, also: Change | None = None) -> str:
         """Hold a completed savepoint against retention and dispose; returns the pin id.
 
-        ``manifest`` is its ``_metadata`` if the caller has just read it (else it is read here)."""
+        ``manifest`` is its ``_metadata`` if the caller has just read it (else it is read here);
+        ``also``: another change written in the same update."""
         if manifest is None:
             manifest = read_manifest(self.store.child(savepoint_id))  # _metadata first: the source of truth
         now = datetime.now(UTC)
@@ -340,54 +397,46 @@ class Catalog:
                 document.records[savepoint_id] = SavepointRecord.from_manifest(manifest)
             document.pins = {k: p for k, p in document.pins.items() if p.active(now)}
             document.pins[pin.pin_id] = pin
+            if also is not None:
+                also(document)
 
         self.update(add)
         return pin.pin_id
 
-    def unpin(self, pin_id: str) -> None:
-        self.update(lambda d: d.pins.pop(pin_id, None))
+    def unpin(self, pin_id: str, also: Change | None = None) -> None:
+        def remove(document: CatalogDocument) -> None:
+            document.pins.pop(pin_id, None)
+            if also is not None:
+                also(document)
+
+        self.update(remove)
 
     @contextlib.contextmanager
-    def held(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None) -> Iterator[str]:
+    def held(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None,
+             also: Change | None = None) -> Iterator[PinHold]:
         """Pin ``savepoint_id`` for the block with a short pin (``PIN_TTL``) renewed by a heartbeat:
-        the pin of a process that dies lapses after ``PIN_TTL`` seconds, not hours."""
+        the pin of a process that dies lapses after ``PIN_TTL`` seconds, not hours. ``also`` is written
+        with the pin; the block may release the pin early together with another change."""
         ttl = timedelta(seconds=PIN_TTL)
-        pin_id = self.pin(savepoint_id, ttl=ttl, purpose=purpose, manifest=manifest)
-        stop = threading.Event()
-
-        def extend(document: CatalogDocument) -> None:
-            pin = document.pins.get(pin_id)
-            if pin is not None:
-                document.pins[pin_id] = pin.model_copy(update={"expires_at": datetime.now(UTC) + ttl})
-
-        def beat() -> None:
-            while not stop.wait(PIN_TTL / 4):
-                try:
-                    self.update(extend)
-                except Exception as exc:  # noqa: BLE001 - the next beat tries again
-                    log.warning("could not extend the pin on %s (%s)", savepoint_id, exc)
-
-        thread = threading.Thread(target=beat, name=f"pin-{savepoint_id}", daemon=True)
-        thread.start()
+        hold = PinHold(self, savepoint_id, self.pin(savepoint_id, ttl=ttl, purpose=purpose, manifest=manifest,
+                                                    also=also), ttl)
         try:
-            yield pin_id
+            yield hold
         finally:
-            stop.set()
-            thread.join(timeout=10)
             try:
-                self.unpin(pin_id)
+                hold.release()
             except Exception as exc:  # noqa: BLE001 - the pin lapses by itself
                 log.warning("could not release the pin on %s (%s); it lapses after %.0fs", savepoint_id, exc, PIN_TTL)
 
     @contextlib.contextmanager
     def pinned(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None, *,
-               unless: tuple[type[Exception], ...] = ()) -> Iterator[bool]:
-        """The one pin context of savepoint and restore: ``held`` for the block, yielding True. A pin
-        that fails with one of the ``unless`` errors is logged and the block runs unpinned (False)."""
+               unless: tuple[type[Exception], ...] = (), also: Change | None = None) -> Iterator[PinHold | bool]:
+        """The one pin context of savepoint and restore: ``held`` for the block, yielding its
+        :class:`PinHold`. A pin that fails with one of the ``unless`` errors is logged and the block
+        runs unpinned (False; ``also`` is then not written either)."""
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(self.held(savepoint_id, purpose, manifest))
-                holding = True
+                holding: PinHold | bool = stack.enter_context(self.held(savepoint_id, purpose, manifest, also))
             except unless as exc:
                 log.warning("could not pin %s for the %s (%s): going on without the pin",
                             self.store.child(savepoint_id).url, purpose, getattr(exc, "message", exc))

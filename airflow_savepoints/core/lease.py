@@ -140,23 +140,29 @@ class Lease:
         self._thread: threading.Thread | None = None
         self.lost = False  # set by the heartbeat when a renewal finds the lease taken over
 
+    @property
+    def written(self) -> bool:
+        """Whether this object has taken the lease (and not released it)."""
+        return self._written_at is not None
+
     # --- reading ------------------------------------------------------------------------------------
     def read(self) -> LeaseState | None:
         """The lease as it is now; None if there is none."""
         return self._state_of(self.name, self.stale_after)
 
     def held(self) -> bool:
-        """Whether the lease file carries our token."""
-        state = self.read()
-        return state is not None and state.token == self.token
+        """Whether the lease file carries our token (one read; its age does not matter to its holder)."""
+        try:
+            data = self.store.read_bytes(self.name)
+        except FileNotFoundError:
+            return False
+        return _parse(data)[0] == self.token
 
     def _raw(self, name: str) -> tuple[bytes, float | None] | None:
         try:
-            data = self.store.read_bytes(name)
-            modified = self.store.stat(name).modified
+            return self.store.read_stamped(name)  # one request on S3
         except FileNotFoundError:
             return None
-        return data, modified
 
     def _state_of(self, name: str, stale_after: float) -> LeaseState | None:
         raw = self._raw(name)
@@ -390,8 +396,19 @@ class JobLock:
         self.lease.start_heartbeat()
         return None
 
+    @property
+    def savepoint_id(self) -> str | None:
+        return self.lease.facts.get("savepoint_id")
+
     def set_savepoint(self, savepoint_id: str) -> None:
-        self.lease.renew(savepoint_id=savepoint_id)
+        """Name the location being written: in the lease as it is taken (no request of its own), or by
+        a renewal once it is held."""
+        if self.lease.facts.get("savepoint_id") == savepoint_id:
+            return
+        if self.lease.written:
+            self.lease.renew(savepoint_id=savepoint_id)
+        else:
+            self.lease.facts["savepoint_id"] = savepoint_id
 
     def still_held(self) -> bool:
         return not self.lease.lost and self.lease.held()

@@ -112,6 +112,9 @@ class SavepointManifest(BaseModel):
     total_bytes: int = Field(ge=0)
     attempts: int = 1
     secondary: str | None = None  # a secondary copy written in the same pass (restore prefers it when intact)
+    # RocksDB snapshot zips -> the files each lists (path relative to its store folder, size or -1): the next
+    # incremental savepoint plans from these instead of reading an unchanged zip again
+    snapshot_files: dict[str, dict[str, int]] = Field(default_factory=dict)
 
     @field_validator("job")
     @classmethod

@@ -23,8 +23,8 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_a
 
 from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
-from airflow_savepoints.checkpoint.planner import CheckpointPlan, plan_checkpoint
-from airflow_savepoints.core.catalog import Catalog
+from airflow_savepoints.checkpoint.planner import CheckpointPlan, KnownSnapshot, plan_checkpoint
+from airflow_savepoints.core.catalog import Catalog, CatalogDocument, Change, PinHold
 from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, copy_many, workers_for
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.core.lease import InflightHolder, JobLock
@@ -141,6 +141,11 @@ class PreviousSavepoint:
         self.location, self.manifest = location, manifest
         self.entries = {e.path: e for e in manifest.files if e.source_version}
 
+    def snapshots(self) -> dict[str, KnownSnapshot]:
+        """The snapshot zips it holds, with the version they were copied at and the files they list."""
+        return {path: (self.entries[path].source_version, files)
+                for path, files in self.manifest.snapshot_files.items() if path in self.entries}
+
     def known(self, plan: CheckpointPlan) -> dict[str, KnownChecksum]:
         """Planned files the previous savepoint holds unchanged: same size, same version token."""
         if plan.query_id != self.manifest.query_id:
@@ -154,17 +159,20 @@ class PreviousSavepoint:
         return found
 
 
-def plan_listed(source: Store, parallelism: int = 1) -> Listed:
+def plan_listed(source: Store, parallelism: int = 1, previous: PreviousSavepoint | None = None) -> Listed:
     """The plan and the one listing it was made from (on a local disk, only planned files are stat'ed).
     On an object store the snapshot zips are read ``parallelism`` at a time (one request each); on a
-    local disk planning is Python work on cached pages, which threads only slow down: one at a time."""
+    local disk planning is Python work on cached pages, which threads only slow down: one at a time.
+    A zip ``previous`` holds unchanged is planned from its manifest, not read."""
     listing = source.list_files_lazily()
     if not listing and not source.exists():
         raise CheckpointNotFoundError(
             f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
         )
     workers = 1 if source.is_local else workers_for((source,), parallelism, parallelism)
-    return plan_checkpoint(listing, source.read_bytes, where=source.url, parallelism=workers), listing
+    known = previous.snapshots() if previous is not None else None
+    return plan_checkpoint(listing, source.read_bytes, where=source.url, parallelism=workers,
+                           known_snapshots=known), listing
 
 
 class SavepointRun:
@@ -187,6 +195,9 @@ class SavepointRun:
         self.location: Store | None = None
         self.attempt = 0
         self._first_plan: Listed | None = None
+        self._latest: SavepointInfo | None = None  # the previous savepoint found before planning
+        self._pin: PinHold | bool | None = None  # the pin on it while the attempts run
+        self._recorded = False  # our location's in-progress record is in the catalog
 
     # --- before the lease -----------------------------------------------------------------------------
     def already_taken(self) -> SavepointInfo | None:
@@ -197,7 +208,11 @@ class SavepointRun:
 
     def plan_first(self) -> None:
         """Plan before anything is written (bad input fails here); the first attempt uses this plan."""
-        self._first_plan = plan_listed(self.source, self.request.parallelism)
+        self._latest = self._latest_of_checkpoint()
+        lender = None if self._latest is None else \
+            PreviousSavepoint(self.job_folder.child(self._latest.manifest.savepoint_id), self._latest.manifest)
+        self._first_plan = plan_listed(self.source, self.request.parallelism, lender)
+        self.lease.set_savepoint(new_savepoint_id(self._first_plan[0].query_id))  # named as the lease is taken
 
     def wait_for_lease(self) -> SavepointInfo | None:
         """Take the job's lease (None), or return the result of the same request finishing elsewhere."""
@@ -228,30 +243,56 @@ class SavepointRun:
     # --- under the lease ------------------------------------------------------------------------------
     def take(self) -> SavepointInfo:
         """Holding the lease: settle stale records, then attempt until a consistent copy is made."""
-        self.catalog.reconcile(in_flight=None)  # we hold the lease: other in-progress records are stale
+        # we hold the lease: other in-progress records are stale (those of the catalog read before it)
+        self.catalog.reconcile(in_flight=None, as_last_read=True)
         done = self.already_taken()  # it may have completed between our first look and taking the lease
         if done is not None:
             return done
         with self._pinned_previous() as self.previous:
             return self._attempts()
 
+    def _latest_of_checkpoint(self) -> SavepointInfo | None:
+        """The job's newest completed savepoint of the same checkpoint, when files may be reused."""
+        if not (self.request.incremental and self.request.copy_mode == "auto"):
+            return None
+        try:
+            latest = self.catalog.latest()
+        except Exception as exc:  # noqa: BLE001 - reuse only saves work; without it every file is copied
+            log.info("not reusing the previous savepoint of %s (%s): copying every file", self.request.job, exc)
+            return None
+        return latest if latest is not None and latest.manifest.checkpoint == self.source.url else None
+
     @contextlib.contextmanager
     def _pinned_previous(self) -> Iterator[PreviousSavepoint | None]:
-        """Pin the job's newest completed savepoint of the same checkpoint for the copy, if there is one."""
-        latest = None
-        if self.request.incremental and self.request.copy_mode == "auto":
-            try:
-                latest = self.catalog.latest()
-            except Exception as exc:  # noqa: BLE001 - reuse only saves work; without it every file is copied
-                log.info("not reusing the previous savepoint of %s (%s): copying every file", self.request.job, exc)
-        if latest is None or latest.manifest.checkpoint != self.source.url:
+        """Pin the savepoint found before planning (the job's newest of the same checkpoint then) for the
+        copy. One completed since is not looked for: any completed savepoint lends correctly, and the pin
+        fails if this one was disposed meanwhile."""
+        if self._latest is None:
             yield None
             return
-        manifest = latest.manifest
-        with self.catalog.pinned(manifest.savepoint_id, "incremental savepoint", manifest, unless=(Exception,)) as held:
+        manifest = self._latest.manifest
+        with self.catalog.pinned(manifest.savepoint_id, "incremental savepoint", manifest, unless=(Exception,),
+                                 also=self._begun()) as held:  # the pin and our in-progress record: one update
             if not held:  # unpinned, retention could remove it while files are taken from it
                 log.info("not reusing the previous savepoint of %s: copying every file", self.request.job)
-            yield PreviousSavepoint(self.job_folder.child(manifest.savepoint_id), manifest) if held else None
+                yield None
+                return
+            self._pin = held
+            try:
+                yield PreviousSavepoint(self.job_folder.child(manifest.savepoint_id), manifest)
+            finally:
+                self._pin = None
+
+    def _begun(self) -> Change:
+        """The catalog change recording this run's location as in progress (written once)."""
+        request = self.request
+
+        def record(document: CatalogDocument) -> None:
+            self.catalog.record_begun(self.lease.savepoint_id, request.savepoint_type, request.reason,
+                               request.request_id)(document)
+            self._recorded = True
+
+        return record
 
     def _attempts(self) -> SavepointInfo:
         try:
@@ -288,15 +329,16 @@ class SavepointRun:
     def plan(self) -> Listed:
         """The plan made before the lease for the first attempt, a fresh one for a retry."""
         first, self._first_plan = self._first_plan, None
-        return first if first is not None else plan_listed(self.source, self.request.parallelism)
+        return first if first is not None else plan_listed(self.source, self.request.parallelism, self.previous)
 
     def open_location(self, plan: CheckpointPlan) -> Store:
         """A fresh location recorded as in progress (the lease names it), or the same one emptied for a retry."""
         if self.location is None:
-            savepoint_id = new_savepoint_id(plan.query_id)
+            savepoint_id = self.lease.savepoint_id or new_savepoint_id(plan.query_id)
             self.location = self.job_folder.child(savepoint_id)
             self.lease.set_savepoint(savepoint_id)
-            self.catalog.begin(savepoint_id, self.request.savepoint_type, self.request.reason, self.request.request_id)
+            if not self._recorded:  # else written with the pin of the previous savepoint
+                self.catalog.update(self._begun())
         else:
             self.job_folder.remove_tree(self.location.name)  # a retry starts from an empty location
         self.location.makedirs()
@@ -385,6 +427,7 @@ class SavepointRun:
             files=[{"path": p, "size": c.size, "checksum": c.checksum, "method": c.method,  # validated in one call
                     "checksum_source": c.checksum_source, "source_version": versions[p], "reused_from": c.reused_from}
                    for p, c in sorted(copied.items())],
+            snapshot_files=plan.snapshots,
             total_bytes=sum(c.size for c in copied.values()),
             attempts=self.attempt,
             secondary=secondary.url if secondary is not None else None,
@@ -394,7 +437,10 @@ class SavepointRun:
         """Record the completed savepoint in the catalog and announce it."""
         info = savepoint_info(self.location, manifest)
         try:
-            self.catalog.complete(manifest)
+            if isinstance(self._pin, PinHold):  # the pin goes in the same update
+                self._pin.release(also=self.catalog.record_completed(manifest))
+            else:
+                self.catalog.complete(manifest)
         except Exception as exc:  # noqa: BLE001 - the savepoint is complete; the next trigger or retention records it
             log.warning("savepoint %s is complete but its catalog record was not updated (%s)", self.location.url, exc)
         self.notify("completed", info.summary())

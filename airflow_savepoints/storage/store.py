@@ -302,6 +302,11 @@ class Store:
         with self.translate_errors(self.url_of(rel)):
             return self.backend.read_bytes(self.path_of(rel))
 
+    def read_stamped(self, rel: str) -> tuple[bytes, float | None]:
+        """The bytes of ``rel`` and its modification time on the store's clock (None if not reported)."""
+        with self.translate_errors(self.url_of(rel)):
+            return self.backend.read_stamped(self.path_of(rel))
+
     def open_read(self, rel: str, block_size: int | None = None) -> Reader:
         """A binary reader; its read errors are translated like every other call's. Its ``version`` is
         the version token of exactly the file it reads, when the store can pin it (local: the inode)."""

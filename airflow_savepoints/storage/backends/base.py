@@ -184,6 +184,12 @@ class Backend:
     def read_bytes(self, path: str) -> bytes:
         return self.fs.cat_file(path)
 
+    def read_stamped(self, path: str) -> tuple[bytes, float | None]:
+        """The bytes of ``path`` and its modification time on the store's clock (a back end that can
+        tell both in one request does: the leases read theirs this way)."""
+        data = self.read_bytes(path)
+        return data, self.stat(path).modified
+
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         """A binary reader of ``path`` and the version token of exactly the file it reads, when the
         store can pin one (None: a replacement during the read could go unseen; list it again after)."""

@@ -83,6 +83,10 @@ class LocalBackend(Backend):
     def symlink_target(self, path: str) -> str | None:
         return os.readlink(path) if os.path.islink(path) else None
 
+    def read_stamped(self, path: str) -> tuple[bytes, float | None]:
+        with open(path, "rb") as handle:  # the time of exactly the file read
+            return handle.read(), os.fstat(handle.fileno()).st_mtime
+
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         handle = open(path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
         return handle, local_version(os.fstat(handle.fileno()))  # the inode read, whatever Spark renames

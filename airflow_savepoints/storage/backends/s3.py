@@ -13,6 +13,8 @@ import contextlib
 import posixpath
 from typing import Any, ClassVar
 
+import fsspec.asyn
+
 from airflow_savepoints.errors import SourceChangedError
 from airflow_savepoints.storage.backends.base import (
     SERVER_COPY,
@@ -21,6 +23,7 @@ from airflow_savepoints.storage.backends.base import (
     FileStat,
     ServerCopy,
     exception_chain,
+    modified_time,
 )
 from airflow_savepoints.storage.backends.generic import ObjectStoreBackend
 
@@ -57,6 +60,15 @@ class S3Backend(ObjectStoreBackend):
 
     def is_credentials_problem(self, exc: BaseException) -> bool:
         return self.error_code(exc) in BAD_CREDENTIALS or super().is_credentials_problem(exc)
+
+    def read_bytes(self, path: str) -> bytes:
+        return self.read_stamped(path)[0]
+
+    def read_stamped(self, path: str) -> tuple[bytes, float | None]:
+        """One ``GetObject``: s3fs's ``cat_file`` asks for the size first (a HEAD) unless a listing
+        told it, which doubles the requests for the small files the catalog and the leases read."""
+        bucket, key, version = self.fs.split_path(path)
+        return fsspec.asyn.sync(self.fs.loop, _get_object, self.fs, bucket, key, version)
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """A conditional PUT; a 412 means the key exists. A retried PUT (its first response was lost)
@@ -108,6 +120,15 @@ class S3Backend(ObjectStoreBackend):
         if code in COPY_REFUSED | DENIED or isinstance(exc, PermissionError) or self.is_credentials_problem(exc):
             return None  # too big, or the target's credentials may not read the source: stream
         raise exc
+
+
+async def _get_object(fs: Any, bucket: str, key: str, version: str | None) -> tuple[bytes, float | None]:
+    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
+    try:
+        data = await response["Body"].read()
+    finally:
+        response["Body"].close()
+    return data, modified_time(response)
 
 
 def etags_comparable(etag: str, copy_response: dict[str, Any]) -> bool:

@@ -177,6 +177,29 @@ def test_rocksdb_v1_zip_changelogs_and_referenced_ssts():
                    "state/0/0/SSTs/000008-aaa.sst", "state/0/0/SSTs/000009-bbb.sst"}
 
 
+def test_a_zip_known_at_its_listed_version_is_planned_without_reading_it():
+    c = base(3)
+    c["state/0/0/2.zip"] = rocks_zip({"000008-aaa.sst": 3})
+    c["state/0/0/3.changelog"] = b"c"
+    c["state/0/0/SSTs/000008-aaa.sst"] = b"abc"
+    c["state/0/0/SSTs/000009-new.sst"] = b"abcd"
+    first = c.plan()
+    assert first.snapshots == {"state/0/0/2.zip": {"SSTs/000008-aaa.sst": 3}}
+    read: list[str] = []
+
+    def reader(path: str) -> bytes:
+        read.append(path)
+        return c[path]
+
+    known = {"state/0/0/2.zip": ("v", {"SSTs/000009-new.sst": 4})}  # what a previous manifest says of it
+    again = plan_checkpoint(c.listing(), reader, known_snapshots=known)
+    assert "state/0/0/2.zip" not in read and "state/0/0/SSTs/000009-new.sst" in paths(again)
+    assert again.snapshots == {"state/0/0/2.zip": {"SSTs/000009-new.sst": 4}}
+    read.clear()  # listed at another version: the zip changed since, so it is read
+    changed = plan_checkpoint(c.listing(), reader, known_snapshots={"state/0/0/2.zip": ("older", {})})
+    assert "state/0/0/2.zip" in read and paths(changed) == paths(first)
+
+
 def test_rocksdb_v1_missing_sst_is_a_race():
     c = base(3)
     c["state/0/0/3.zip"] = rocks_zip({"000008-aaa.sst": 3})

@@ -120,6 +120,21 @@ def test_pinned_yields_whether_it_holds_and_tolerates_only_the_named_errors(take
         pass
 
 
+def test_a_pin_can_go_with_other_changes_in_the_same_updates(taken, monkeypatch):
+    info, catalog = taken
+    sid, other = info.manifest.savepoint_id, "savepoint-abc123-00000000beef"
+    updates = []
+    real_update = catalog.update
+    monkeypatch.setattr(catalog, "update", lambda change: updates.append(change) or real_update(change))
+    with catalog.held(sid, "incremental savepoint", also=catalog.record_begun(other, SavepointType.MANUAL, None, None)) \
+            as hold:
+        document = catalog.load()
+        assert document.active_pins(sid) and document.records[other].state == SavepointState.IN_PROGRESS
+        hold.release(also=lambda d: d.records.pop(other))
+        assert not catalog.load().active_pins(sid) and other not in catalog.load().records
+    assert len(updates) == 2  # pin + record, then unpin + change: the block's end adds none
+
+
 def test_concurrent_updates_are_never_lost(job):
     def add(i: int) -> None:
         job.begin(f"savepoint-abc123-{i:012x}", SavepointType.PERIODIC, None, None)
