@@ -23,20 +23,23 @@ from; ``docs/savepoint-format.md`` states what each promises.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import google_crc32c
 
 from airflow_savepoints.errors import SourceChangedError
 from airflow_savepoints.storage import LINK, SERVER_COPY, STREAM, FileStat, Store
 
+T, R = TypeVar("T"), TypeVar("R")
 CHUNK = 1024 * 1024  # one chunk at a time per thread: 1 MiB stays in cache and keeps memory flat
 MODES = ("auto", "stream")
 
 __all__ = ["CHUNK", "LINK", "MODES", "PREVIOUS", "READ", "SERVER_COPY", "STORE", "STREAM", "CopiedFile",
-           "KnownChecksum", "checksum_of", "copy_file", "copy_many", "workers_for"]
+           "KnownChecksum", "bounded_map", "checksum_of", "copy_file", "copy_many", "workers_for"]
 
 # where a file's checksum came from
 READ, STORE, PREVIOUS = "read", "store", "previous"
@@ -225,6 +228,27 @@ def workers_for(stores: tuple[Store, ...], parallelism: int, jobs: int) -> int:
     return max(1, workers)
 
 
+def bounded_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
+    """``fn`` over ``items`` on ``workers`` threads, in order, the first failure raised; at most a few
+    items per worker are queued at a time (``Executor.map`` would queue a future for each of 20,000 files)."""
+    results: list[R] = []
+    window = 4 * workers
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque[Future[R]] = deque()
+        try:
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= window:
+                    results.append(pending.popleft().result())
+            while pending:
+                results.append(pending.popleft().result())
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    return results
+
+
 def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, stats: Mapping[str, FileStat] | None = None,
               mode: str = "auto", known: dict[str, KnownChecksum] | None = None,
               on_file: Callable[[CopiedFile], None] | None = None) -> dict[str, CopiedFile]:
@@ -266,8 +290,7 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, sta
     if len(rest) == 1:
         results = [one(rest[0])]
     elif rest:
-        with ThreadPoolExecutor(max_workers=workers_for((src, dst), parallelism, len(rest))) as pool:
-            results = list(pool.map(one, rest))
+        results = bounded_map(one, rest, workers_for((src, dst), parallelism, len(rest)))
     else:
         results = []
     done.update({r.path: r for r in results})

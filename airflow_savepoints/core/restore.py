@@ -17,7 +17,6 @@ import posixpath
 import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import google_crc32c
@@ -25,7 +24,7 @@ from pydantic import Field
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.catalog import Catalog
-from airflow_savepoints.core.copier import checksum_of, copy_many, workers_for
+from airflow_savepoints.core.copier import bounded_map, checksum_of, copy_many, workers_for
 from airflow_savepoints.core.input_check import check_input
 from airflow_savepoints.core.lease import Lease
 from airflow_savepoints.core.manifest import SAVEPOINT_NAME, parse_manifest
@@ -89,8 +88,7 @@ def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None
         notify("file_done", {"path": entry.path, "bytes": size})
         return _mismatch(entry, size, crc)
 
-    with ThreadPoolExecutor(max_workers=workers_for((location,), parallelism, len(present))) as pool:
-        problems += [p for p in pool.map(check, present) if p]
+    problems += [p for p in bounded_map(check, present, workers_for((location,), parallelism, len(present))) if p]
     if problems:
         raise VerificationError(
             f"savepoint {location.url} is damaged: " + "; ".join(problems[:10])

@@ -102,3 +102,24 @@ def test_between_a_local_disk_and_s3_files_are_streamed(s3, tmp_path):
     assert (up.method, up.crc, up.source_version) == (STREAM, crc(DATA["offsets/3"]), local.stat("offsets/3").version)
     down = copy_file(bucket, "offsets/3", Store(str(tmp_path / "restored")))
     assert (down.method, down.crc, down.source_version) == (STREAM, crc(DATA["offsets/3"]), None)  # not pinned
+
+
+def test_bounded_map_keeps_order_queues_a_few_items_per_worker_and_stops_at_the_first_failure():
+    import threading
+
+    from airflow_savepoints.core.copier import bounded_map
+
+    started, lock = [], threading.Lock()
+
+    def work(i: int) -> int:
+        with lock:
+            started.append(i)
+        if i == 50:
+            raise ValueError("item 50")
+        return i * i
+
+    assert bounded_map(work, list(range(40)), 4) == [i * i for i in range(40)]
+    started.clear()
+    with pytest.raises(ValueError, match="item 50"):
+        bounded_map(work, list(range(10_000)), 4)
+    assert max(started) < 50 + 4 * 4 + 4  # queued no further than the window past the failure
