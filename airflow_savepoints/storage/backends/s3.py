@@ -28,6 +28,7 @@ from airflow_savepoints.storage.backends.base import (
 from airflow_savepoints.storage.backends.generic import ObjectStoreBackend
 
 SERVER_COPY_MAX = 5 * 1024**3  # one CopyObject copies at most 5 GiB
+MAX_CONNECTIONS = 256  # per client: the largest ``parallelism`` the CLI and operators accept
 
 PRECONDITION_FAILED = {"PreconditionFailed", "412"}
 CONFLICT = {"ConditionalRequestConflict", "409"}  # a concurrent conditional write to the same key
@@ -54,6 +55,13 @@ class S3Backend(ObjectStoreBackend):
 
     credentials_hint: ClassVar[str] = \
         "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or a profile), or fsspec's s3 configuration"
+
+    @classmethod
+    def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """botocore keeps 10 connections per client by default, which would cap ``parallelism`` at 10
+        requests in flight: the pool is sized to the largest parallelism (unless configured)."""
+        config = {"max_pool_connections": MAX_CONNECTIONS, **(options.get("config_kwargs") or {})}
+        return {**options, "config_kwargs": config}
 
     def error_code(self, exc: BaseException) -> str | None:
         return s3_error_code(exc)

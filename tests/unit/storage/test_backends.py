@@ -264,3 +264,16 @@ def test_s3_bad_credentials_and_refused_access_become_their_own_errors(s3, s3_en
         refused = store(key, secret)
         assert refused.server_copy_from(refused, "f", "g") is None  # may not read the source: stream instead
 
+
+
+def test_an_s3_client_keeps_a_connection_for_every_file_copied_at_once(s3, s3_endpoint):
+    """botocore's default pool (10 connections) would cap ``parallelism`` at 10 requests in flight."""
+    from airflow_savepoints.storage.backends.s3 import MAX_CONNECTIONS
+
+    store = Store(f"s3://{s3}", {"endpoint_url": s3_endpoint, "skip_instance_cache": True})
+    store.list_files()  # the client is made
+    assert store.fs.s3.meta.config.max_pool_connections == MAX_CONNECTIONS >= 256
+    own = Store(f"s3://{s3}", {"endpoint_url": s3_endpoint, "skip_instance_cache": True,
+                               "config_kwargs": {"max_pool_connections": 12, "connect_timeout": 7}})
+    own.list_files()
+    assert (own.fs.s3.meta.config.max_pool_connections, own.fs.s3.meta.config.connect_timeout) == (12, 7)
