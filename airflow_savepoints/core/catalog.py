@@ -181,7 +181,7 @@ class Catalog:
     def __init__(self, job_store: Store, job: str | None = None):
         self.store = job_store
         self.job = job or job_store.name
-        self._last_read: tuple[CatalogDocument | None] | None = None  # (the catalog as last read,) once read
+        self._in_progress_seen: dict[str, SavepointRecord] | None = None  # in the catalog as last read
 
     # --- reading ------------------------------------------------------------------------------------
     def load(self) -> CatalogDocument:
@@ -191,7 +191,8 @@ class Catalog:
 
     def _read(self) -> CatalogDocument | None:
         document = self._parse()
-        self._last_read = (document.model_copy(deep=True) if document is not None else None,)
+        self._in_progress_seen = {} if document is None else \
+            {k: r.model_copy() for k, r in document.records.items() if r.state == SavepointState.IN_PROGRESS}
         return document
 
     def _parse(self) -> CatalogDocument | None:
@@ -342,9 +343,10 @@ class Catalog:
         exists, failed if the location remains without one, dropped if it is gone. ``as_last_read``:
         find them in the catalog as this object last read it, if it has (no request); the update
         itself re-reads it under the lease and skips a record no longer in progress."""
-        document = self._last_read[0] if as_last_read and self._last_read is not None else self._read()
-        stale = [sid for sid, r in (document.records.items() if document else ())
-                 if r.state == SavepointState.IN_PROGRESS and sid != in_flight]
+        if not (as_last_read and self._in_progress_seen is not None):
+            self._read()
+        seen = self._in_progress_seen or {}
+        stale = [sid for sid in seen if sid != in_flight]
         if not stale:
             return []
         settled: dict[str, SavepointRecord | None] = {}
@@ -353,11 +355,10 @@ class Catalog:
             try:
                 settled[savepoint_id] = SavepointRecord.from_manifest(read_manifest(location))
             except IncompleteSavepointError:
-                record = document.records[savepoint_id]
-                settled[savepoint_id] = (record.model_copy(update={"state": SavepointState.FAILED})
+                settled[savepoint_id] = (seen[savepoint_id].model_copy(update={"state": SavepointState.FAILED})
                                          if location.exists() else None)
             except (ManifestCorruptError, ManifestVersionError):
-                settled[savepoint_id] = document.records[savepoint_id].model_copy(update={"state": SavepointState.FAILED})
+                settled[savepoint_id] = seen[savepoint_id].model_copy(update={"state": SavepointState.FAILED})
 
         def apply(doc: CatalogDocument) -> None:
             for savepoint_id, record in settled.items():

@@ -71,6 +71,21 @@ def test_reconcile_fails_a_location_without_metadata_and_drops_a_vanished_one(jo
     assert {r.savepoint_id: r.state for r in job.records()} == {SP: SavepointState.FAILED}
 
 
+def test_reconcile_as_last_read_settles_what_that_read_showed_and_skips_what_changed_since(job):
+    job.begin(SP, SavepointType.MANUAL, None, None)
+    job.begin("savepoint-abc123-ffffffffffff", SavepointType.MANUAL, None, None)
+    fresh = Catalog(job.store, "orders")
+    assert fresh.reconcile(in_flight=None, as_last_read=True) == [SP, "savepoint-abc123-ffffffffffff"]  # never read: reads
+    job.begin("savepoint-abc123-eeeeeeeeeeee", SavepointType.MANUAL, None, None)
+    assert len(fresh.load().records) == 1 and fresh.reconcile(in_flight=None, as_last_read=True) == \
+        ["savepoint-abc123-eeeeeeeeeeee"]  # the load() just before showed only that one in progress
+    job.begin("savepoint-abc123-dddddddddddd", SavepointType.MANUAL, None, None)
+    fresh.load()
+    job.forget("savepoint-abc123-dddddddddddd")  # settled by someone else after our read
+    assert fresh.reconcile(in_flight=None, as_last_read=True) == ["savepoint-abc123-dddddddddddd"]
+    assert fresh.load().records == {}  # nothing resurrected
+
+
 def test_a_record_keyed_by_anything_but_its_folder_name_is_ignored(job):
     doc = CatalogDocument(job="orders")
     job.store.write_bytes_atomic(CATALOG_FILE, doc.model_dump_json().encode())
