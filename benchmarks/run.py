@@ -430,17 +430,22 @@ def main() -> int:
     parser.add_argument("--memory-gb", type=float, help="file size for the memory check (default 1.0, quick 0.25)")
     parser.add_argument("--workdir", help="where to build (default: a temporary folder, removed)")
     parser.add_argument("--repeats", type=int, default=3, help="best of N for cp -r, full savepoints and restores")
-    parser.add_argument("--skip", default="", help="comma list of steps to skip: s3,live,memory,hashes")
+    parser.add_argument("--skip", default="", help="comma list of steps to skip: s3,live,memory,hashes "
+                        "(with --object-store: s3 (the moto passes),peers,gcs,azure)")
     parser.add_argument("--json-file", help="also write the JSON report to this file")
     parser.add_argument("--plot", help="draw the timings as a PNG (needs matplotlib)")
     parser.add_argument("--from-json", help="do not measure: print the table (and --plot) of a saved JSON report")
     parser.add_argument("--object-store", action="store_true",
-                        help="instead: savepoints on S3 behind request latency against s5cmd and aws (benchmarks/object_store.py)")
+                        help="instead: savepoints on S3 behind request latency against s5cmd and aws, and on "
+                        "GCS and Azure emulators (benchmarks/object_store.py)")
     args = parser.parse_args()
     if args.object_store:
         from benchmarks import object_store
 
-        report = object_store.run(args.quick, workdir=args.workdir, with_peers="peers" not in args.skip.split(","))
+        skipped = set(args.skip.split(","))
+        report = object_store.run(args.quick, workdir=args.workdir, with_peers="peers" not in skipped,
+                                  latencies=() if "s3" in skipped else (0.02, 0.05),
+                                  emulators=tuple(s for s in ("gcs", "azure") if s not in skipped))
         if args.json:
             print(json.dumps(report, default=str))
         if args.json_file:

@@ -18,8 +18,14 @@ Run on its own (own process, so its work does not share a benchmark's interprete
 
     python -m tests.support.fault_proxy --upstream http://127.0.0.1:PORT --latency 0.02 --port-file F
 
-It writes its URL to F; ``GET /__proxy__/counts`` returns the counts as JSON and ``POST
-/__proxy__/reset`` clears them (neither is forwarded nor counted).
+It writes its URL to F; ``GET /__proxy__/counts`` returns the counts as JSON, ``GET /__proxy__/log``
+the request log and the payload log, and ``POST /__proxy__/reset`` clears them (none is forwarded nor
+counted).
+
+The proxy forwards any HTTP service. Request kinds are S3's unless ``service`` (``--service``) says
+``gcs`` (the GCS JSON API, as fake-gcs-server serves it) or ``azure`` (Azure Blob, as Azurite serves
+it): see :func:`gcs_request_kind` and :func:`azure_request_kind`. Faults are answered with S3's XML
+error body whatever the service.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "proxy-connection"}
@@ -59,6 +65,118 @@ def s3_request_kind(method: str, target: str, headers) -> str:
         return "DELETE_MANY" if "delete" in params else ("CREATE_MULTIPART" if "uploads" in params else
                                                          "COMPLETE_MULTIPART" if "uploadId" in params else "POST")
     return method
+
+
+def gcs_request_kind(method: str, target: str, headers) -> str:
+    """What a GCS JSON API request does (fake-gcs-server or GCS), named like the S3 kinds where they match:
+    a ``rewriteTo``/``copyTo`` is COPY, an upload PUT (UPLOAD_START and UPLOAD_PART for a resumable
+    one), a download (``alt=media``) GET, an object listing LIST, an object's metadata STAT."""
+    path, _, query = target.partition("?")
+    params = dict(part.split("=", 1) if "=" in part else (part, "") for part in query.split("&") if part)
+    if "/rewriteTo/" in path or "/copyTo/" in path:
+        return "COPY"
+    if path.endswith("/compose"):
+        return "COMPOSE"
+    if path.startswith("/batch/"):
+        return "BATCH"
+    if path.startswith("/upload/"):
+        if method == "POST":
+            return "UPLOAD_START" if params.get("uploadType") == "resumable" else "PUT"
+        return "UPLOAD_PART" if method == "PUT" else method
+    objects = re.search(r"/b/[^/]+/o(/.*)?$", path)
+    if objects is None:  # buckets: /storage/v1/b, /storage/v1/b/<bucket>
+        return {"GET": "STAT_BUCKET" if re.search(r"/b/[^/]+$", path) else "LIST_BUCKETS",
+                "POST": "CREATE_BUCKET", "DELETE": "DELETE_BUCKET"}.get(method, method)
+    if objects.group(1) is None:  # /b/<bucket>/o: a listing (GET) or an upload without /upload (POST)
+        return "LIST" if method == "GET" else ("PUT" if method == "POST" else method)
+    if method == "GET":
+        return "GET" if params.get("alt") == "media" or path.startswith("/download/") else "STAT"
+    return {"PATCH": "PATCH", "PUT": "PATCH", "DELETE": "DELETE"}.get(method, method)
+
+
+def azure_request_kind(method: str, target: str, headers) -> str:
+    """What an Azure Blob request does (Azurite or Azure; path-style ``/<account>/<container>/<blob>``
+    or ``/<container>/<blob>``), named like the S3 kinds: Copy Blob COPY, Put Blob PUT, Put Block
+    UPLOAD_PART, Put Block List COMPLETE_MULTIPART, a container listing LIST, Get Blob GET, Get Blob
+    Properties HEAD."""
+    _, _, query = target.partition("?")
+    params = dict(part.split("=", 1) if "=" in part else (part, "") for part in query.split("&") if part)
+    comp, container = params.get("comp"), params.get("restype") == "container"
+    names = {name.lower() for name in headers.keys()}
+    if method == "PUT":
+        if "x-ms-copy-source" in names:
+            return "UPLOAD_PART_COPY" if comp == "block" else "COPY"
+        if comp == "block":
+            return "UPLOAD_PART"
+        if comp == "blocklist":
+            return "COMPLETE_MULTIPART"
+        if container and comp is None:
+            return "CREATE_BUCKET"
+        return f"PUT_{comp.upper()}" if comp else "PUT"
+    if method == "GET":
+        if comp == "list":
+            return "LIST" if container else "LIST_BUCKETS"
+        if container or comp:
+            return f"STAT_{'BUCKET' if container else comp.upper()}"
+        return "GET"
+    if method == "POST" and comp == "batch":
+        return "DELETE_MANY"
+    if method == "DELETE" and container:
+        return "DELETE_BUCKET"
+    return method
+
+
+REQUEST_KINDS = {"s3": s3_request_kind, "gcs": gcs_request_kind, "azure": azure_request_kind}
+
+
+def path_object_name(target: str, body: bytes = b"") -> str:
+    """The object a path-style request names: its path without the leading ``/``, unquoted (S3:
+    ``bucket/key``; Azurite: ``account/container/blob``)."""
+    return unquote(target.partition("?")[0].lstrip("/"))
+
+
+def gcs_object_name(target: str, body: bytes = b"") -> str | None:
+    """``bucket/key`` of the object a GCS JSON API request reads or writes (a copy: its destination; a
+    multipart upload: the name in its metadata part), or None (listings, buckets)."""
+    path, _, query = target.partition("?")
+    objects = re.findall(r"/b/([^/]+)/o/([^/]+)", path)
+    if objects:
+        bucket, key = objects[-1]
+        return f"{unquote(bucket)}/{unquote(key)}"
+    bucket = re.search(r"/b/([^/]+)/o$", path)
+    if bucket is None:
+        return None
+    params = dict(part.split("=", 1) if "=" in part else (part, "") for part in query.split("&") if part)
+    named = unquote(params["name"]) if params.get("name") else (_json_name(body) if body else None)
+    return f"{unquote(bucket.group(1))}/{named}" if named else None
+
+
+def _json_name(body: bytes) -> str | None:
+    found = re.search(rb'"name"\s*:\s*"((?:[^"\\]|\\.)*)"', body[:8192])
+    return json.loads(b'"' + found.group(1) + b'"') if found else None
+
+
+OBJECT_NAMES = {"s3": path_object_name, "gcs": gcs_object_name, "azure": path_object_name}
+
+
+def body_bytes(body: bytes, headers) -> int:
+    return len(body)
+
+
+def gcs_upload_bytes(body: bytes, headers) -> int:
+    """The object bytes of a GCS upload: a multipart upload's media part (its last part, without its
+    headers), else the whole body."""
+    found = re.search(r'boundary="?([^";]+)"?', headers.get("Content-Type") or "")
+    parts = body.split(b"--" + found.group(1).encode()) if found else []
+    if len(parts) < 4:  # the preamble, the metadata, the media, the closing "--"
+        return len(body)
+    media = parts[-2]
+    head = re.match(rb"(?s)\r?\n?.*?\r?\n\r?\n", media)
+    data = media[head.end():] if head else media
+    return len(data) - (2 if data.endswith(b"\r\n") else 1 if data.endswith(b"\n") else 0)
+
+
+UPLOAD_BYTES = {"s3": body_bytes, "gcs": gcs_upload_bytes, "azure": body_bytes}
 
 
 @dataclass
@@ -119,8 +237,11 @@ class _Server(ThreadingHTTPServer):
 class FaultProxy:
     """A threaded forwarding proxy on 127.0.0.1 with a fault schedule (see the module docstring)."""
 
-    def __init__(self, upstream: str, *, latency: float = 0.0, keep_alive: bool = False):
+    def __init__(self, upstream: str, *, latency: float = 0.0, keep_alive: bool = False, service: str = "s3"):
         parts = urlsplit(upstream)
+        self.request_kind = REQUEST_KINDS[service]  # how requests are told apart for counting (S3 by default)
+        self.object_name = OBJECT_NAMES[service]
+        self.upload_bytes = UPLOAD_BYTES[service]  # the object bytes in an upload's body
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.latency, self.keep_alive = latency, keep_alive
         self._upstream_connections = threading.local()
@@ -131,6 +252,9 @@ class FaultProxy:
         self.payload_bytes: Counter[str] = Counter()  # "sent" (uploads) and "received" (object reads)
         self.faults: Counter[str] = Counter()  # by "<action>:<code or drop> <method>"
         self.log: list[tuple[str, str, int | str]] = []  # (method, target, status or fault)
+        # ("sent" or "received", target, payload bytes, the object's name: see OBJECT_NAMES)
+        self.payload_log: list[tuple[str, str, int, str | None]] = []
+        self.request_log: list[tuple[str, str, str | None]] = []  # (kind, target, object name) as requests arrive
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -142,7 +266,7 @@ class FaultProxy:
             def _handle(self) -> None:
                 proxy._serve(self)
 
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
 
         self.server = _Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -173,6 +297,8 @@ class FaultProxy:
             self.payload_bytes.clear()
             self.faults.clear()
             self.log.clear()
+            self.payload_log.clear()
+            self.request_log.clear()
 
     @property
     def total_requests(self) -> int:
@@ -199,12 +325,15 @@ class FaultProxy:
         if target.startswith(CONTROL):
             self._control(handler, target[len(CONTROL):])
             return
-        kind = s3_request_kind(method, target, handler.headers)
+        kind = self.request_kind(method, target, handler.headers)
         with self.lock:
             self.requests[method] += 1
             self.kinds[kind] += 1
+            self.request_log.append((kind, target, self.object_name(target, body)))
             if kind in ("PUT", "UPLOAD_PART"):
-                self.payload_bytes["sent"] += len(body)
+                size = self.upload_bytes(body, handler.headers)
+                self.payload_bytes["sent"] += size
+                self.payload_log.append(("sent", target, size, self.object_name(target, body)))
             number = self.total_requests
             fault = next((r for r in self.rules if r.decide(method, target)), None)
             if fault is not None:
@@ -227,6 +356,7 @@ class FaultProxy:
         if kind == "GET" and 200 <= status < 300:
             with self.lock:
                 self.payload_bytes["received"] += len(data)
+                self.payload_log.append(("received", target, len(data), self.object_name(target)))
         if fault is not None:  # drop: the server acted; the client sees the response cut off
             self._note(method, target, "drop")
             handler.close_connection = True
@@ -261,7 +391,12 @@ class FaultProxy:
     def _control(self, handler: BaseHTTPRequestHandler, command: str) -> None:
         if command == "reset":
             self.reset()
-        payload = json.dumps(self.counts()).encode()
+        if command == "log":  # the request log (method, target, status), the requests by kind, the payloads
+            with self.lock:
+                payload = json.dumps({"log": self.log, "requests": self.request_log,
+                                      "payload": self.payload_log}).encode()
+        else:
+            payload = json.dumps(self.counts()).encode()
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(payload)))
@@ -310,12 +445,14 @@ def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="a counting, delaying HTTP proxy in front of an S3 server")
+    parser = argparse.ArgumentParser(description="a counting, delaying HTTP proxy in front of an object store")
     parser.add_argument("--upstream", required=True)
+    parser.add_argument("--service", choices=sorted(REQUEST_KINDS), default="s3",
+                        help="whose requests to tell apart by kind (default: s3)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
     parser.add_argument("--port-file", required=True, help="where to write the proxy's URL once it listens")
     args = parser.parse_args()
-    proxy = FaultProxy(args.upstream, latency=args.latency, keep_alive=True)
+    proxy = FaultProxy(args.upstream, latency=args.latency, keep_alive=True, service=args.service)
     with open(args.port_file + ".tmp", "w") as out:
         out.write(proxy.url)
     os.replace(args.port_file + ".tmp", args.port_file)
