@@ -131,12 +131,20 @@ class S3Backend(ObjectStoreBackend):
 
 
 async def _get_object(fs: Any, bucket: str, key: str, version: str | None) -> tuple[bytes, float | None]:
-    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
-    try:
-        data = await response["Body"].read()
-    finally:
-        response["Body"].close()
-    return data, modified_time(response)
+    """The object's bytes and time; a response cut off mid-body is retried as s3fs's ``cat_file`` does
+    (its ``_error_wrapper``, where this s3fs has it)."""
+    async def get() -> tuple[bytes, float | None]:
+        response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
+        try:
+            data = await response["Body"].read()
+        finally:
+            response["Body"].close()
+        return data, modified_time(response)
+
+    import s3fs.core  # here: the s3 extra may not be installed where this module is imported
+
+    retried = getattr(s3fs.core, "_error_wrapper", None)
+    return await (retried(get, retries=fs.retries) if retried is not None else get())
 
 
 def etags_comparable(etag: str, copy_response: dict[str, Any]) -> bool:
