@@ -10,8 +10,9 @@ status azure-core gives (412: a precondition failed, 404: gone).
 from __future__ import annotations
 
 import asyncio
+import io
 import posixpath
-from typing import ClassVar
+from typing import IO, ClassVar
 
 from fsspec.asyn import sync
 
@@ -45,6 +46,9 @@ class AzureBackend(ObjectStoreBackend):
     def create_exclusive(self, path: str, data: bytes) -> bool:
         return self.create_if_absent(path, data, lambda: self.fs.pipe_file(path, data, overwrite=False),
                                      lambda exc: isinstance(exc, FileExistsError) or http_status(exc) in (409, 412))
+
+    def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
+        return BlobReader(self.fs, path), None
 
     def copy_methods(self, source: Backend) -> tuple[str, ...]:
         return (SERVER_COPY, STREAM) if isinstance(source, AzureBackend) and self.same_service(source) else (STREAM,)
@@ -82,3 +86,33 @@ class AzureBackend(ObjectStoreBackend):
             status = (await target.get_blob_properties()).copy.status
         if status != "success":
             raise OSError(f"the copy of {src_path} to {path} ended {status}")
+
+
+class BlobReader(io.RawIOBase):
+    """A blob read front to back from one download (its chunks as they come): adlfs's file object
+    asks for the blob's properties first to learn its size, a second request for every file read."""
+
+    def __init__(self, fs, path: str):
+        super().__init__()
+        self.loop, self.path, self.pending = fs.loop, path, b""
+        container, blob, _ = fs.split_path(path)
+        client = fs.service_client.get_blob_client(container, blob)
+        try:
+            self.chunks = sync(self.loop, client.download_blob, max_concurrency=1).chunks()
+        except Exception as exc:
+            if http_status(exc) == 404:
+                raise FileNotFoundError(path) from exc
+            raise
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.pending) < size:
+            try:
+                self.pending += sync(self.loop, self.chunks.__anext__)
+            except StopAsyncIteration:
+                break
+        cut = len(self.pending) if size < 0 else size
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out
