@@ -153,6 +153,20 @@ def test_checksums_are_crc32c_of_the_bytes(store):
     assert checksum_of(store, "f") == (len(data), google_crc32c.value(data))
 
 
+def test_a_reader_gives_the_bytes_in_the_pieces_asked_for_and_a_missing_file_is_not_found(store):
+    data = bytes(range(256)) * 40_000  # 10 MB: more than one download chunk on Azure
+    store.write_bytes_atomic("big", data)
+    with store.open_read("big") as reader:
+        pieces = [reader.read(3), reader.read(1 << 20)]
+        pieces.append(reader.read())
+    assert [len(p) for p in pieces[:2]] == [3, 1 << 20] and b"".join(pieces) == data
+    assert store.read_stamped("big")[0] == data
+    with pytest.raises(FileNotFoundError):
+        store.open_read("missing").read()
+    with pytest.raises(FileNotFoundError):
+        store.read_stamped("missing")
+
+
 @pytest.mark.parametrize("store", [S3, GCS, AZURE], indirect=True)
 def test_a_server_copy_is_guarded_and_gives_the_stores_crc32c_where_it_keeps_one(store):
     data = b"state" * 1000
