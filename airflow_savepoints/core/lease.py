@@ -403,7 +403,7 @@ class JobLock:
     def set_savepoint(self, savepoint_id: str) -> None:
         """Name the location being written: in the lease as it is taken (no request of its own), or by
         a renewal once it is held."""
-        if self.lease.facts.get("savepoint_id") == savepoint_id:
+        if self.savepoint_id == savepoint_id:
             return
         if self.lease.written:
             self.lease.renew(savepoint_id=savepoint_id)

@@ -24,7 +24,7 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_a
 from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, KnownSnapshot, plan_checkpoint
-from airflow_savepoints.core.catalog import Catalog, CatalogDocument, Change, PinHold
+from airflow_savepoints.core.catalog import Catalog, Change, PinHold
 from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, copy_many, workers_for
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.core.lease import InflightHolder, JobLock
@@ -196,8 +196,7 @@ class SavepointRun:
         self.attempt = 0
         self._first_plan: Listed | None = None
         self._latest: SavepointInfo | None = None  # the previous savepoint found before planning
-        self._pin: PinHold | bool | None = None  # the pin on it while the attempts run
-        self._recorded = False  # our location's in-progress record is in the catalog
+        self._pin: PinHold | None = None  # the pin on it while the attempts run, written with our in-progress record
 
     # --- before the lease -----------------------------------------------------------------------------
     def already_taken(self) -> SavepointInfo | None:
@@ -284,15 +283,10 @@ class SavepointRun:
                 self._pin = None
 
     def _begun(self) -> Change:
-        """The catalog change recording this run's location as in progress (written once)."""
+        """The catalog change recording this run's location (the one the lease names) as in progress."""
         request = self.request
-
-        def record(document: CatalogDocument) -> None:
-            self.catalog.record_begun(self.lease.savepoint_id, request.savepoint_type, request.reason,
-                               request.request_id)(document)
-            self._recorded = True
-
-        return record
+        return self.catalog.record_begun(self.lease.savepoint_id, request.savepoint_type, request.reason,
+                                         request.request_id)
 
     def _attempts(self) -> SavepointInfo:
         try:
@@ -337,7 +331,7 @@ class SavepointRun:
             savepoint_id = self.lease.savepoint_id or new_savepoint_id(plan.query_id)
             self.location = self.job_folder.child(savepoint_id)
             self.lease.set_savepoint(savepoint_id)
-            if not self._recorded:  # else written with the pin of the previous savepoint
+            if self._pin is None:  # else written with the pin of the previous savepoint
                 self.catalog.update(self._begun())
         else:
             self.job_folder.remove_tree(self.location.name)  # a retry starts from an empty location
@@ -437,7 +431,7 @@ class SavepointRun:
         """Record the completed savepoint in the catalog and announce it."""
         info = savepoint_info(self.location, manifest)
         try:
-            if isinstance(self._pin, PinHold):  # the pin goes in the same update
+            if self._pin is not None:  # the pin goes in the same update
                 self._pin.release(also=self.catalog.record_completed(manifest))
             else:
                 self.catalog.complete(manifest)
