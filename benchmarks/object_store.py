@@ -299,6 +299,15 @@ def _tally(values) -> dict[str, int]:
     return out
 
 
+def copied_files(entries) -> dict:
+    """What a savepoint's manifest says of its files: how many, copied how, checksummed by whom,
+    reused from the previous savepoint, and the bytes streamed through the worker."""
+    return {"files": len(entries), "methods": _tally(e.method for e in entries),
+            "checksum_sources": _tally(e.checksum_source for e in entries),
+            "reused_from_previous": sum(1 for e in entries if e.reused_from),
+            "streamed_bytes": sum(e.size for e in entries if e.method == "stream")}
+
+
 def peer_tools() -> dict[str, str | None]:
     def find(name: str) -> str | None:
         local = PEERS_BIN / name
@@ -395,9 +404,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
         ours = {"savepoint": counted(proxy, savepoint)}
         info = first["info"]
         planned = sorted(e.path for e in info.manifest.files)
-        ours["savepoint"]["streamed_bytes"] = sum(e.size for e in info.manifest.files if e.method == "stream")
-        ours["savepoint"]["methods"] = _tally(e.method for e in info.manifest.files)
-        ours["savepoint"]["checksum_sources"] = _tally(e.checksum_source for e in info.manifest.files)
+        ours["savepoint"].update(copied_files(info.manifest.files))
         pointer_key = info.pointer.removeprefix("s3://")
         peers = run_peers(proxy, direct.fs, bucket, planned, pointer_key, work, parallelism) if with_peers else None
         added = next_batch(local, newest + 1)
@@ -416,10 +423,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
 
         ours["incremental"] = counted(proxy, incremental)
         files2 = second["info"].manifest.files
-        ours["incremental"].update(files=len(files2), new_files=len(added), methods=_tally(e.method for e in files2),
-                                   checksum_sources=_tally(e.checksum_source for e in files2),
-                                   reused_from_previous=sum(1 for e in files2 if e.reused_from),
-                                   streamed_bytes=sum(e.size for e in files2 if e.method == "stream"))
+        ours["incremental"].update(copied_files(files2), new_files=len(added))
         log(f"{latency * 1000:.0f} ms: restore")
         restore_dir = work / f"restored-{latency}"
         ours["restore"] = counted(proxy, lambda: measured_here(
@@ -540,10 +544,7 @@ def _emulated_savepoint(kit: dict, proxy: Proxy, name: str, previous=None, **opt
     source = _in(f"{BUCKET}/checkpoint", files)  # an incremental one copies from the previous savepoint too
     source |= _in(previous.pointer.split("://", 1)[1], files) if previous is not None else set()
     figures = described(figures, logs, kit["account"], source, _in(info.pointer.split("://", 1)[1], files))
-    figures.update(files=len(files), methods=_tally(e.method for e in files),
-                   checksum_sources=_tally(e.checksum_source for e in files),
-                   reused_from_previous=sum(1 for e in files if e.reused_from),
-                   streamed_bytes=sum(e.size for e in files if e.method == "stream"))
+    figures.update(copied_files(files))
     return figures, info
 
 

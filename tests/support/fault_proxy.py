@@ -41,7 +41,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "proxy-connection"}
@@ -72,7 +72,7 @@ def gcs_request_kind(method: str, target: str, headers) -> str:
     a ``rewriteTo``/``copyTo`` is COPY, an upload PUT (UPLOAD_START and UPLOAD_PART for a resumable
     one), a download (``alt=media``) GET, an object listing LIST, an object's metadata STAT."""
     path, _, query = target.partition("?")
-    params = dict(part.split("=", 1) if "=" in part else (part, "") for part in query.split("&") if part)
+    params = dict(parse_qsl(query, keep_blank_values=True))
     if "/rewriteTo/" in path or "/copyTo/" in path:
         return "COPY"
     if path.endswith("/compose"):
@@ -100,7 +100,7 @@ def azure_request_kind(method: str, target: str, headers) -> str:
     UPLOAD_PART, Put Block List COMPLETE_MULTIPART, a container listing LIST, Get Blob GET, Get Blob
     Properties HEAD."""
     _, _, query = target.partition("?")
-    params = dict(part.split("=", 1) if "=" in part else (part, "") for part in query.split("&") if part)
+    params = dict(parse_qsl(query, keep_blank_values=True))
     comp, container = params.get("comp"), params.get("restype") == "container"
     names = {name.lower() for name in headers.keys()}
     if method == "PUT":
@@ -146,8 +146,8 @@ def gcs_object_name(target: str, body: bytes = b"") -> str | None:
     bucket = re.search(r"/b/([^/]+)/o$", path)
     if bucket is None:
         return None
-    params = dict(part.split("=", 1) if "=" in part else (part, "") for part in query.split("&") if part)
-    named = unquote(params["name"]) if params.get("name") else (_json_name(body) if body else None)
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    named = params.get("name") or (_json_name(body) if body else None)
     return f"{unquote(bucket.group(1))}/{named}" if named else None
 
 
