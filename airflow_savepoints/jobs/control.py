@@ -193,7 +193,8 @@ def _safe_moment(query, interval_ms: int | None, jobs_running: Callable[[], bool
 
     Waiting: idle twice, 20 ms apart, with no batch finished in between (not merely passing between
     two batches that run back to back), and, for a processing-time trigger, which fires at the next
-    multiple of its interval since the epoch, that trigger far enough away. Executing (only where
+    multiple of its interval since the epoch, that trigger far enough away and the last batch not
+    one that overran it (the next then starts at once, however long its thread takes to). Executing (only where
     ``jobs_running`` can tell): a batch seen running for longer than its planning takes, with a
     Spark job of the query running, so it commits however it ends. ``seen_running`` holds, for
     each batch seen running, when it is past planning.
@@ -214,11 +215,30 @@ def _safe_moment(query, interval_ms: int | None, jobs_running: Callable[[], bool
     if query.status.get("isTriggerActive") or _progress_mark(query) != mark:
         return False
     if interval_ms:
+        margin_ms = min(0.4 * interval_ms, 250)
+        if _may_be_between_back_to_back_batches(query, interval_ms, margin_ms):
+            time.sleep(0.02)
+            return False
         left_ms = interval_ms - (time.time() * 1000) % interval_ms
-        if left_ms < min(0.4 * interval_ms, 250):
+        if left_ms < margin_ms:
             time.sleep((left_ms + 10) / 1000)
             return False
     return True
+
+
+def _may_be_between_back_to_back_batches(query, interval_ms: int, margin_ms: float) -> bool:
+    """True when the last batch ended at (or within ``margin_ms`` of) the time its next trigger was
+    due, less than an interval (at least 1 s) ago: Spark then starts that trigger at once, so the
+    query looking idle means only that its thread has not got there yet (a loaded machine can hold
+    it for tens of ms). A processing-time trigger is due at the first multiple of its interval
+    after the previous trigger started."""
+    progress = query.lastProgress
+    if not progress:
+        return False
+    started_ms = datetime.fromisoformat(progress["timestamp"]).timestamp() * 1000
+    ended_ms = started_ms + (progress.get("durationMs") or {}).get("triggerExecution", 0)
+    due_ms = (started_ms // interval_ms + 1) * interval_ms
+    return ended_ms >= due_ms - margin_ms and time.time() * 1000 < ended_ms + max(interval_ms, 1000)
 
 
 def _stop_between_batches(query, timeout: float) -> bool:
