@@ -432,6 +432,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="best of N for cp -r, full savepoints and restores")
     parser.add_argument("--skip", default="", help="comma list of steps to skip: s3,live,memory,hashes "
                         "(with --object-store: s3 (the moto passes),peers,gcs,azure)")
+    parser.add_argument("--latency-ms", default="20,50", help="with --object-store: the proxy's added latency per "
+                        "S3 request, one pass each (comma list, default 20,50)")
     parser.add_argument("--json-file", help="also write the JSON report to this file")
     parser.add_argument("--plot", help="draw the timings as a PNG (needs matplotlib)")
     parser.add_argument("--from-json", help="do not measure: print the table (and --plot) of a saved JSON report")
@@ -444,7 +446,8 @@ def main() -> int:
 
         skipped = set(args.skip.split(","))
         report = object_store.run(args.quick, workdir=args.workdir, with_peers="peers" not in skipped,
-                                  latencies=() if "s3" in skipped else (0.02, 0.05),
+                                  latencies=() if "s3" in skipped else
+                                  tuple(float(ms) / 1000 for ms in args.latency_ms.split(",") if ms),
                                   emulators=tuple(s for s in ("gcs", "azure") if s not in skipped))
         if args.json:
             print(json.dumps(report, default=str))

@@ -291,3 +291,25 @@ def test_an_s3_client_keeps_a_connection_for_every_file_copied_at_once(s3, s3_en
                                "config_kwargs": {"max_pool_connections": 12, "connect_timeout": 7}})
     own.list_files()
     assert (own.fs.s3.meta.config.max_pool_connections, own.fs.s3.meta.config.connect_timeout) == (12, 7)
+
+
+@pytest.mark.s3
+def test_an_s3_read_is_one_get_resumed_where_a_cut_off_body_stopped_and_a_listing_is_not_kept(s3, s3_endpoint):
+    """No HEAD for the size (a listing no longer leaves it cached); a body cut off half-way is
+    resumed with a ranged GET guarded by the ETag (the proxy cuts the first response)."""
+    from tests.support.fault_proxy import FaultProxy, Rule
+
+    data = bytes(range(256)) * 20_000  # 5 MB
+    Store(f"s3://{s3}/root").write_bytes_atomic("big", data)
+    proxy = FaultProxy(s3_endpoint).start()
+    try:
+        store = Store(f"s3://{s3}/root", {"endpoint_url": proxy.url, "skip_instance_cache": True})
+        assert set(store.list_files()) == {"big"}
+        assert not [key for key in store.fs.dircache if str(key).startswith(s3)]  # 20,000 raw entries stay nowhere
+        proxy.set_rules(Rule(action="drop", methods={"GET"}, path="/root/big", times=1))
+        with store.open_read("big") as reader:
+            assert reader.read() == data
+    finally:
+        proxy.stop()
+    reads = [(method, outcome) for method, target, outcome in proxy.log if "/root/big" in target]
+    assert reads == [("GET", "drop"), ("GET", 206)], reads
