@@ -10,7 +10,6 @@ status azure-core gives (412: a precondition failed, 404: gone).
 from __future__ import annotations
 
 import asyncio
-import io
 import posixpath
 from typing import IO, ClassVar
 
@@ -88,13 +87,12 @@ class AzureBackend(ObjectStoreBackend):
             raise OSError(f"the copy of {src_path} to {path} ended {status}")
 
 
-class BlobReader(io.RawIOBase):
-    """A blob read front to back from one download (its chunks as they come): adlfs's file object
-    asks for the blob's properties first to learn its size, a second request for every file read."""
+class BlobReader(base.StreamReader):
+    """A blob read from one download (its chunks as they come), no properties request first."""
 
     def __init__(self, fs, path: str):
         super().__init__()
-        self.loop, self.path, self.pending = fs.loop, path, b""
+        self.loop, self.path = fs.loop, path
         container, blob, _ = fs.split_path(path)
         client = fs.service_client.get_blob_client(container, blob)
         try:
@@ -104,15 +102,8 @@ class BlobReader(io.RawIOBase):
                 raise FileNotFoundError(path) from exc
             raise
 
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self.pending) < size:
-            try:
-                self.pending += sync(self.loop, self.chunks.__anext__)
-            except StopAsyncIteration:
-                break
-        cut = len(self.pending) if size < 0 else size
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out
+    def next_chunk(self, size: int) -> bytes:
+        try:
+            return sync(self.loop, self.chunks.__anext__)
+        except StopAsyncIteration:
+            return b""

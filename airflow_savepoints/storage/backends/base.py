@@ -11,6 +11,7 @@ better (``local.py``, ``s3.py``) and ``generic.py`` keeps the rest on plain fssp
 from __future__ import annotations
 
 import contextlib
+import io
 import posixpath
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -265,6 +266,32 @@ class Backend:
     def is_transport_error(self, exc: BaseException) -> bool:
         """Whether ``exc`` comes from the client library reaching the store (after its own retries)."""
         return any(type(e).__module__.split(".")[0] in TRANSPORT_MODULES for e in exception_chain(exc))
+
+
+class StreamReader(io.RawIOBase):
+    """A file read front to back from one download, in the pieces asked for: a back end gives its
+    next chunk as it comes (``next_chunk``, ``b""`` at the end). fsspec's file objects ask for the
+    size first, a second request for every file read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = b""
+
+    def next_chunk(self, size: int) -> bytes:
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.pending) < size:
+            chunk = self.next_chunk(size - len(self.pending) if size >= 0 else -1)
+            if not chunk:
+                break
+            self.pending += chunk
+        cut = len(self.pending) if size < 0 else size
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out
 
 
 def exception_chain(exc: BaseException) -> Iterator[BaseException]:

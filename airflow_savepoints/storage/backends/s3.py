@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import io
 import posixpath
 from typing import IO, Any, ClassVar
 
@@ -23,12 +22,14 @@ from airflow_savepoints.storage.backends.base import (
     Backend,
     FileStat,
     ServerCopy,
+    StreamReader,
     exception_chain,
     modified_time,
 )
 from airflow_savepoints.storage.backends.generic import ObjectStoreBackend
 
 SERVER_COPY_MAX = 5 * 1024**3  # one CopyObject copies at most 5 GiB
+READ_CHUNK = 1 << 20  # a read of the rest of an object takes its body this much at a time
 MAX_CONNECTIONS = 256  # per client: the largest ``parallelism`` the CLI and operators accept
 
 PRECONDITION_FAILED = {"PreconditionFailed", "412"}
@@ -159,16 +160,15 @@ async def _get_object(fs: Any, bucket: str, key: str, version: str | None) -> tu
     return await (retried(get, retries=fs.retries) if retried is not None else get())
 
 
-class ObjectReader(io.RawIOBase):
-    """An object read front to back from one ``GetObject`` (its body as it comes): s3fs's file object
-    asks for the size first (a HEAD) unless a listing left it in the filesystem's cache. A body cut off
-    mid-way is resumed where it stopped (a ranged GET guarded by the first response's ETag), up to the
-    filesystem's ``retries`` times."""
+class ObjectReader(StreamReader):
+    """An object read from one ``GetObject`` (its body as it comes), no HEAD for its size first. A body
+    cut off mid-way is resumed where it stopped (a ranged GET guarded by the first response's ETag),
+    up to the filesystem's ``retries`` times."""
 
     def __init__(self, fs: Any, path: str):
         super().__init__()
         bucket, key, version = fs.split_path(path)
-        self.fs, self.pending, self.offset, self.etag, self.resumes = fs, b"", 0, None, 0
+        self.fs, self.offset, self.etag, self.resumes = fs, 0, None, 0
         self.request = {"Bucket": bucket, "Key": key, **({"VersionId": version} if version else {})}
         self.body = self._get()
 
@@ -178,30 +178,18 @@ class ObjectReader(io.RawIOBase):
         self.etag = self.etag or response.get("ETag")
         return response["Body"]
 
-    def readable(self) -> bool:
-        return True
-
-    def _next_chunk(self, size: int) -> bytes:
+    def next_chunk(self, size: int) -> bytes:
         try:
-            return fsspec.asyn.sync(self.fs.loop, self.body.read, size)
+            chunk = fsspec.asyn.sync(self.fs.loop, self.body.read, size if size > 0 else READ_CHUNK)
         except Exception:
             if self.resumes >= self.fs.retries or not self.etag:
                 raise
             self.resumes += 1
             self.body.close()
             self.body = self._get()
-            return self._next_chunk(size)
-
-    def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self.pending) < size:
-            chunk = self._next_chunk(max(size - len(self.pending), 1 << 20) if size >= 0 else 1 << 20)
-            if not chunk:
-                break
-            self.offset += len(chunk)
-            self.pending += chunk
-        cut = len(self.pending) if size < 0 else size
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out
+            return self.next_chunk(size)
+        self.offset += len(chunk)
+        return chunk
 
     def close(self) -> None:
         if not self.closed:
