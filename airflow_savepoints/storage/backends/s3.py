@@ -161,40 +161,55 @@ async def _get_object(fs: Any, bucket: str, key: str, version: str | None) -> tu
 
 
 class ObjectReader(StreamReader):
-    """An object read from one ``GetObject`` (its body as it comes), no HEAD for its size first. A body
-    cut off mid-way is resumed where it stopped (a ranged GET guarded by the first response's ETag),
-    up to the filesystem's ``retries`` times."""
+    """An object read from one ``GetObject`` (its body as it comes), no HEAD for its size first; a
+    small object takes one trip to the event loop (the GET and its first chunk). A body cut off
+    mid-way is resumed where it stopped (a ranged GET guarded by the first response's ETag), up to
+    the filesystem's ``retries`` times."""
 
     def __init__(self, fs: Any, path: str):
         super().__init__()
         bucket, key, version = fs.split_path(path)
-        self.fs, self.offset, self.etag, self.resumes = fs, 0, None, 0
+        self.fs, self.offset, self.end, self.etag, self.resumes, self.body = fs, 0, None, None, 0, None
         self.request = {"Bucket": bucket, "Key": key, **({"VersionId": version} if version else {})}
-        self.body = self._get()
+        self.pending = self._resumable(self._get)
 
-    def _get(self) -> Any:
+    async def _get(self) -> bytes:
+        """The object from ``offset`` on, and its first chunk."""
         resume = {"Range": f"bytes={self.offset}-", "IfMatch": self.etag} if self.offset and self.etag else {}
-        response = fsspec.asyn.sync(self.fs.loop, self.fs._call_s3, "get_object", **self.request, **resume)
-        self.etag = self.etag or response.get("ETag")
-        return response["Body"]
+        response = await self.fs._call_s3("get_object", **self.request, **resume)
+        self.etag, self.body = self.etag or response.get("ETag"), response["Body"]
+        length = response.get("ContentLength")
+        self.end = None if length is None else self.offset + int(length)
+        return await self._read(READ_CHUNK)
 
-    def next_chunk(self, size: int) -> bytes:
+    async def _read(self, size: int) -> bytes:
+        chunk = await self.body.read(size)
+        self.offset += len(chunk)
+        return chunk
+
+    def _resumable(self, step, *args) -> bytes:
         try:
-            chunk = fsspec.asyn.sync(self.fs.loop, self.body.read, size if size > 0 else READ_CHUNK)
+            return fsspec.asyn.sync(self.fs.loop, step, *args)
         except Exception:
             if self.resumes >= self.fs.retries or not self.etag:
                 raise
             self.resumes += 1
-            self.body.close()
-            self.body = self._get()
-            return self.next_chunk(size)
-        self.offset += len(chunk)
-        return chunk
+            self._close_body()
+            return self._resumable(self._get)
+
+    def next_chunk(self, size: int) -> bytes:
+        if self.end is not None and self.offset >= self.end:
+            return b""
+        return self._resumable(self._read, size if size > 0 else READ_CHUNK)
+
+    def _close_body(self) -> None:
+        if self.body is not None:
+            with contextlib.suppress(Exception):
+                self.body.close()
 
     def close(self) -> None:
         if not self.closed:
-            with contextlib.suppress(Exception):
-                self.body.close()
+            self._close_body()
         super().close()
 
 
