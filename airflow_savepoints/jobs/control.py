@@ -160,8 +160,7 @@ class _GracefulEnd:
             raise RuntimeError(f"query is {active.toString()}")
         package = active.getClass().getName().rsplit(".", 1)[0]
         self.terminated = active.getClass().forName(f"{package}.TERMINATED$").getField("MODULE$").get(None)
-        trigger = execution.trigger()
-        self.interval_ms = int(trigger.intervalMs()) if trigger.getClass().getSimpleName() == "ProcessingTimeTrigger" else None
+        self.interval_ms = _trigger_interval_ms(query)
         self.tracker = execution.sparkSession().sparkContext().statusTracker()
         self.job_group = str(query.runId)  # Spark runs a query's jobs in a job group named by its run id
 
@@ -173,6 +172,29 @@ class _GracefulEnd:
     def end(self) -> bool:
         active = self.state.get()
         return active.toString() == "ACTIVE" and bool(self.state.compareAndSet(active, self.terminated))
+
+
+def _trigger_interval_ms(query) -> int | None:
+    """The interval of a JVM query's processing-time trigger; None for another trigger or no access."""
+    try:
+        trigger = query._jsq.streamingQuery().trigger()
+        return int(trigger.intervalMs()) if trigger.getClass().getSimpleName() == "ProcessingTimeTrigger" else None
+    except Exception:  # noqa: BLE001 - Spark Connect or other internals
+        return None
+
+
+def _graceful_end_of(query, attempts: int = 3) -> _GracefulEnd | None:
+    """A :class:`_GracefulEnd` of ``query``, or None (logged) where its internals cannot be reached."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return _GracefulEnd(query)
+        except Exception as exc:  # noqa: BLE001 - Spark Connect or other internals: stop while it waits
+            if attempt == attempts:
+                log.warning("cannot end query %s gracefully (%s: %s): stopping it while it waits", query.name,
+                            type(exc).__name__, exc)
+            else:
+                time.sleep(0.05)
+    return None
 
 
 def _progress_mark(query) -> tuple | None:
@@ -245,16 +267,14 @@ def _stop_between_batches(query, timeout: float) -> bool:
     """Stop ``query`` with no batch cut short; True if a safe moment came within ``timeout`` seconds.
 
     A JVM query is ended gracefully (:class:`_GracefulEnd`) while it waits for its next trigger or
-    while a batch executes, and waited for; any other query is stopped while it waits. At
+    while a batch executes, and waited for; any other query is stopped while it waits (its trigger
+    far enough away, where its interval can be read). At
     ``timeout`` it is stopped regardless: a batch cut short keeps its logged offsets, and Spark,
     like a restore of the savepoint, re-runs it with the same offsets.
     """
     deadline = time.monotonic() + timeout
-    try:
-        graceful = _GracefulEnd(query)
-    except Exception:  # noqa: BLE001 - Spark Connect or other internals: stop while it waits
-        graceful = None
-    interval_ms = graceful.interval_ms if graceful else None
+    graceful = _graceful_end_of(query)
+    interval_ms = graceful.interval_ms if graceful else _trigger_interval_ms(query)
     seen_running: dict = {}
     safe = False
     while not safe and time.monotonic() < deadline:
