@@ -106,10 +106,11 @@ def test_transient_s3_errors_are_retried_and_the_savepoint_completes_verifies_an
 
 def test_responses_cut_off_mid_way_are_retried_and_the_streamed_savepoint_completes(stopped_checkpoint, bucket, proxy,
                                                                                      tmp_path):
-    """A local checkpoint streamed to S3; every 11th response is cut off after the server acted (PUTs
-    land, GET bodies arrive half), the lease and catalog writes included."""
+    """A local checkpoint streamed to S3; every 7th response is cut off after the server acted (PUTs
+    land, GET bodies arrive half), the lease and catalog writes included. (Every 11th gave 2 faults
+    in the savepoint where Spark had compacted the checkpoint to ~26 files: its file count varies.)"""
     options = through(proxy)
-    proxy.set_rules(Rule(action="drop", every=11))
+    proxy.set_rules(Rule(action="drop", every=7))
     started = time.monotonic()
     info = take_savepoint(str(stopped_checkpoint), "job", savepoint_dir=f"s3://{bucket}/savepoints",
                           storage_options=options, parallelism=4)
@@ -120,7 +121,7 @@ def test_responses_cut_off_mid_way_are_retried_and_the_streamed_savepoint_comple
     restore_savepoint(info.pointer, str(restored), storage_options=options)
     print(f"\ncut-off responses: trigger {took:.1f}s; with verify and restore: {proxy.figures()}, "
           f"{retried(proxy)} retried requests succeeded")
-    assert trigger_faults >= 3 and any(m == "GET" and o == "drop" for m, _, o in proxy.log)  # ~4-5 of ~50 requests
+    assert trigger_faults >= 3 and any(m == "GET" and o == "drop" for m, _, o in proxy.log)  # 3-7 of ~26-50 requests
     assert took < 30  # no lock waited for its staleness timeout
     for entry in info.manifest.files:
         assert (restored / entry.path).read_bytes() == (stopped_checkpoint / entry.path).read_bytes()
