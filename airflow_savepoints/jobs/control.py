@@ -160,7 +160,6 @@ class _GracefulEnd:
             raise RuntimeError(f"query is {active.toString()}")
         package = active.getClass().getName().rsplit(".", 1)[0]
         self.terminated = active.getClass().forName(f"{package}.TERMINATED$").getField("MODULE$").get(None)
-        self.interval_ms = _trigger_interval_ms(query)
         self.tracker = execution.sparkSession().sparkContext().statusTracker()
         self.job_group = str(query.runId)  # Spark runs a query's jobs in a job group named by its run id
 
@@ -197,8 +196,8 @@ def _graceful_end_of(query, attempts: int = 3) -> _GracefulEnd | None:
     return None
 
 
-def _progress_mark(query) -> tuple | None:
-    progress = query.lastProgress
+def _progress_mark(progress: dict | None) -> tuple | None:
+    """Which batch a query's last progress is of (``query.lastProgress``: read once, a JVM call and JSON)."""
     return (progress["batchId"], progress["timestamp"]) if progress else None
 
 
@@ -221,7 +220,7 @@ def _safe_moment(query, interval_ms: int | None, jobs_running: Callable[[], bool
     Spark job of the query running, so it commits however it ends. ``seen_running`` holds, for
     each batch seen running, when it is past planning.
     """
-    mark = _progress_mark(query)
+    mark = _progress_mark(query.lastProgress)
     status = query.status
     if status.get("isTriggerActive"):
         if jobs_running is None or status.get("message") not in RUNNING_A_BATCH:
@@ -232,13 +231,14 @@ def _safe_moment(query, interval_ms: int | None, jobs_running: Callable[[], bool
         if time.monotonic() < seen_running[mark] or not jobs_running():
             time.sleep(0.005)
             return False
-        return _progress_mark(query) == mark and bool(query.status.get("isTriggerActive"))
+        return _progress_mark(query.lastProgress) == mark and bool(query.status.get("isTriggerActive"))
     time.sleep(0.02)
-    if query.status.get("isTriggerActive") or _progress_mark(query) != mark:
+    progress = query.lastProgress
+    if query.status.get("isTriggerActive") or _progress_mark(progress) != mark:
         return False
     if interval_ms:
         margin_ms = min(0.4 * interval_ms, 250)
-        if _may_be_between_back_to_back_batches(query, interval_ms, margin_ms):
+        if _may_be_between_back_to_back_batches(progress, interval_ms, margin_ms):
             time.sleep(0.02)
             return False
         left_ms = interval_ms - (time.time() * 1000) % interval_ms
@@ -248,13 +248,12 @@ def _safe_moment(query, interval_ms: int | None, jobs_running: Callable[[], bool
     return True
 
 
-def _may_be_between_back_to_back_batches(query, interval_ms: int, margin_ms: float) -> bool:
-    """True when the last batch ended at (or within ``margin_ms`` of) the time its next trigger was
-    due, less than an interval (at least 1 s) ago: Spark then starts that trigger at once, so the
-    query looking idle means only that its thread has not got there yet (a loaded machine can hold
-    it for tens of ms). A processing-time trigger is due at the first multiple of its interval
-    after the previous trigger started."""
-    progress = query.lastProgress
+def _may_be_between_back_to_back_batches(progress: dict | None, interval_ms: int, margin_ms: float) -> bool:
+    """True when the last batch (``progress``: the query's last progress) ended at (or within
+    ``margin_ms`` of) the time its next trigger was due, less than an interval (at least 1 s) ago:
+    Spark then starts that trigger at once, so the query looking idle means only that its thread has
+    not got there yet (a loaded machine can hold it for tens of ms). A processing-time trigger is due
+    at the first multiple of its interval after the previous trigger started."""
     if not progress:
         return False
     started_ms = datetime.fromisoformat(progress["timestamp"]).timestamp() * 1000
@@ -274,7 +273,7 @@ def _stop_between_batches(query, timeout: float) -> bool:
     """
     deadline = time.monotonic() + timeout
     graceful = _graceful_end_of(query)
-    interval_ms = graceful.interval_ms if graceful else _trigger_interval_ms(query)
+    interval_ms = _trigger_interval_ms(query)
     seen_running: dict = {}
     safe = False
     while not safe and time.monotonic() < deadline:
