@@ -75,10 +75,10 @@ class S3Backend(ObjectStoreBackend):
         return self.read_stamped(path)[0]
 
     def read_stamped(self, path: str) -> tuple[bytes, float | None]:
-        """One ``GetObject``: s3fs's ``cat_file`` asks for the size first (a HEAD) unless a listing
-        told it, which doubles the requests for the small files the catalog and the leases read."""
-        bucket, key, version = self.fs.split_path(path)
-        return fsspec.asyn.sync(self.fs.loop, _get_object, self.fs, bucket, key, version)
+        """One ``GetObject`` (s3fs's ``cat_file`` asks for the size first, a HEAD, unless a listing told
+        it: that doubles the requests for the small files the catalog and the leases read)."""
+        with ObjectReader(self.fs, path) as reader:
+            return reader.read(), reader.modified
 
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         return ObjectReader(self.fs, path), None
@@ -143,33 +143,17 @@ class S3Backend(ObjectStoreBackend):
         raise exc
 
 
-async def _get_object(fs: Any, bucket: str, key: str, version: str | None) -> tuple[bytes, float | None]:
-    """The object's bytes and time; a response cut off mid-body is retried as s3fs's ``cat_file`` does
-    (its ``_error_wrapper``, where this s3fs has it)."""
-    async def get() -> tuple[bytes, float | None]:
-        response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
-        try:
-            data = await response["Body"].read()
-        finally:
-            response["Body"].close()
-        return data, modified_time(response)
-
-    import s3fs.core  # here: the s3 extra may not be installed where this module is imported
-
-    retried = getattr(s3fs.core, "_error_wrapper", None)
-    return await (retried(get, retries=fs.retries) if retried is not None else get())
-
-
 class ObjectReader(StreamReader):
     """An object read from one ``GetObject`` (its body as it comes), no HEAD for its size first; a
     small object takes one trip to the event loop (the GET and its first chunk). A body cut off
     mid-way is resumed where it stopped (a ranged GET guarded by the first response's ETag), up to
-    the filesystem's ``retries`` times."""
+    the filesystem's ``retries`` times. ``modified``: the object's time, from the first response."""
 
     def __init__(self, fs: Any, path: str):
         super().__init__()
         bucket, key, version = fs.split_path(path)
         self.fs, self.offset, self.end, self.etag, self.resumes, self.body = fs, 0, None, None, 0, None
+        self.modified: float | None = None
         self.request = {"Bucket": bucket, "Key": key, **({"VersionId": version} if version else {})}
         self.pending = self._resumable(self._get)
 
@@ -178,6 +162,8 @@ class ObjectReader(StreamReader):
         resume = {"Range": f"bytes={self.offset}-", "IfMatch": self.etag} if self.offset and self.etag else {}
         response = await self.fs._call_s3("get_object", **self.request, **resume)
         self.etag, self.body = self.etag or response.get("ETag"), response["Body"]
+        if self.modified is None:
+            self.modified = modified_time(response)
         length = response.get("ContentLength")
         self.end = None if length is None else self.offset + int(length)
         return await self._read(READ_CHUNK)
