@@ -375,7 +375,8 @@ def run_peers(proxy: Proxy, bucket_fs, bucket: str, planned: list[str], pointer_
     return out
 
 
-def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: bool) -> dict:
+def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: bool,
+             parallelism: int | None = None) -> dict:
     from airflow_savepoints.core import restore_savepoint, take_savepoint
     from airflow_savepoints.storage import Store
 
@@ -391,7 +392,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
     try:
         options = {"endpoint_url": proxy.url, **KEYS, "skip_instance_cache": True}
         checkpoint, savepoints = Store(f"s3://{bucket}/checkpoint", options), Store(f"s3://{bucket}/savepoints", options)
-        parallelism = our_parallelism()
+        parallelism = parallelism or our_parallelism()
         log(f"{latency * 1000:.0f} ms: our savepoint of {len(all_files)} files (parallelism {parallelism})")
         first: dict = {}
 
@@ -719,9 +720,11 @@ def print_table(report: dict) -> None:
 
 
 def run(quick: bool, files: int | None = None, latencies: tuple[float, ...] = (0.02, 0.05),
-        with_peers: bool = True, workdir: str | None = None, emulators: tuple[str, ...] = ("gcs", "azure")) -> dict:
+        with_peers: bool = True, workdir: str | None = None, emulators: tuple[str, ...] = ("gcs", "azure"),
+        parallelism: int | None = None) -> dict:
     """The whole object-store benchmark; returns the report (``targets``, ``passes`` on S3, ``emulated``
-    on GCS and Azure, ``figures``)."""
+    on GCS and Azure, ``figures``). ``parallelism``: ours on S3 (and the peers' "equal" runs); the
+    default is the savepoint's own default."""
     files = files or (2_000 if quick else 20_000)
     work = Path(workdir or tempfile.mkdtemp(prefix="objstore-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -729,7 +732,7 @@ def run(quick: bool, files: int | None = None, latencies: tuple[float, ...] = (0
     if emulators:
         import tests.support.emulators  # noqa: F401 - before gcsfs is imported: it sets gcsfs's switches
     try:
-        passes = _s3_passes(latencies, files, work, with_peers)
+        passes = _s3_passes(latencies, files, work, with_peers, parallelism)
         emulated = [emulated_pass(service, files, work) for service in emulators]
     finally:
         if not workdir:
@@ -742,12 +745,13 @@ def run(quick: bool, files: int | None = None, latencies: tuple[float, ...] = (0
     return report
 
 
-def _s3_passes(latencies: tuple[float, ...], files: int, work: Path, with_peers: bool) -> list[dict]:
+def _s3_passes(latencies: tuple[float, ...], files: int, work: Path, with_peers: bool,
+               parallelism: int | None = None) -> list[dict]:
     if not latencies:
         return []
     moto = Moto()
     try:
-        return [one_pass(moto, latency, files, work, with_peers) for latency in latencies]
+        return [one_pass(moto, latency, files, work, with_peers, parallelism) for latency in latencies]
     finally:
         moto.stop()
 

@@ -435,6 +435,8 @@ def main() -> int:
     parser.add_argument("--latency-ms", default="20,50", help="with --object-store: the proxy's added latency per "
                         "S3 request, one pass each (comma list, default 20,50)")
     parser.add_argument("--json-file", help="also write the JSON report to this file")
+    parser.add_argument("--parallelism", type=int, help="with --object-store: our parallelism on S3, and the peers' "
+                        "at equal concurrency (default: the savepoint's default)")
     parser.add_argument("--plot", help="draw the timings as a PNG (needs matplotlib)")
     parser.add_argument("--from-json", help="do not measure: print the table (and --plot) of a saved JSON report")
     parser.add_argument("--object-store", action="store_true",
@@ -448,7 +450,8 @@ def main() -> int:
         report = object_store.run(args.quick, workdir=args.workdir, with_peers="peers" not in skipped,
                                   latencies=() if "s3" in skipped else
                                   tuple(float(ms) / 1000 for ms in args.latency_ms.split(",") if ms),
-                                  emulators=tuple(s for s in ("gcs", "azure") if s not in skipped))
+                                  emulators=tuple(s for s in ("gcs", "azure") if s not in skipped),
+                                  parallelism=args.parallelism)
         if args.json:
             print(json.dumps(report, default=str))
         if args.json_file:
