@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 ROOT = Path(__file__).resolve().parents[1]
 AIRFLOW_HOME = tempfile.mkdtemp(prefix="airflow-home-")
+atexit.register(shutil.rmtree, AIRFLOW_HOME, ignore_errors=True)  # each run left one behind in /tmp
 os.environ.update({
     "AIRFLOW_HOME": AIRFLOW_HOME,
     "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
