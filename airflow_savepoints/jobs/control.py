@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from tenacity import Retrying, stop_after_attempt, wait_fixed
+
 from airflow_savepoints.core.names import (  # noqa: F401 - CONTROL_FOLDER, HEARTBEAT_FILE: imported from here
     ANNOUNCE_FILE,
     CONTROL_FOLDER,
@@ -184,16 +186,12 @@ def _trigger_interval_ms(query) -> int | None:
 
 def _graceful_end_of(query, attempts: int = 3) -> _GracefulEnd | None:
     """A :class:`_GracefulEnd` of ``query``, or None (logged) where its internals cannot be reached."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return _GracefulEnd(query)
-        except Exception as exc:  # noqa: BLE001 - Spark Connect or other internals: stop while it waits
-            if attempt == attempts:
-                log.warning("cannot end query %s gracefully (%s: %s): stopping it while it waits", query.name,
-                            type(exc).__name__, exc)
-            else:
-                time.sleep(0.05)
-    return None
+    try:
+        return Retrying(stop=stop_after_attempt(attempts), wait=wait_fixed(0.05), reraise=True)(_GracefulEnd, query)
+    except Exception as exc:  # noqa: BLE001 - Spark Connect or other internals: stop while it waits
+        log.warning("cannot end query %s gracefully (%s: %s): stopping it while it waits", query.name,
+                    type(exc).__name__, exc)
+        return None
 
 
 def _progress_mark(progress: dict | None) -> tuple | None:
