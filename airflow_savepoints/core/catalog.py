@@ -15,6 +15,7 @@ pin and a disposal never both succeed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import uuid
@@ -34,7 +35,7 @@ from tenacity import (
     wait_random,
 )
 
-from airflow_savepoints.core.lease import Lease, owner_id
+from airflow_savepoints.core.lease import JobLock, Lease, owner_id
 from airflow_savepoints.core.manifest import SAVEPOINT_NAME, read_manifest, savepoint_info
 from airflow_savepoints.core.models import SavepointInfo, SavepointManifest, SavepointSummary, SavepointType
 from airflow_savepoints.core.names import CATALOG_FILE, CATALOG_LOCK, MANIFEST_FILE
@@ -101,8 +102,16 @@ class SavepointRecord(BaseModel):
         return SavepointSummary(**self.model_dump(exclude={"updated_at", "state"}), state=self.state.value).as_json()
 
 
+LeaseNames = Callable[[], str | None]  # the location the job's live savepoint lease names, asked when needed
+
+
 class Pin(BaseModel):
-    """A savepoint held by a restore in progress; it lapses at ``expires_at`` if never released."""
+    """A savepoint held by a restore or an incremental savepoint in progress.
+
+    A restore's pin lapses at ``expires_at`` unless its holder's heartbeat extends it. An
+    incremental savepoint's pin names its own location (``in_flight``) and lives exactly as long as
+    the job's savepoint lease names that location: the lease is renewed anyway, so the pin needs
+    no heartbeat of its own, and it lapses when the lease goes stale (a holder that died)."""
 
     pin_id: str
     savepoint_id: str
@@ -110,9 +119,24 @@ class Pin(BaseModel):
     purpose: str = "restore"
     created_at: datetime
     expires_at: datetime
+    in_flight: str | None = None
 
-    def active(self, now: datetime | None = None) -> bool:
-        return self.expires_at > (now or datetime.now(UTC))
+    def active(self, now: datetime | None = None, lease_names: LeaseNames | None = None) -> bool:
+        """Whether it still holds. ``lease_names`` is asked only for a pin that lives with the job's
+        lease; without it (not known) such a pin counts as live."""
+        if self.in_flight is None:
+            return self.expires_at > (now or datetime.now(UTC))
+        return lease_names is None or lease_names() == self.in_flight
+
+    def holder(self) -> str:
+        """Who holds it, as messages say: "a restore in progress (host:pid)"."""
+        return f"{'an' if self.purpose[:1] in 'aeiou' else 'a'} {self.purpose} in progress ({self.owner})"
+
+    def describe(self) -> str:
+        """:meth:`holder` and how long the pin holds."""
+        until = f"while {self.in_flight} holds the job's savepoint lease" if self.in_flight else \
+            f"until {self.expires_at.isoformat()}"
+        return f"{self.holder()[:-1]}, {until})"
 
 
 class CatalogDocument(BaseModel):
@@ -122,8 +146,9 @@ class CatalogDocument(BaseModel):
     records: dict[str, SavepointRecord] = Field(default_factory=dict)
     pins: dict[str, Pin] = Field(default_factory=dict)
 
-    def active_pins(self, savepoint_id: str, now: datetime | None = None) -> list[Pin]:
-        return [p for p in self.pins.values() if p.savepoint_id == savepoint_id and p.active(now)]
+    def active_pins(self, savepoint_id: str, now: datetime | None = None,
+                    lease_names: LeaseNames | None = None) -> list[Pin]:
+        return [p for p in self.pins.values() if p.savepoint_id == savepoint_id and p.active(now, lease_names)]
 
 
 def _confirmed_manifest(location: Store) -> SavepointManifest:
@@ -141,14 +166,17 @@ Change = Callable[[CatalogDocument], Any]  # an edit of the catalog, applied und
 
 
 class PinHold:
-    """A pin held in the catalog, extended every ``PIN_TTL / 4`` seconds by a heartbeat until released."""
+    """A pin held in the catalog until released: extended every ``PIN_TTL / 4`` seconds by a
+    heartbeat, or (``heartbeat=False``) kept alive by the job's savepoint lease."""
 
-    def __init__(self, catalog: Catalog, savepoint_id: str, pin_id: str, ttl: timedelta):
+    def __init__(self, catalog: Catalog, savepoint_id: str, pin_id: str, ttl: timedelta, *, heartbeat: bool = True):
         self.catalog, self.savepoint_id, self.pin_id, self.ttl = catalog, savepoint_id, pin_id, ttl
         self.released = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"pin-{savepoint_id}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if heartbeat:
+            self._thread = threading.Thread(target=self._beat, name=f"pin-{savepoint_id}", daemon=True)
+            self._thread.start()
 
     def _extend(self, document: CatalogDocument) -> None:
         pin = document.pins.get(self.pin_id)
@@ -165,7 +193,7 @@ class PinHold:
     def release(self, also: Change | None = None) -> None:
         """Remove the pin, writing ``also`` in the same update (once released: ``also`` alone)."""
         self._stop.set()
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         if self.released:
             if also is not None:
@@ -375,16 +403,19 @@ class Catalog:
 
     # --- pins and disposal --------------------------------------------------------------------------
     def pin(self, savepoint_id: str, ttl: timedelta = timedelta(hours=6), purpose: str = "restore",
-            manifest: SavepointManifest | None = None, also: Change | None = None) -> str:
+            manifest: SavepointManifest | None = None, also: Change | None = None, in_flight: str | None = None) -> str:
         """Hold a completed savepoint against retention and dispose; returns the pin id.
 
         ``manifest`` is its ``_metadata`` if the caller has just read it (else it is read here);
-        ``also``: another change written in the same update."""
+        ``also``: another change written in the same update; ``in_flight``: the location the caller
+        writes while holding the job's savepoint lease, which then keeps the pin alive (``ttl`` unused)."""
         if manifest is None:
             manifest = read_manifest(self.store.child(savepoint_id))  # _metadata first: the source of truth
         now = datetime.now(UTC)
         pin = Pin(pin_id=uuid.uuid4().hex, savepoint_id=savepoint_id, owner=owner_id(), purpose=purpose,
-                  created_at=now, expires_at=now + ttl)
+                  created_at=now, expires_at=now + ttl, in_flight=in_flight)
+        # the lease names ours while we pin with it, so another pin living with the lease is a dead holder's
+        lease_names: LeaseNames | None = None if in_flight is None else (lambda: in_flight)
 
         def add(document: CatalogDocument) -> None:
             record = document.records.get(savepoint_id)
@@ -396,7 +427,7 @@ class Catalog:
             if record is None:  # taken before the catalog existed, or its record was lost: recheck
                 read_manifest(self.store.child(savepoint_id))  # under the lease: not disposed meanwhile
                 document.records[savepoint_id] = SavepointRecord.from_manifest(manifest)
-            document.pins = {k: p for k, p in document.pins.items() if p.active(now)}
+            document.pins = {k: p for k, p in document.pins.items() if p.active(now, lease_names)}
             document.pins[pin.pin_id] = pin
             if also is not None:
                 also(document)
@@ -414,13 +445,15 @@ class Catalog:
 
     @contextlib.contextmanager
     def held(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None,
-             also: Change | None = None) -> Iterator[PinHold]:
+             also: Change | None = None, in_flight: str | None = None) -> Iterator[PinHold]:
         """Pin ``savepoint_id`` for the block with a short pin (``PIN_TTL``) renewed by a heartbeat:
-        the pin of a process that dies lapses after ``PIN_TTL`` seconds, not hours. ``also`` is written
-        with the pin; the block may release the pin early together with another change."""
+        the pin of a process that dies lapses after ``PIN_TTL`` seconds, not hours. With ``in_flight``
+        (the caller holds the job's savepoint lease for that location) the lease keeps the pin alive
+        instead, and no heartbeat runs. ``also`` is written with the pin; the block may release the
+        pin early together with another change."""
         ttl = timedelta(seconds=PIN_TTL)
         hold = PinHold(self, savepoint_id, self.pin(savepoint_id, ttl=ttl, purpose=purpose, manifest=manifest,
-                                                    also=also), ttl)
+                                                    also=also, in_flight=in_flight), ttl, heartbeat=in_flight is None)
         try:
             yield hold
         finally:
@@ -431,13 +464,14 @@ class Catalog:
 
     @contextlib.contextmanager
     def pinned(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None, *,
-               unless: tuple[type[Exception], ...] = (), also: Change | None = None) -> Iterator[PinHold | bool]:
+               unless: tuple[type[Exception], ...] = (), also: Change | None = None,
+               in_flight: str | None = None) -> Iterator[PinHold | bool]:
         """The one pin context of savepoint and restore: ``held`` for the block, yielding its
         :class:`PinHold`. A pin that fails with one of the ``unless`` errors is logged and the block
         runs unpinned (False; ``also`` is then not written either)."""
         with contextlib.ExitStack() as stack:
             try:
-                holding: PinHold | bool = stack.enter_context(self.held(savepoint_id, purpose, manifest, also))
+                holding: PinHold | bool = stack.enter_context(self.held(savepoint_id, purpose, manifest, also, in_flight))
             except unless as exc:
                 log.warning("could not pin %s for the %s (%s): going on without the pin",
                             self.store.child(savepoint_id).url, purpose, getattr(exc, "message", exc))
@@ -446,13 +480,14 @@ class Catalog:
 
     def begin_dispose(self, savepoint_id: str) -> None:
         """Mark a savepoint "disposing"; refused while a live pin holds it."""
+        lease_names = functools.cache(lambda: JobLock.live_savepoint(self.store))  # read only if a pin needs it
+
         def mark(document: CatalogDocument) -> None:
-            pins = document.active_pins(savepoint_id)
+            pins = document.active_pins(savepoint_id, lease_names=lease_names)
             if pins:
                 raise SavepointPinnedError(
-                    f"savepoint {self.store.child(savepoint_id).url} is pinned by a {pins[0].purpose} in progress "
-                    f"({pins[0].owner}, until {pins[0].expires_at.isoformat()})",
-                    "wait for the restore to finish, then dispose it",
+                    f"savepoint {self.store.child(savepoint_id).url} is pinned by {pins[0].describe()}",
+                    f"wait for the {pins[0].purpose} to finish, then dispose it",
                 )
             record = document.records.get(savepoint_id)
             if record is not None:

@@ -192,20 +192,13 @@ def plan_retention(root: Store, job: str, policy: RetentionPolicy, now: datetime
                          settle={k: v for k, v in planner.settle.items() if v is not None})
 
 
-def _in_flight(job_store: Store) -> str | None:
-    """The location the job's live savepoint lease names, if any."""
-    lock = JobLock(job_store, request_id=None)
-    lease = lock.current()
-    return lease.savepoint_id if lease is not None and not lock.is_stale(lease) else None
-
-
 class _Planner:
     """One retention plan of one job folder: every location sorted, then the policy over the completed ones."""
 
     def __init__(self, job_store: Store, job: str, policy: RetentionPolicy, now: datetime):
         self.job_store, self.job, self.policy, self.now = job_store, job, policy, now
         self.document = Catalog(job_store, job).load()
-        self.in_flight = _in_flight(job_store)
+        self.in_flight = JobLock.live_savepoint(job_store)
         self.decisions: list[Decision] = []
         self.completed: list[SavepointRecord] = []
         self.settle: dict[str, SavepointRecord | None] = {}  # catalog corrections the plan relies on
@@ -310,11 +303,11 @@ class _Planner:
             self._add(record, record.savepoint_id, action, reason, conflict=conflict)
 
     def _policy_says(self, record: SavepointRecord, newest: str | None, rank: dict[str, int]) -> tuple[Action, str]:
-        pins = self.document.active_pins(record.savepoint_id, self.now)
+        pins = self.document.active_pins(record.savepoint_id, self.now, lease_names=lambda: self.in_flight)
         age = _age(record.created_at, self.now) or 0.0
         policy = self.policy
         if pins:
-            return Action.KEEP, f"pinned by a {pins[0].purpose} in progress ({pins[0].owner})"
+            return Action.KEEP, f"pinned by {pins[0].holder()}"
         if record.state == SavepointState.DISPOSING:
             return Action.DISPOSE, "an earlier disposal was interrupted: finishing it"
         if record.savepoint_id == newest:
@@ -379,7 +372,7 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
     catalog = Catalog(job_store, plan.job)
     report = RetentionReport(plan=plan, dry_run=False)
     lock = JobLock(job_store, request_id=None)
-    catalog.reconcile(in_flight=_in_flight(job_store))
+    catalog.reconcile(in_flight=JobLock.live_savepoint(job_store))
     if plan.settle:
         catalog.update(lambda d: d.records.update(plan.settle))
     for decision in plan.of(Action.DISPOSE):

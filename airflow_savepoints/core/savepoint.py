@@ -270,8 +270,10 @@ class SavepointRun:
             yield None
             return
         manifest = self._latest.manifest
+        # the pin and our in-progress record go in one update; the job's lease, which names our location
+        # and is renewed anyway, keeps the pin alive (no heartbeat of its own)
         with self.catalog.pinned(manifest.savepoint_id, "incremental savepoint", manifest, unless=(Exception,),
-                                 also=self._begun()) as held:  # the pin and our in-progress record: one update
+                                 also=self._begun(), in_flight=self.lease.savepoint_id) as held:
             if not held:  # unpinned, retention could remove it while files are taken from it
                 log.info("not reusing the previous savepoint of %s: copying every file", self.request.job)
                 yield None

@@ -8,8 +8,10 @@ import threading
 import pytest
 
 from airflow_savepoints.core.catalog import Catalog, CatalogDocument, SavepointState
+from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.models import SavepointType
 from airflow_savepoints.core.names import CATALOG_FILE, MANIFEST_FILE
+from airflow_savepoints.core.retention import Action, RetentionPolicy, plan_retention
 from airflow_savepoints.core.savepoint import take_savepoint
 from airflow_savepoints.errors import SavepointNotFoundError, SavepointPinnedError, StoragePermissionError
 from airflow_savepoints.storage import Store
@@ -116,6 +118,62 @@ def test_a_pin_blocks_disposal_until_released(taken):
     assert catalog.records()[0].state == SavepointState.DISPOSING
     with pytest.raises(SavepointNotFoundError, match="being disposed"):
         catalog.pin(sid)
+
+
+def test_an_incremental_savepoint_pins_the_savepoint_it_copies_from_until_it_completes(taken, tmp_path):
+    """Its pin lives with the job's lease (no heartbeat): dispose and retention, tried while it
+    copies, both keep the savepoint it takes files from; the pin is gone once it has completed."""
+    info, catalog = taken
+    lender = info.manifest.savepoint_id
+    seen: dict = {}
+
+    def while_copying(event, data):
+        if event != "planned":
+            return
+        (pin,) = catalog.load().active_pins(lender)
+        seen["pin"] = pin
+        with pytest.raises(SavepointPinnedError, match="while savepoint-.* holds the job's savepoint lease"):
+            catalog.begin_dispose(lender)
+        plan = plan_retention(catalog.store.parent(), "orders", RetentionPolicy(max_periodic=0, max_manual=0))
+        seen["retention"] = {d.savepoint_id: (d.action, d.reason) for d in plan.decisions}[lender]
+
+    second = take_savepoint(str(tmp_path / "ckpt"), "orders", savepoint_dir=str(tmp_path / "sp"),
+                            on_event=while_copying)
+    assert any(e.reused_from == lender for e in second.manifest.files)
+    assert seen["pin"].in_flight == second.manifest.savepoint_id and seen["pin"].purpose == "incremental savepoint"
+    assert seen["retention"] == (Action.KEEP, f"pinned by an incremental savepoint in progress ({seen['pin'].owner})")
+    assert catalog.load().pins == {}
+    catalog.begin_dispose(lender)  # now it may go
+
+
+def test_the_pin_of_an_incremental_savepoint_lapses_with_its_lease(taken):
+    """A holder killed mid-copy leaves its pin behind: it holds while the job's lease names its
+    location, not a moment after that lease is released or taken by another run."""
+    info, catalog = taken
+    sid, ours = info.manifest.savepoint_id, "savepoint-abc123-0000000000aa"
+    lock = JobLock(catalog.store, request_id=None)
+    lock.set_savepoint(ours)
+    assert lock.try_acquire() is None
+    try:
+        catalog.pin(sid, purpose="incremental savepoint", in_flight=ours)  # the holder then dies: never released
+        with pytest.raises(SavepointPinnedError):
+            catalog.begin_dispose(sid)
+    finally:
+        lock.lease.stop_heartbeat()
+        lock.release()
+    other = JobLock(catalog.store, request_id=None)
+    other.set_savepoint("savepoint-abc123-0000000000bb")
+    assert other.try_acquire() is None  # the next run holds the lease: the dead pin no longer holds
+    try:
+        assert catalog.load().active_pins(sid)  # without asking the lease it counts as live
+        assert not catalog.load().active_pins(sid, lease_names=lambda: JobLock.live_savepoint(catalog.store))
+        catalog.pin(sid, purpose="incremental savepoint", in_flight="savepoint-abc123-0000000000bb")
+        assert [p.in_flight for p in catalog.load().pins.values()] == ["savepoint-abc123-0000000000bb"]  # pruned
+    finally:
+        other.lease.stop_heartbeat()
+        other.release()
+    catalog.begin_dispose(sid)
+    assert catalog.records()[0].state == SavepointState.DISPOSING
 
 
 def test_pinned_yields_whether_it_holds_and_tolerates_only_the_named_errors(taken, monkeypatch):

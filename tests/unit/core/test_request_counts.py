@@ -170,3 +170,17 @@ def test_target_incremental_savepoint_makes_no_more_requests_than_the_first(coun
     counted.next_batch()
     _, second, _ = counted.savepoint()
     assert second["requests"] <= first["requests"]
+
+
+def test_an_incremental_savepoint_that_outlives_the_pin_heartbeat_makes_no_more_requests(counted, monkeypatch):
+    """Its pin on the previous savepoint lives with the job's lease, not a heartbeat of its own:
+    with the restore pins' heartbeat every 50 ms and 10 ms on every request, none is added."""
+    from airflow_savepoints.core import catalog as catalog_module
+
+    monkeypatch.setattr(catalog_module, "PIN_TTL", 0.2)
+    counted.proxy.latency = 0.01
+    _, first, _ = counted.savepoint(incremental=False)
+    counted.next_batch()
+    second_info, second, _ = counted.savepoint()
+    assert any(e.reused_from for e in second_info.manifest.files)  # it did lend files
+    assert second["requests"] <= first["requests"], (first["by_kind"], second["by_kind"])
