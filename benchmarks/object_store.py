@@ -317,9 +317,10 @@ def peer_tools() -> dict[str, str | None]:
 
 
 def our_parallelism() -> int:
-    from airflow_savepoints.core.savepoint import SavepointRequest
+    """Our default for every step here: server-side copies, downloads and checks upload nothing."""
+    from airflow_savepoints.core.copier import default_parallelism
 
-    return int(SavepointRequest.model_fields["parallelism"].default)
+    return default_parallelism()
 
 
 # --- one pass at one latency -----------------------------------------------------------------------------

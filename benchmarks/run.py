@@ -436,7 +436,7 @@ def main() -> int:
                         "S3 request, one pass each (comma list, default 20,50)")
     parser.add_argument("--json-file", help="also write the JSON report to this file")
     parser.add_argument("--parallelism", type=int, help="with --object-store: our parallelism on S3, and the peers' "
-                        "at equal concurrency (default: the savepoint's default)")
+                        "at equal concurrency (default: ours where nothing is uploaded through the worker, 32)")
     parser.add_argument("--plot", help="draw the timings as a PNG (needs matplotlib)")
     parser.add_argument("--from-json", help="do not measure: print the table (and --plot) of a saved JSON report")
     parser.add_argument("--object-store", action="store_true",

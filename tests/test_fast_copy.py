@@ -283,6 +283,21 @@ def test_copy_threads_are_bounded_by_the_cores_between_local_disks_only(tmp_path
     assert workers_for((remote,), 8, 3) == 3 and workers_for((local,), 8, 0) == 1
 
 
+def test_by_default_fewer_files_go_at_once_only_where_they_are_uploaded_through_the_worker(tmp_path, s3, s3_endpoint):
+    """A streamed upload holds a part buffer per thread (8 at once); a server-side copy, a download to a
+    local disk and a check hold at most a read chunk (32 at once)."""
+    options = {"endpoint_url": s3_endpoint}
+    local, a, b = Store(str(tmp_path)), Store(f"s3://{s3}/a", options), Store(f"s3://{s3}/b", options)
+    cores = len(os.sched_getaffinity(0))
+
+    def default(src: Store, dst: Store) -> int:
+        return workers_for((src, dst), None, 10_000, dst=dst, methods=dst.copy_methods(src))
+
+    assert (default(a, b), default(local, b), default(a, local), default(local, local)) == (32, 8, 32, cores)
+    assert workers_for((a,), None, 10_000) == 32 and workers_for((a,), None, 5) == 5  # checks
+    assert workers_for((a, b), 3, 10_000, dst=b, methods=b.copy_methods(a)) == 3  # asked: as asked
+
+
 # --- memory -------------------------------------------------------------------------------------------
 
 

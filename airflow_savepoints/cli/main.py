@@ -180,7 +180,9 @@ class TriggerOptions:
     request_id: Annotated[str | None, typer.Option(help="Idempotency key: a retry returns the same savepoint.")] = None
     max_attempts: Annotated[int, typer.Option(min=1, max=100, help="Attempts when the checkpoint moves during the "
                                                                    "copy.")] = 5
-    parallelism: Annotated[int, typer.Option(min=1, max=256, help="Files copied at once.")] = 8
+    parallelism: Annotated[int | None, typer.Option(
+        min=1, max=256, help="Files copied at once (default: 32, or 8 where files are uploaded through this "
+                             "machine to an object store).")] = None
 
 
 @app.command()

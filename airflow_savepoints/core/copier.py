@@ -39,7 +39,8 @@ CHUNK = 1024 * 1024  # one chunk at a time per thread: 1 MiB stays in cache and 
 MODES = ("auto", "stream")
 
 __all__ = ["CHUNK", "LINK", "MODES", "PREVIOUS", "READ", "SERVER_COPY", "STORE", "STREAM", "CopiedFile",
-           "KnownChecksum", "bounded_map", "checksum_of", "copy_file", "copy_many", "workers_for"]
+           "KnownChecksum", "bounded_map", "checksum_of", "copy_file", "copy_many", "default_parallelism",
+           "workers_for"]
 
 # where a file's checksum came from
 READ, STORE, PREVIOUS = "read", "store", "previous"
@@ -218,10 +219,23 @@ def copy_file(src: Store, src_rel: str, dst: Store, dst_rel: str | None = None, 
     return _copy(_File(src, src_rel, dst, dst_rel or src_rel, stat), methods, known if mode == "auto" else None)
 
 
-def workers_for(stores: tuple[Store, ...], parallelism: int, jobs: int) -> int:
-    """Threads for ``jobs`` copies or checks. On local disks the work is memory copies and CRC32C,
-    bound by the cores (more threads only contend); object stores wait on the network: ``parallelism``."""
-    workers = min(parallelism, jobs)
+UPLOAD_PARALLELISM = 8  # default where files stream through the worker into an object store (~9 MiB each)
+NETWORK_PARALLELISM = 32  # default elsewhere: server-side copies, reads and downloads hold 1 MiB at most
+
+
+def default_parallelism(dst: Store | None = None, methods: tuple[str, ...] = ()) -> int:
+    """Files copied or checked at once when the caller names no ``parallelism``: an upload through the
+    worker holds a part buffer per thread, so fewer; nothing else holds more than a read chunk."""
+    uploads = dst is not None and not dst.is_local and (not methods or methods[0] == STREAM)
+    return UPLOAD_PARALLELISM if uploads else NETWORK_PARALLELISM
+
+
+def workers_for(stores: tuple[Store, ...], parallelism: int | None, jobs: int, *,
+                dst: Store | None = None, methods: tuple[str, ...] = ()) -> int:
+    """Threads for ``jobs`` copies (into ``dst`` by ``methods``, cheapest first) or checks. On local
+    disks the work is memory copies and CRC32C, bound by the cores (more threads only contend);
+    object stores wait on the network: ``parallelism``, or by default :func:`default_parallelism`."""
+    workers = min(parallelism or default_parallelism(dst, methods), jobs)
     if all(store.is_local for store in stores):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = min(workers, cores)
@@ -249,7 +263,7 @@ def bounded_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
     return results
 
 
-def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, stats: Mapping[str, FileStat] | None = None,
+def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int | None, *, stats: Mapping[str, FileStat] | None = None,
               mode: str = "auto", known: dict[str, KnownChecksum] | None = None,
               on_file: Callable[[CopiedFile], None] | None = None) -> dict[str, CopiedFile]:
     """Copy ``paths`` (same relative path on both sides) in parallel; the first failure is raised.
@@ -290,7 +304,7 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int, *, sta
     if len(rest) == 1:
         results = [one(rest[0])]
     elif rest:
-        results = bounded_map(one, rest, workers_for((src, dst), parallelism, len(rest)))
+        results = bounded_map(one, rest, workers_for((src, dst), parallelism, len(rest), dst=dst, methods=methods))
     else:
         results = []
     done.update({r.path: r for r in results})

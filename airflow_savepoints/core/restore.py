@@ -67,7 +67,7 @@ def _mismatch(entry: FileEntry, size: int, crc: int) -> str | None:
 
 
 def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None,
-                     parallelism: int = 8, on_event: Notify | None = None
+                     parallelism: int | None = None, on_event: Notify | None = None
                      ) -> tuple[Store, SavepointManifest]:
     """Check every file of the savepoint against its manifest; raise naming the bad files.
 
@@ -137,7 +137,7 @@ class RestoreRequest(Request):
     storage_options: dict[str, Any] | None = None
     target_storage_options: dict[str, Any] | None = None
     sink_storage_options: dict[str, Any] | None = None
-    parallelism: int = Field(default=8, ge=1)
+    parallelism: int | None = Field(default=None, ge=1)  # None: copier.default_parallelism
     copy_mode: CopyMode = "auto"
     prefer_secondary: bool = True
     secondary_storage_options: dict[str, Any] | None = None

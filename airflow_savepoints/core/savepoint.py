@@ -25,7 +25,7 @@ from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, KnownSnapshot, plan_checkpoint
 from airflow_savepoints.core.catalog import Catalog, Change, PinHold
-from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, copy_many, workers_for
+from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, copy_many, default_parallelism
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.core.lease import InflightHolder, JobLock
 from airflow_savepoints.core.manifest import new_savepoint_id, savepoint_info
@@ -104,7 +104,7 @@ class SavepointRequest(Request):
     copy_mode: CopyMode = "auto"
     incremental: bool = True
     secondary_dir: str | Store | None = None
-    parallelism: int = 8
+    parallelism: int | None = None  # None: copier.default_parallelism for each copy
     max_attempts: int = 5
     storage_options: dict[str, Any] | None = None
     checkpoint_storage_options: dict[str, Any] | None = None
@@ -129,7 +129,7 @@ class SavepointRequest(Request):
 
     @model_validator(mode="after")
     def _positive(self) -> SavepointRequest:
-        if self.max_attempts < 1 or self.parallelism < 1:
+        if self.max_attempts < 1 or (self.parallelism is not None and self.parallelism < 1):
             raise InvalidInputError("max_attempts and parallelism must be at least 1", "use positive numbers")
         return self
 
@@ -159,7 +159,7 @@ class PreviousSavepoint:
         return found
 
 
-def plan_listed(source: Store, parallelism: int = 1, previous: PreviousSavepoint | None = None) -> Listed:
+def plan_listed(source: Store, parallelism: int | None = None, previous: PreviousSavepoint | None = None) -> Listed:
     """The plan and the one listing it was made from (on a local disk, only planned files are stat'ed).
     On an object store the snapshot zips are read ``parallelism`` at a time (one request each); on a
     local disk planning is Python work on cached pages, which threads only slow down: one at a time.
@@ -169,7 +169,7 @@ def plan_listed(source: Store, parallelism: int = 1, previous: PreviousSavepoint
         raise CheckpointNotFoundError(
             f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
         )
-    workers = 1 if source.is_local else workers_for((source,), parallelism, parallelism)
+    workers = 1 if source.is_local else parallelism or default_parallelism()  # reads: no upload buffer
     known = previous.snapshots() if previous is not None else None
     return plan_checkpoint(listing, source.read_bytes, where=source.url, parallelism=workers,
                            known_snapshots=known), listing

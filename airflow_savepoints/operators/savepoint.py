@@ -143,7 +143,7 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
         request_id: str | None = None,
         checkpoint_storage_options: dict[str, Any] | None = None,
         max_attempts: int = 5,
-        parallelism: int = 8,
+        parallelism: int | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("outlets", savepoint_outlets(job))

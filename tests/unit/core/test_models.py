@@ -100,6 +100,6 @@ def test_an_unknown_keyword_is_a_type_error_as_for_any_function():
 def test_a_request_takes_type_names_and_keeps_defaults():
     request = SavepointRequest.of("take_savepoint", checkpoint="/c", job="j", savepoint_type="stop")
     assert request.savepoint_type is SavepointType.STOP
-    assert (request.copy_mode, request.incremental, request.parallelism, request.max_attempts) == ("auto", True, 8, 5)
+    assert (request.copy_mode, request.incremental, request.parallelism, request.max_attempts) == ("auto", True, None, 5)
     with pytest.raises(ValidationError):  # frozen: a run cannot change what was asked
         request.job = "other"
