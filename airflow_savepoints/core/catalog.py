@@ -7,9 +7,10 @@ recreates the catalog from them, and ``reconcile`` settles records left "in prog
 process that died.
 
 Updates are read-modify-write under a short lease ``_catalog.lock`` (a :class:`Lease`: created
-complete and exclusively, broken when stale on the store's clock). The catalog also holds pins: a restore pins its
-savepoint so that neither retention nor dispose removes it meanwhile; dispose marks a record "disposing" under the same lease, so a
-pin and a disposal never both succeed.
+complete and exclusively, broken when stale on the store's clock). The catalog also holds pins: a
+restore pins its savepoint, and an incremental savepoint the one it copies from, so that neither
+retention nor dispose removes it meanwhile; dispose marks a record "disposing" under the same lease,
+so a pin and a disposal never both succeed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Retention: which savepoints of a job to keep, and the disposal of the rest.
 
-Never removed: the newest completed savepoint of the job; a savepoint pinned by a restore in
-progress; anything still in progress. Periodic savepoints beyond the ``max_periodic`` newest, or
+Never removed: the newest completed savepoint of the job; a savepoint pinned by a restore or an
+incremental savepoint in progress; anything still in progress. Periodic savepoints beyond the ``max_periodic`` newest, or
 older than ``max_age``, are disposed; manual, stop and retained-checkpoint savepoints beyond the
 ``max_manual`` newest of them (default: no limit). Locations
 without ``_metadata`` older than ``orphan_timeout`` (a trigger that crashed) are removed. Every
