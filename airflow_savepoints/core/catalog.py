@@ -129,15 +129,15 @@ class Pin(BaseModel):
             return self.expires_at > (now or datetime.now(UTC))
         return lease_names is None or lease_names() == self.in_flight
 
-    def holder(self) -> str:
-        """Who holds it, as messages say: "a restore in progress (host:pid)"."""
-        return f"{'an' if self.purpose[:1] in 'aeiou' else 'a'} {self.purpose} in progress ({self.owner})"
+    def holder(self, detail: str = "") -> str:
+        """Who holds it, as messages say: "a restore in progress (host:pid[, detail])"."""
+        who = f"{self.owner}, {detail}" if detail else self.owner
+        return f"{'an' if self.purpose[:1] in 'aeiou' else 'a'} {self.purpose} in progress ({who})"
 
     def describe(self) -> str:
         """:meth:`holder` and how long the pin holds."""
-        until = f"while {self.in_flight} holds the job's savepoint lease" if self.in_flight else \
-            f"until {self.expires_at.isoformat()}"
-        return f"{self.holder()[:-1]}, {until})"
+        return self.holder(f"while {self.in_flight} holds the job's savepoint lease" if self.in_flight
+                           else f"until {self.expires_at.isoformat()}")
 
 
 class CatalogDocument(BaseModel):
@@ -481,7 +481,7 @@ class Catalog:
 
     def begin_dispose(self, savepoint_id: str) -> None:
         """Mark a savepoint "disposing"; refused while a live pin holds it."""
-        lease_names = functools.cache(lambda: JobLock.live_savepoint(self.store))  # read only if a pin needs it
+        lease_names = functools.cache(JobLock(self.store, request_id=None).live_savepoint)  # read only if a pin needs it
 
         def mark(document: CatalogDocument) -> None:
             pins = document.active_pins(savepoint_id, lease_names=lease_names)

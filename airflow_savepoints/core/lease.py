@@ -388,11 +388,10 @@ class JobLock:
     def is_stale(holder: InflightHolder | None) -> bool:
         return holder is None or holder.stale
 
-    @staticmethod
-    def live_savepoint(job_store: Store) -> str | None:
+    def live_savepoint(self) -> str | None:
         """The location the job's live (not stale) savepoint lease names, if any: one read."""
-        holder = JobLock(job_store, request_id=None).current()
-        return None if JobLock.is_stale(holder) else holder.savepoint_id
+        holder = self.current()
+        return None if self.is_stale(holder) else holder.savepoint_id
 
     def try_acquire(self) -> InflightHolder | None:
         """Take the lease. Returns None on success, else the live lease of the current holder."""

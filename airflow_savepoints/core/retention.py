@@ -1,8 +1,8 @@
 """Retention: which savepoints of a job to keep, and the disposal of the rest.
 
 Never removed: the newest completed savepoint of the job; a savepoint pinned by a restore or an
-incremental savepoint in progress; anything still in progress. Periodic savepoints beyond the ``max_periodic`` newest, or
-older than ``max_age``, are disposed; manual, stop and retained-checkpoint savepoints beyond the
+incremental savepoint in progress; anything still in progress. Periodic savepoints beyond the
+``max_periodic`` newest, or older than ``max_age``, are disposed; manual, stop and retained-checkpoint savepoints beyond the
 ``max_manual`` newest of them (default: no limit). Locations
 without ``_metadata`` older than ``orphan_timeout`` (a trigger that crashed) are removed. Every
 removal re-checks its grounds right before it deletes; a dry run only returns the plan.
@@ -198,7 +198,7 @@ class _Planner:
     def __init__(self, job_store: Store, job: str, policy: RetentionPolicy, now: datetime):
         self.job_store, self.job, self.policy, self.now = job_store, job, policy, now
         self.document = Catalog(job_store, job).load()
-        self.in_flight = JobLock.live_savepoint(job_store)
+        self.in_flight = JobLock(job_store, request_id=None).live_savepoint()
         self.decisions: list[Decision] = []
         self.completed: list[SavepointRecord] = []
         self.settle: dict[str, SavepointRecord | None] = {}  # catalog corrections the plan relies on
@@ -372,7 +372,7 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
     catalog = Catalog(job_store, plan.job)
     report = RetentionReport(plan=plan, dry_run=False)
     lock = JobLock(job_store, request_id=None)
-    catalog.reconcile(in_flight=JobLock.live_savepoint(job_store))
+    catalog.reconcile(in_flight=lock.live_savepoint())
     if plan.settle:
         catalog.update(lambda d: d.records.update(plan.settle))
     for decision in plan.of(Action.DISPOSE):
@@ -395,8 +395,7 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
                 {"savepoint_id": decision.savepoint_id, "error": exc.code, "message": exc.message})
     for decision in plan.of(Action.REMOVE_ORPHAN):
         try:
-            current = lock.current()
-            if current is not None and current.savepoint_id == decision.savepoint_id and not lock.is_stale(current):
+            if lock.live_savepoint() == decision.savepoint_id:
                 report.skipped.append({"savepoint_id": decision.savepoint_id, "error": "in_progress",
                                        "message": "a trigger took it up again"})
                 continue

@@ -166,7 +166,7 @@ def test_the_pin_of_an_incremental_savepoint_lapses_with_its_lease(taken):
     assert other.try_acquire() is None  # the next run holds the lease: the dead pin no longer holds
     try:
         assert catalog.load().active_pins(sid)  # without asking the lease it counts as live
-        assert not catalog.load().active_pins(sid, lease_names=lambda: JobLock.live_savepoint(catalog.store))
+        assert not catalog.load().active_pins(sid, lease_names=JobLock(catalog.store, request_id=None).live_savepoint)
         catalog.pin(sid, purpose="incremental savepoint", in_flight="savepoint-abc123-0000000000bb")
         assert [p.in_flight for p in catalog.load().pins.values()] == ["savepoint-abc123-0000000000bb"]  # pruned
     finally:
