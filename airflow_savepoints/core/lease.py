@@ -12,8 +12,11 @@ same way (:func:`owner_id`).
   the store's "now" (the modification time of a probe file written there, extrapolated with the
   local monotonic clock for a while). The local wall clock is never used, so a skewed worker can
   neither break a live lease nor keep a dead one. Renewing rewrites the lease (a new mtime).
+- A lease says how long it lives: its holder writes its ``stale_after`` into it (its heartbeat
+  beats at a quarter of that), and every reader judges it by that time, not by its own. A lease
+  without one (an older release's, garbage) or with an unusable one is judged by the reader's.
 - A lease whose mtime lies in the future (a clock that jumped, a ``touch``) has no usable age: it
-  is stale once this process has seen it unchanged for ``stale_after`` seconds. A lease whose
+  is stale once this process has seen it unchanged for its stale time. A lease whose
   content is garbage (``[]``, ``null``, a bad number, empty) is judged by its mtime like any other;
   neither ever raises.
 - Breaking a stale lease happens under a short second lease ``<name>.break``: the breaker re-reads
@@ -49,6 +52,7 @@ LOCK_FILE = INFLIGHT_LEASE
 BREAK_STALE_AFTER = 10.0  # seconds: a break lock is held for one read and one delete
 CLOCK_SLACK = 2.0  # seconds: mtime resolution (1 s on S3) and the probe's own delay
 CLOCK_PROBE_TTL = 30.0  # seconds a measured store clock is extrapolated before it is probed again
+MAX_DECLARED_STALE_AFTER = 86400.0  # seconds: a longer stale time written in a lease is not believed
 
 _clock_cache: dict[tuple[str, str], tuple[float, float]] = {}  # (protocol, folder) -> (store time, monotonic)
 _clock_lock = threading.Lock()
@@ -98,23 +102,28 @@ class LeaseState:
     stale: bool
     readable: bool
     modified: float | None = None
+    stale_after: float | None = None  # the time it was judged by: the holder's, else the reader's
     identity: tuple[bytes, float | None] = field(default=(b"", None), repr=False, compare=False)
 
 
-def _parse(raw: bytes) -> tuple[str | None, str | None, dict[str, Any], bool]:
-    """(token, owner, facts, readable) of a lease's bytes; never raises."""
+def _parse(raw: bytes) -> tuple[str | None, str | None, dict[str, Any], bool, float | None]:
+    """(token, owner, facts, readable, the holder's stale time) of a lease's bytes; never raises."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        return None, None, {}, False
+        return None, None, {}, False, None
     if not isinstance(body, dict):
-        return None, None, {}, False
+        return None, None, {}, False, None
     token, owner = body.get("token"), body.get("owner")
     facts = body.get("facts")
     if not isinstance(facts, dict):  # an older lease file: its other keys are its facts
-        facts = {k: v for k, v in body.items() if k not in ("token", "owner", "format", "nonce", "written_at")}
+        facts = {k: v for k, v in body.items()
+                 if k not in ("token", "owner", "format", "nonce", "written_at", "stale_after")}
+    declared = body.get("stale_after")
+    usable = isinstance(declared, int | float) and not isinstance(declared, bool) and \
+        0 < declared <= MAX_DECLARED_STALE_AFTER  # NaN fails the comparison too
     return (token if isinstance(token, str) else None, owner if isinstance(owner, str) else None, facts,
-            isinstance(token, str))
+            isinstance(token, str), float(declared) if usable else None)
 
 
 class Lease:
@@ -170,7 +179,8 @@ class Lease:
             self._seen.pop(name, None)
             return None
         data, modified = raw
-        token, owner, facts, readable = _parse(data)
+        token, owner, facts, readable, declared = _parse(data)
+        stale_after = declared or stale_after
         age: float | None = None
         if modified is not None:
             now = store_now(self.store)
@@ -187,25 +197,27 @@ class Lease:
                 self._seen[name] = seen = (raw, time.monotonic())
             stale = time.monotonic() - seen[1] > stale_after
         return LeaseState(token=token, owner=owner, facts=facts, age_s=age, stale=stale, readable=readable,
-                          modified=modified, identity=raw)
+                          modified=modified, stale_after=stale_after, identity=raw)
 
     # --- taking and giving back ---------------------------------------------------------------------
     def _body(self) -> bytes:
         return json.dumps({"format": LEASE_FORMAT, "token": self.token, "owner": self.owner, "facts": self.facts,
-                           "nonce": uuid.uuid4().hex, "written_at": time.time()}, sort_keys=True,
+                           "stale_after": self.stale_after, "nonce": uuid.uuid4().hex, "written_at": time.time()},
+                          sort_keys=True,
                           default=str).encode()
 
-    def try_acquire(self) -> LeaseState | None:
+    def try_acquire(self, judge_by: float | None = None) -> LeaseState | None:
         """Take the lease: None if this object holds it now, else the current holder's state.
 
-        A stale lease is broken first (under the break lock). Never raises for a garbage lease."""
+        A stale lease is broken first (under the break lock); one that declares no stale time is
+        judged by ``judge_by`` (default: ours). Never raises for a garbage lease."""
         with self._io:
             for _ in range(3):
                 if self.store.create_exclusive(self.name, self._body()):
                     self._written_at = time.monotonic()
                     self.lost = False
                     return None
-                holder = self.read()
+                holder = self._state_of(self.name, judge_by or self.stale_after)
                 if holder is None:
                     continue  # released meanwhile: try again
                 if holder.token == self.token:  # ours (e.g. a retried create): keep it

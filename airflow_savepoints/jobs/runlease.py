@@ -136,11 +136,8 @@ class RunLease:
                 return current
             lease.facts = {**(current.facts() if current is not None and current.run_id == run_id else {}),
                            **facts, "run_id": run_id, "timeout_s": timeout}
-            lease.stale_after = current.timeout_s if current is not None and current.run_id != run_id else timeout
-            try:
-                taken = lease.try_acquire()
-            finally:
-                lease.stale_after = timeout
+            taken = lease.try_acquire(judge_by=current.timeout_s if current is not None and current.run_id != run_id
+                                      else None)  # for a lease from a release that wrote no stale time
             if taken is None:
                 if current is not None and current.run_id == run_id:
                     lease.renew()  # ours already: with the new facts

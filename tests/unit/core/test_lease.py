@@ -68,6 +68,38 @@ def test_an_unreadable_lease_is_judged_by_its_mtime_and_never_raises(tmp_path, g
     assert Lease(store, "x.lease", token="t", stale_after=5).try_acquire() is None
 
 
+def test_a_lease_is_judged_by_its_holders_stale_time_not_the_readers(tmp_path):
+    store = Store(str(tmp_path))
+    short = Lease(store, "short.lease", token="short", stale_after=5)
+    long = Lease(store, "long.lease", token="long", stale_after=600)
+    assert short.try_acquire() is None and long.try_acquire() is None
+    age(tmp_path / "short.lease", 10)
+    age(tmp_path / "long.lease", 300)  # two of its holder's heartbeats (every 150 s) late at most: alive
+    for reader_stale_after in (1, 120):
+        assert Lease(store, "short.lease", stale_after=reader_stale_after).read().stale
+        state = Lease(store, "long.lease", stale_after=reader_stale_after).read()
+        assert not state.stale and state.stale_after == 600
+    assert Lease(store, "long.lease", token="eager", stale_after=1).try_acquire().token == "long"  # not broken
+    assert long.held()
+    job = Store(str(tmp_path / "job"))
+    dead = JobLock(job, request_id="req-1", stale_after=5)  # a trigger with a short lock_stale_after, killed
+    assert dead.try_acquire() is None
+    dead.set_savepoint("savepoint-abc-0123456789ab")
+    dead.lease.stop_heartbeat()
+    age(tmp_path / "job" / LOCK_FILE, 10)
+    assert JobLock(job, request_id=None).live_savepoint() is None  # retention, dispose: default 120 s
+
+
+@pytest.mark.parametrize("declared", [0, -5, 1e12, "30", True, None])
+def test_a_lease_that_declares_no_usable_stale_time_is_judged_by_the_readers(tmp_path, declared):
+    body = {"format": "airflow-savepoints/lease", "token": "t", "owner": "h:1", "facts": {}, "stale_after": declared}
+    (tmp_path / "x.lease").write_text(json.dumps(body))
+    age(tmp_path / "x.lease", 60)
+    state = Lease(Store(str(tmp_path)), "x.lease", stale_after=30).read()
+    assert (state.stale, state.stale_after, state.readable) == (True, 30, True)
+    assert not Lease(Store(str(tmp_path)), "x.lease", stale_after=90).read().stale
+
+
 def test_the_job_lease_names_its_request_and_location(tmp_path):
     job = Store(str(tmp_path / "job"))
     lock = JobLock(job, request_id="req-1", stale_after=30)
