@@ -47,3 +47,4 @@ register_backend("s3", f"{_PACKAGE}.s3.S3Backend")
 register_backend("gcs", f"{_PACKAGE}.gcs.GCSBackend")
 register_backend("abfs", f"{_PACKAGE}.azure.AzureBackend")
 register_backend("memory", f"{_PACKAGE}.generic.ObjectStoreBackend")  # fsspec's in-memory store
+register_backend("hdfs", f"{_PACKAGE}.hdfs.HdfsBackend")

@@ -1,7 +1,7 @@
-"""Stores with no back end of their own, kept on plain fsspec calls (HDFS and any other protocol),
+"""Stores with no back end of their own, kept on plain fsspec calls (any fsspec protocol not listed),
 and what the object-store back ends share.
 
-:class:`FsspecBackend` serves filesystems with folders (HDFS and any other fsspec protocol): an atomic
+:class:`FsspecBackend` serves filesystems with folders (HDFS, through ``hdfs.py``, and any other): an atomic
 write is a temporary file renamed into place. :class:`ObjectStoreBackend` serves object stores
 (fsspec's memory store; the base of the S3, GCS and Azure back ends): one PUT is atomic and folders
 do not exist. Neither has an atomic create-if-absent through fsspec: ``create_exclusive`` checks,
@@ -20,17 +20,8 @@ from airflow_savepoints.storage.backends.base import Backend
 
 _create_lock = threading.Lock()
 
-ERROR_HINTS = {
-    "hdfs": "pyarrow's HDFS client needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)",
-}
-
-
 class FsspecBackend(Backend):
     """Any fsspec filesystem with folders, through its generic calls."""
-
-    @property
-    def error_hint(self) -> str:  # type: ignore[override]
-        return ERROR_HINTS.get(self.protocol, Backend.error_hint)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         tmp = temporary_name(path)

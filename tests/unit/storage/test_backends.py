@@ -49,7 +49,7 @@ def test_each_kind_of_store_gets_its_own_back_end():
     assert backend_class("file") is LocalBackend and backend_class("s3") is S3Backend
     assert backend_class("gcs") is GCSBackend and backend_class("abfs") is AzureBackend
     assert backend_class("memory") is ObjectStoreBackend
-    assert backend_class("hdfs") is FsspecBackend  # not listed: the generic one, with folders
+    assert backend_class("ftp") is FsspecBackend  # not listed: the generic one, with folders
     assert isinstance(Store("s3a://bucket/x").backend, S3Backend)
 
 
