@@ -1,8 +1,8 @@
 """Stores with no back end of their own, kept on plain fsspec calls (any fsspec protocol not listed),
 and what the object-store back ends share.
 
-:class:`FsspecBackend` serves filesystems with folders (HDFS, through ``hdfs.py``, and any other): an atomic
-write is a temporary file renamed into place. :class:`ObjectStoreBackend` serves object stores
+:class:`FsspecBackend` serves filesystems with folders (and is the base of HDFS's, ``hdfs.py``): an
+atomic write is a temporary file renamed into place. :class:`ObjectStoreBackend` serves object stores
 (fsspec's memory store; the base of the S3, GCS and Azure back ends): one PUT is atomic and folders
 do not exist. Neither has an atomic create-if-absent through fsspec: ``create_exclusive`` checks,
 then writes, under a lock that only orders this process's threads (docs/concepts.md says so).

@@ -59,8 +59,7 @@ class HdfsBackend(FsspecBackend):
         webhdfs, tmp = self.webhdfs, temporary_name(path)
         self.fs.pipe_file(tmp, data)
         try:  # _call: the request every public method of fsspec's WebHDFS makes; it raises on a refusal
-            webhdfs._call("RENAME", method="put", path=tmp, destination="/" + path.lstrip("/"),
-                               renameoptions="NONE")
+            webhdfs._call("RENAME", method="put", path=tmp, destination="/" + path.lstrip("/"), renameoptions="NONE")
             return True
         except Exception:
             if not self.fs.exists(tmp):  # renamed, and the answer was lost: ours if it holds our bytes
