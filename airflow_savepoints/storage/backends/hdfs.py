@@ -6,6 +6,8 @@ complete under a temporary name and renames it with the NameNode's own rename th
 existing target: WebHDFS ``op=RENAME&renameoptions=NONE`` (``FileContext.rename`` with
 ``Options.Rename.NONE``, as Spark's checkpoint file manager commits its files). One NameNode
 operation decides it, so two workers never both win, and a reader never sees a half-written file.
+An atomic write (the catalog, a renewed lease) renames the same way with ``OVERWRITE``: the file
+is replaced in one operation, never missing in between.
 
 The WebHDFS address of an ``hdfs://`` store is its storage option ``webhdfs`` (the keyword arguments
 of fsspec's ``WebHDFS``: ``host``, ``port``, ``use_https``, ``kerberos``, ...); without it, the
@@ -32,7 +34,7 @@ class AtomicCreateUnavailableError(StorageError):
 
 
 class HdfsBackend(FsspecBackend):
-    """HDFS: data through pyarrow; the one rename that must not replace through WebHDFS."""
+    """HDFS: data through pyarrow; the renames that must be atomic through WebHDFS."""
 
     credentials_hint: ClassVar[str] = "run kinit (Kerberos) or set the 'user' storage option"
     error_hint: ClassVar[str] = "pyarrow's HDFS client needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)"
@@ -55,11 +57,28 @@ class HdfsBackend(FsspecBackend):
             client["user"] = options["user"]
         return fsspec.filesystem("webhdfs", **client)
 
+    def _rename(self, webhdfs: Any, tmp: str, path: str, option: str) -> None:
+        """The NameNode's ``rename2(tmp, path, option)``; raises on a refusal (``_call``: the request
+        every public method of fsspec's WebHDFS makes)."""
+        webhdfs._call("RENAME", method="put", path=tmp, destination="/" + path.lstrip("/"), renameoptions=option)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Written whole under a temporary name, then renamed over ``path`` in one NameNode operation
+        (pyarrow's ``move`` deletes the target first: a reader could find no file in between)."""
+        webhdfs, tmp = self.webhdfs, temporary_name(path)
+        self.fs.pipe_file(tmp, data)
+        try:
+            self._rename(webhdfs, tmp, path, "OVERWRITE")
+        except Exception:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(tmp)
+            raise
+
     def create_exclusive(self, path: str, data: bytes) -> bool:
         webhdfs, tmp = self.webhdfs, temporary_name(path)
         self.fs.pipe_file(tmp, data)
-        try:  # _call: the request every public method of fsspec's WebHDFS makes; it raises on a refusal
-            webhdfs._call("RENAME", method="put", path=tmp, destination="/" + path.lstrip("/"), renameoptions="NONE")
+        try:
+            self._rename(webhdfs, tmp, path, "NONE")
             return True
         except Exception:
             if not self.fs.exists(tmp):  # renamed, and the answer was lost: ours if it holds our bytes

@@ -5,6 +5,9 @@ memory store stands in for pyarrow's HDFS client, and fsspec's real WebHDFS clie
 from __future__ import annotations
 
 import socket
+import uuid
+from collections.abc import Iterator
+from contextlib import suppress
 
 import fsspec
 import pytest
@@ -16,8 +19,17 @@ from airflow_savepoints.storage.backends import backend_class
 from airflow_savepoints.storage.backends.hdfs import AtomicCreateUnavailableError, HdfsBackend
 
 
+@pytest.fixture
+def root() -> Iterator[str]:
+    """A folder of its own in fsspec's memory store (one store for the whole process), removed after."""
+    folder = f"/hdfs-unit-{uuid.uuid4().hex}"
+    yield folder
+    with suppress(FileNotFoundError):
+        fsspec.filesystem("memory").rm(folder, recursive=True)
+
+
 def data_filesystem(**options):
-    """A fresh in-memory filesystem carrying ``options`` as pyarrow's would carry its own."""
+    """An in-memory filesystem carrying ``options`` as pyarrow's would carry its own."""
     return fsspec.filesystem("memory", skip_instance_cache=True, **options)
 
 
@@ -31,13 +43,13 @@ def test_hdfs_urls_get_the_hdfs_back_end():
     assert backend_class("hdfs") is HdfsBackend
 
 
-def test_without_a_webhdfs_address_an_exclusive_create_is_refused_and_leaves_nothing():
+def test_without_a_webhdfs_address_an_exclusive_create_is_refused_and_leaves_nothing(root):
     fs = data_filesystem(host="default")  # the NameNode from the Hadoop configuration: no HTTP address known
     backend = HdfsBackend(fs, "hdfs")
     with pytest.raises(AtomicCreateUnavailableError, match="webhdfs=") as raised:
-        backend.create_exclusive("/sp/job/_inflight.json", b"lease")
+        backend.create_exclusive(f"{root}/job/_inflight.json", b"lease")
     assert raised.value.code == "no_atomic_create" and "9870" in raised.value.hint
-    assert not fs.find("/sp")
+    assert not fs.find(root)
 
 
 def test_the_webhdfs_address_comes_from_its_option_else_the_namenode_host():
@@ -48,18 +60,26 @@ def test_the_webhdfs_address_comes_from_its_option_else_the_namenode_host():
     assert given.url == "https://nn2:50070/webhdfs/v1"
 
 
-def test_an_unreachable_namenode_fails_the_create_and_leaves_no_temporary_file():
+def test_an_unreachable_namenode_fails_the_create_and_leaves_no_temporary_file(root):
     fs = data_filesystem(host="127.0.0.1", webhdfs={"host": "127.0.0.1", "port": closed_port()})
     backend = HdfsBackend(fs, "hdfs")
     with pytest.raises(requests.ConnectionError):
-        backend.create_exclusive("/sp/job/_inflight.json", b"lease")
-    assert not fs.find("/sp")
-    fs.pipe_file("/sp/job/_inflight.json", b"theirs")  # taken: refused whatever the rename said
-    assert backend.create_exclusive("/sp/job/_inflight.json", b"ours") is False
-    assert fs.find("/sp") == ["/sp/job/_inflight.json"] and fs.cat_file("/sp/job/_inflight.json") == b"theirs"
+        backend.create_exclusive(f"{root}/job/_inflight.json", b"lease")
+    assert not fs.find(root)
+    fs.pipe_file(f"{root}/job/_inflight.json", b"theirs")  # taken: refused whatever the rename said
+    assert backend.create_exclusive(f"{root}/job/_inflight.json", b"ours") is False
+    assert fs.find(root) == [f"{root}/job/_inflight.json"] and fs.cat_file(f"{root}/job/_inflight.json") == b"theirs"
 
 
 def test_an_hdfs_store_fails_with_a_clear_error_where_pyarrow_finds_no_hadoop():
     with pytest.raises(StorageError) as raised:
         Store("hdfs:///sp", {"host": "127.0.0.1", "port": closed_port()}).list_files()
     assert raised.value.code == "storage_error" and "HADOOP_HOME" in raised.value.hint
+
+
+def test_an_atomic_write_the_namenode_cannot_rename_keeps_the_old_file_and_no_temporary_one(root):
+    fs = data_filesystem(host="127.0.0.1", webhdfs={"host": "127.0.0.1", "port": closed_port()})
+    fs.pipe_file(f"{root}/job/_catalog.json", b"old")
+    with pytest.raises(requests.ConnectionError):
+        HdfsBackend(fs, "hdfs").write_atomic(f"{root}/job/_catalog.json", b"new")
+    assert fs.find(root) == [f"{root}/job/_catalog.json"] and fs.cat_file(f"{root}/job/_catalog.json") == b"old"
