@@ -110,8 +110,10 @@ class Store:
         self.scheme, self.protocol, self.root = split_url(url)
         self.storage_options = dict(storage_options or {})
         kind = backend_class(self.protocol)
+        self.root, from_url = kind.location(self.root)
+        options = {**from_url, **self.storage_options}  # options given explicitly win
         self.backend: Backend = kind(None, self.protocol)  # tells errors apart while the filesystem is made
-        self.fs = _fs if _fs is not None else self._guarded(lambda: _make_filesystem(self.protocol, storage_options))
+        self.fs = _fs if _fs is not None else self._guarded(lambda: _make_filesystem(self.protocol, options))
         self.backend = kind(self.fs, self.protocol)
 
     # --- addressing --------------------------------------------------------------------------------

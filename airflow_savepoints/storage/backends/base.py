@@ -70,6 +70,12 @@ class Backend:
         """The options the fsspec filesystem is made with (a back end may add its own defaults)."""
         return options
 
+    @classmethod
+    def location(cls, path: str) -> tuple[str, dict[str, Any]]:
+        """The filesystem path of a URL's ``path`` (what follows ``scheme://``), and the options its
+        authority stands for, where the store puts a server there rather than a bucket."""
+        return path, {}
+
     # --- addressing --------------------------------------------------------------------------------
     def url(self, scheme: str, path: str) -> str:
         """The URL of ``path`` as the user wrote its scheme."""

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import fsspec
 
-from airflow_savepoints.errors import StorageError
+from airflow_savepoints.errors import InvalidPathError, StorageError
 from airflow_savepoints.storage.backends.generic import FsspecBackend, temporary_name
 
 WEBHDFS_PORT = 9870  # dfs.namenode.http-address's default port since Hadoop 3
@@ -38,6 +38,26 @@ class HdfsBackend(FsspecBackend):
 
     credentials_hint: ClassVar[str] = "run kinit (Kerberos) or set the 'user' storage option"
     error_hint: ClassVar[str] = "pyarrow's HDFS client needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)"
+
+    @classmethod
+    def location(cls, path: str) -> tuple[str, dict[str, Any]]:
+        """``namenode:8020/sp`` (from ``hdfs://namenode:8020/sp``) is ``/sp`` on that NameNode;
+        ``/sp`` (from ``hdfs:///sp``) is on the NameNode of the options or the Hadoop configuration."""
+        if path.startswith("/"):
+            return path, {}
+        authority, _, rest = path.partition("/")
+        host, _, port = authority.partition(":")
+        if port and not port.isdigit():
+            raise InvalidPathError(f"'hdfs://{path}' has no valid NameNode port",
+                                   "write hdfs://namenode:8020/path, or hdfs:///path with the NameNode in the options")
+        return "/" + rest, {"host": host, **({"port": int(port)} if port else {})}
+
+    def url(self, scheme: str, path: str) -> str:
+        """``hdfs://namenode:port/path`` when the NameNode is known, else ``hdfs:///path``."""
+        options = getattr(self.fs, "storage_options", None) or {}
+        host, port = options.get("host"), options.get("port")
+        authority = "" if not host or host == "default" else f"{host}:{port}" if port else host
+        return f"{scheme}://{authority}{path}"
 
     @functools.cached_property
     def webhdfs(self) -> Any:

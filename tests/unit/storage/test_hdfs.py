@@ -1,6 +1,7 @@
-"""The HDFS back end's exclusive create without a Hadoop cluster (this machine has none): fsspec's
-memory store stands in for pyarrow's HDFS client, and fsspec's real WebHDFS client is pointed at
-127.0.0.1. What needs a NameNode (a rename refused because the name is taken) is not tested here."""
+"""The HDFS back end without a Hadoop cluster (this machine has none): its URLs, and its exclusive
+create and atomic write where they fail. fsspec's memory store stands in for pyarrow's HDFS client,
+and fsspec's real WebHDFS client is pointed at 127.0.0.1. What needs a NameNode (a rename refused
+because the name is taken, a rename that replaces) is not tested here."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from collections.abc import Iterator
 from contextlib import suppress
 
 import fsspec
+import fsspec.implementations.memory
 import pytest
 import requests
+from fsspec.registry import _registry
 
-from airflow_savepoints.errors import StorageError
+from airflow_savepoints.errors import InvalidPathError, StorageError
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.backends import backend_class
 from airflow_savepoints.storage.backends.hdfs import AtomicCreateUnavailableError, HdfsBackend
@@ -83,3 +86,39 @@ def test_an_atomic_write_the_namenode_cannot_rename_keeps_the_old_file_and_no_te
     with pytest.raises(requests.ConnectionError):
         HdfsBackend(fs, "hdfs").write_atomic(f"{root}/job/_catalog.json", b"new")
     assert fs.find(root) == [f"{root}/job/_catalog.json"] and fs.cat_file(f"{root}/job/_catalog.json") == b"old"
+
+
+@pytest.mark.parametrize(("after_scheme", "path", "options"), [
+    ("namenode:8020/sp", "/sp", {"host": "namenode", "port": 8020}),
+    ("nameservice1/sp/job", "/sp/job", {"host": "nameservice1"}),  # an HA nameservice: its port is the configuration's
+    ("/sp", "/sp", {}),  # hdfs:///sp: the NameNode of the options or the Hadoop configuration
+])
+def test_the_namenode_in_an_hdfs_url_becomes_the_filesystems_host_and_port(after_scheme, path, options):
+    assert HdfsBackend.location(after_scheme) == (path, options)
+
+
+def test_an_hdfs_url_with_a_bad_port_is_refused():
+    with pytest.raises(InvalidPathError, match="NameNode port"):
+        Store("hdfs://namenode:80x/sp")
+
+
+class StandIn(fsspec.implementations.memory.MemoryFileSystem):
+    """fsspec's memory store registered as ``hdfs`` for one test (pyarrow's client needs a Hadoop)."""
+
+    protocol = "hdfs"
+
+
+@pytest.fixture
+def hdfs_stand_in(monkeypatch) -> None:
+    monkeypatch.setitem(_registry, "hdfs", StandIn)  # undone after the test
+
+
+def test_a_store_at_an_hdfs_url_reaches_its_namenode_and_names_it_in_its_urls(hdfs_stand_in, root):
+    store = Store(f"hdfs://namenode:8020{root}", {"user": "etl"})
+    assert (store.root, store.fs.storage_options) == (root, {"host": "namenode", "port": 8020, "user": "etl"})
+    assert store.child("job").url_of("_catalog.json") == f"hdfs://namenode:8020{root}/job/_catalog.json"
+    store.fs.pipe_file(f"{root}/job/x", b"data")
+    assert store.child("job").read_bytes("x") == b"data"  # the path on the NameNode, not "namenode:8020/..."
+    explicit = Store(f"hdfs://namenode:8020{root}", {"host": "other", "port": 9000})  # given options win
+    assert explicit.fs.storage_options == {"host": "other", "port": 9000} and explicit.url == f"hdfs://other:9000{root}"
+    assert Store(f"hdfs://{root}").url == f"hdfs://{root}"  # hdfs:///sp stays as written
