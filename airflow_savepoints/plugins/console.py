@@ -23,7 +23,7 @@ from airflow_savepoints.core.pointer import latest_savepoint, list_jobs, list_sa
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.errors import SavepointError
-from airflow_savepoints.storage import Store, split_url
+from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def declared_here(root: Store, specs: dict[str, Any]) -> set[str]:
     found = set()
     for name, spec in specs.items():
         try:
-            if not spec.savepoint_dir or split_url(spec.savepoint_dir)[1:] == here:
+            if not spec.savepoint_dir or Store.location_of(spec.savepoint_dir) == here:
                 found.add(name)
         except SavepointError:
             continue  # a savepoint_dir that is no URL: the job's own commands report it

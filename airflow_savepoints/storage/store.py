@@ -116,6 +116,12 @@ class Store:
         self.fs = _fs if _fs is not None else self._guarded(lambda: _make_filesystem(self.protocol, options))
         self.backend = kind(self.fs, self.protocol)
 
+    @staticmethod
+    def location_of(url: str) -> tuple[str, str]:
+        """(protocol, root) of the store at ``url``, as a Store there would have them; nothing is reached."""
+        _, protocol, path = split_url(url)
+        return protocol, backend_class(protocol).location(path)[0]
+
     # --- addressing --------------------------------------------------------------------------------
     @property
     def url(self) -> str:

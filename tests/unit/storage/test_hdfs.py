@@ -122,3 +122,5 @@ def test_a_store_at_an_hdfs_url_reaches_its_namenode_and_names_it_in_its_urls(hd
     explicit = Store(f"hdfs://namenode:8020{root}", {"host": "other", "port": 9000})  # given options win
     assert explicit.fs.storage_options == {"host": "other", "port": 9000} and explicit.url == f"hdfs://other:9000{root}"
     assert Store(f"hdfs://{root}").url == f"hdfs://{root}"  # hdfs:///sp stays as written
+    assert Store.location_of(f"hdfs://namenode:8020{root}") == ("hdfs", root)  # how the console matches jobs
+    assert Store.location_of("s3a://bucket/sp") == ("s3", "bucket/sp")
