@@ -352,9 +352,10 @@ class Store:
         """Create ``rel`` holding ``data`` only if it does not exist yet. True if this call created it.
 
         The file is complete the moment it becomes visible: locally a temp file is written, then
-        hard-linked as ``rel`` (``link`` fails if ``rel`` exists); S3 uses a conditional PUT
-        (If-None-Match). Other stores fall back to check-then-write, which two processes can race;
-        docs/concepts.md says so.
+        hard-linked as ``rel`` (``link`` fails if ``rel`` exists); S3 and Azure use a conditional PUT
+        (If-None-Match), GCS ``ifGenerationMatch=0``, HDFS a NameNode rename that refuses an existing
+        file. Other stores fall back to check-then-write, which two processes can race;
+        docs/reliability.md says so.
         """
         with self.translate_errors(self.url_of(rel)):
             return self.backend.create_exclusive(self.path_of(rel), data)
