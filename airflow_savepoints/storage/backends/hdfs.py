@@ -23,14 +23,10 @@ from typing import Any, ClassVar
 
 import fsspec
 
-from airflow_savepoints.errors import InvalidPathError, StorageError
+from airflow_savepoints.errors import AtomicCreateUnavailableError, InvalidPathError
 from airflow_savepoints.storage.backends.generic import FsspecBackend, temporary_name
 
 WEBHDFS_PORT = 9870  # dfs.namenode.http-address's default port since Hadoop 3
-
-
-class AtomicCreateUnavailableError(StorageError):
-    code = "no_atomic_create"
 
 
 class HdfsBackend(FsspecBackend):

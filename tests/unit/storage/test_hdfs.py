@@ -16,10 +16,10 @@ import pytest
 import requests
 from fsspec.registry import _registry
 
-from airflow_savepoints.errors import InvalidPathError, StorageError
+from airflow_savepoints.errors import AtomicCreateUnavailableError, InvalidPathError, StorageError
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.backends import backend_class
-from airflow_savepoints.storage.backends.hdfs import AtomicCreateUnavailableError, HdfsBackend
+from airflow_savepoints.storage.backends.hdfs import HdfsBackend
 
 
 @pytest.fixture
