@@ -203,8 +203,7 @@ class Lease:
     def _body(self) -> bytes:
         return json.dumps({"format": LEASE_FORMAT, "token": self.token, "owner": self.owner, "facts": self.facts,
                            "stale_after": self.stale_after, "nonce": uuid.uuid4().hex, "written_at": time.time()},
-                          sort_keys=True,
-                          default=str).encode()
+                          sort_keys=True, default=str).encode()
 
     def try_acquire(self, judge_by: float | None = None) -> LeaseState | None:
         """Take the lease: None if this object holds it now, else the current holder's state.

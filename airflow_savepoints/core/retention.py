@@ -2,10 +2,10 @@
 
 Never removed: the newest completed savepoint of the job; a savepoint pinned by a restore or an
 incremental savepoint in progress; anything still in progress. Periodic savepoints beyond the
-``max_periodic`` newest, or older than ``max_age``, are disposed; manual, stop and retained-checkpoint savepoints beyond the
-``max_manual`` newest of them (default: no limit). Locations
-without ``_metadata`` older than ``orphan_timeout`` (a trigger that crashed) are removed. Every
-removal re-checks its grounds right before it deletes; a dry run only returns the plan.
+``max_periodic`` newest, or older than ``max_age``, are disposed; manual, stop and
+retained-checkpoint savepoints beyond the ``max_manual`` newest of them (default: no limit).
+Locations without ``_metadata`` older than ``orphan_timeout`` (a trigger that crashed) are removed.
+Every removal re-checks its grounds right before it deletes; a dry run only returns the plan.
 """
 
 from __future__ import annotations
