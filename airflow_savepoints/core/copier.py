@@ -1,4 +1,4 @@
-"""Copy files between stores by the cheapest correct means, with a CRC32C of every file (memory stays flat).
+"""Copy files between stores by the cheapest correct means, with a checksum of every file (memory stays flat).
 
 The destination store says how files of the source can reach it, cheapest first
 (``Store.copy_methods``); per file, the first method that applies is used:
@@ -12,6 +12,10 @@ The destination store says how files of the source can reach it, cheapest first
   ``ChecksumAlgorithm=CRC32C`` and ``CopySourceIfMatch`` = the listed ETag. No payload passes
   through the worker; the store computes the CRC32C of the object it wrote.
 * ``stream``: read 1 MiB at a time, CRC32C, write. Never a whole-file read. Always applies.
+
+The checksum is CRC32C, except where a savepoint is written on Azure: there a synchronous copy returns
+Azure's CRC64 of the bytes it copied, and the file records that (``core/checksums.py``) rather than
+being read back. Restores and checks compute whichever kind the manifest names for each file.
 
 A ``KnownChecksum`` (from the previous savepoint of the job, for a file proven to be the same)
 puts one more method first, ``reuse``: the file is linked or server-copied from that savepoint (by
@@ -29,8 +33,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-import google_crc32c
-
+from airflow_savepoints.core import checksums
+from airflow_savepoints.core.checksums import CRC32C, CRC64
 from airflow_savepoints.errors import SourceChangedError
 from airflow_savepoints.storage import LINK, SERVER_COPY, STREAM, FileStat, Store
 
@@ -55,6 +59,7 @@ class KnownChecksum:
     size: int
     crc: int
     savepoint_id: str
+    algorithm: str = CRC32C
 
 
 @dataclass(frozen=True)
@@ -66,42 +71,43 @@ class CopiedFile:
     checksum_source: str = READ
     source_version: str | None = None  # identity of the source file actually copied, when known exactly
     reused_from: str | None = None  # the savepoint a reused checksum (and file) came from
+    algorithm: str = CRC32C  # the kind of ``crc``: crc32c, or Azure's crc64
 
     @property
     def checksum(self) -> str:
-        return format(self.crc, "08x")
+        return checksums.as_hex(self.algorithm, self.crc)
 
 
-def _read_crc(handle) -> tuple[int, int]:
+def _read_crc(handle, algorithm: str = CRC32C) -> tuple[int, int]:
     # google-crc32c takes bytes only (not a bytearray view): one CHUNK at a time keeps memory flat
     crc, size = 0, 0
     while chunk := handle.read(CHUNK):
-        crc = google_crc32c.extend(crc, chunk)
+        crc = checksums.extend(algorithm, crc, chunk)
         size += len(chunk)
     return size, crc
 
 
-def _hash(store: Store, rel: str) -> tuple[int, int, str | None]:
-    """(size, CRC32C, version token of the file read, when the store pins it) of one file."""
+def _hash(store: Store, rel: str, algorithm: str = CRC32C) -> tuple[int, int, str | None]:
+    """(size, checksum, version token of the file read, when the store pins it) of one file."""
     with store.open_read(rel, block_size=8 * CHUNK) as reader:
-        size, crc = _read_crc(reader)
+        size, crc = _read_crc(reader, algorithm)
     return size, crc, reader.version
 
 
-def checksum_of(store: Store, rel: str) -> tuple[int, int]:
-    """(size, CRC32C) of one file, read 1 MiB at a time."""
-    size, crc, _ = _hash(store, rel)
+def checksum_of(store: Store, rel: str, algorithm: str = CRC32C) -> tuple[int, int]:
+    """(size, checksum by ``algorithm``) of one file, read 1 MiB at a time."""
+    size, crc, _ = _hash(store, rel, algorithm)
     return size, crc
 
 
-def _stream(src: Store, src_rel: str, dst: Store, dst_rel: str) -> CopiedFile:
+def _stream(src: Store, src_rel: str, dst: Store, dst_rel: str, algorithm: str = CRC32C) -> CopiedFile:
     crc, size = 0, 0
     with src.open_read(src_rel, block_size=8 * CHUNK) as reader, dst.open_write(dst_rel) as writer:
         while chunk := reader.read(CHUNK):
-            crc = google_crc32c.extend(crc, chunk)
+            crc = checksums.extend(algorithm, crc, chunk)
             size += len(chunk)
             writer.write(chunk)
-    return CopiedFile(src_rel, size, crc, STREAM, READ, reader.version)
+    return CopiedFile(src_rel, size, crc, STREAM, READ, reader.version, algorithm=algorithm)
 
 
 @dataclass(frozen=True)
@@ -114,13 +120,21 @@ class _File:
     dst_rel: str
     stat: FileStat | None = None
     parent_ready: bool = False  # the target's folder exists
+    algorithm: str = CRC32C  # the checksum to compute where the file is read
+    any_store_checksum: bool = False  # a store's CRC64 will do instead (a savepoint; a restore checks one kind)
+
+    def store_algorithms(self) -> tuple[str, ...]:
+        """The store-computed checksums this copy can record, preferred first."""
+        if self.any_store_checksum and self.algorithm != CRC64 and checksums.crc64_available():
+            return self.algorithm, CRC64
+        return (self.algorithm,)
 
 
 def _by_link(f: _File) -> CopiedFile | None:
     if f.dst.link_from(f.src, f.src_rel, f.dst_rel, parent_ready=f.parent_ready) is None:
         return None
-    size, crc, version = _hash(f.dst, f.dst_rel)  # the linked inode itself
-    return CopiedFile(f.src_rel, size, crc, LINK, READ, version)
+    size, crc, version = _hash(f.dst, f.dst_rel, f.algorithm)  # the linked inode itself
+    return CopiedFile(f.src_rel, size, crc, LINK, READ, version, algorithm=f.algorithm)
 
 
 def _by_server_copy(f: _File) -> CopiedFile | None:
@@ -129,15 +143,17 @@ def _by_server_copy(f: _File) -> CopiedFile | None:
     if copied is None:
         return None
     version = stat.version if stat and copied.guarded else None  # the copy was of exactly this version
-    if copied.crc is None:  # the store did not compute one: read the copy (no upload)
-        size, crc = checksum_of(f.dst, f.dst_rel)
-        return CopiedFile(f.src_rel, size, crc, SERVER_COPY, READ, version)
-    size = stat.size if stat else f.dst.stat(f.dst_rel).size
-    return CopiedFile(f.src_rel, size, copied.crc, SERVER_COPY, STORE, version)
+    for algorithm in f.store_algorithms():
+        crc = copied.checksum(algorithm)
+        if crc is not None:
+            size = stat.size if stat else f.dst.stat(f.dst_rel).size
+            return CopiedFile(f.src_rel, size, crc, SERVER_COPY, STORE, version, algorithm=algorithm)
+    size, crc = checksum_of(f.dst, f.dst_rel, f.algorithm)  # the store did not compute one: read the copy (no upload)
+    return CopiedFile(f.src_rel, size, crc, SERVER_COPY, READ, version, algorithm=f.algorithm)
 
 
 def _by_stream(f: _File) -> CopiedFile:
-    return _stream(f.src, f.src_rel, f.dst, f.dst_rel)
+    return _stream(f.src, f.src_rel, f.dst, f.dst_rel, f.algorithm)
 
 
 COPY_METHODS: dict[str, Callable[[_File], CopiedFile | None]] = {
@@ -162,10 +178,11 @@ def _reuse_by_server_copy(known: KnownChecksum, f: _File) -> str | None:
     copied = f.dst.server_copy_from(known.store, known.path, f.dst_rel, size=known.size)
     if copied is None:
         return None
-    if copied.crc is not None and copied.crc != known.crc:  # the store read other bytes: do not trust them
+    crc = copied.checksum(known.algorithm)
+    if crc is not None and crc != known.crc:  # the store read other bytes: do not trust them
         f.dst.remove_file(f.dst_rel)
         raise _NotReusable(known.path)
-    return PREVIOUS if copied.crc is None else STORE
+    return PREVIOUS if crc is None else STORE
 
 
 REUSE_METHODS: dict[str, Callable[[KnownChecksum, _File], str | None]] = {
@@ -181,7 +198,7 @@ def _reuse(known: KnownChecksum, f: _File) -> CopiedFile | None:
             checksum_source = reuse(known, f) if reuse is not None else None
             if checksum_source is not None:
                 return CopiedFile(f.src_rel, known.size, known.crc, method, checksum_source, version,
-                                  known.savepoint_id)
+                                  known.savepoint_id, known.algorithm)
     except (FileNotFoundError, SourceChangedError, _NotReusable):
         pass  # the previous savepoint lost the file: copy from the checkpoint instead
     return None
@@ -207,16 +224,19 @@ def _methods(src: Store, dst: Store, mode: str) -> tuple[str, ...]:
 
 
 def copy_file(src: Store, src_rel: str, dst: Store, dst_rel: str | None = None, *, stat: FileStat | None = None,
-              mode: str = "auto", known: KnownChecksum | None = None) -> CopiedFile:
-    """Copy ``src_rel`` to ``dst_rel`` by the cheapest means and return its size, CRC32C and provenance.
+              mode: str = "auto", known: KnownChecksum | None = None, algorithm: str = CRC32C,
+              any_store_checksum: bool = False) -> CopiedFile:
+    """Copy ``src_rel`` to ``dst_rel`` by the cheapest means and return its size, checksum and provenance.
 
     ``stat`` is the source's listing entry (its ETag guards a server-side copy); ``mode="stream"``
     forces a streamed copy. With ``known``, the file comes from ``known.store``/``known.path``
     with ``known.crc``; if that is not possible (no link, no server-side copy, file gone), the
-    file is copied from ``src`` as if ``known`` were not given.
+    file is copied from ``src`` as if ``known`` were not given. The checksum is by ``algorithm``,
+    or, with ``any_store_checksum``, whichever kind the store computed for its copy.
     """
     methods = _methods(src, dst, mode)
-    return _copy(_File(src, src_rel, dst, dst_rel or src_rel, stat), methods, known if mode == "auto" else None)
+    f = _File(src, src_rel, dst, dst_rel or src_rel, stat, algorithm=algorithm, any_store_checksum=any_store_checksum)
+    return _copy(f, methods, known if mode == "auto" else None)
 
 
 UPLOAD_PARALLELISM = 8  # default where files stream through the worker into an object store (~9 MiB each)
@@ -265,9 +285,12 @@ def bounded_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
 
 def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int | None, *, stats: Mapping[str, FileStat] | None = None,
               mode: str = "auto", known: dict[str, KnownChecksum] | None = None,
-              on_file: Callable[[CopiedFile], None] | None = None) -> dict[str, CopiedFile]:
+              on_file: Callable[[CopiedFile], None] | None = None, algorithms: Mapping[str, str] | None = None,
+              any_store_checksum: bool = False) -> dict[str, CopiedFile]:
     """Copy ``paths`` (same relative path on both sides) in parallel; the first failure is raised.
     ``on_file`` is called (from the copying thread) with each file copied, for progress reports.
+    Each file's checksum is by ``algorithms[path]`` (CRC32C when not named), or, with
+    ``any_store_checksum`` (a savepoint), by whichever kind the store computed for its copy.
 
     Where files are linked, the folders are made first, and files whose checksum is known are linked
     from the previous savepoint in this thread (a link is one system call; a thread pool would cost
@@ -280,11 +303,14 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int | None,
     if linking:
         dst.make_parents(paths)
     known = known if mode == "auto" else {}
+    algorithms = algorithms or {}
     done: dict[str, CopiedFile] = {}
 
+    def file(path: str) -> _File:
+        return _File(src, path, dst, path, stats.get(path), linking, algorithms.get(path, CRC32C), any_store_checksum)
+
     def one(path: str) -> CopiedFile:
-        copied = _copy(_File(src, path, dst, path, stats.get(path), linking), methods, None if linking else
-                       known.get(path))
+        copied = _copy(file(path), methods, None if linking else known.get(path))
         if on_file is not None:
             on_file(copied)
         return copied
@@ -294,7 +320,7 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int | None,
         rest = []
         for path in paths:
             hint = known.get(path)
-            reused = _reuse(hint, _File(src, path, dst, path, stats.get(path), True)) if hint is not None else None
+            reused = _reuse(hint, file(path)) if hint is not None else None
             if reused is None:
                 rest.append(path)
                 continue

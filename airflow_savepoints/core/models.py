@@ -7,13 +7,23 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_serializer,
+)
 
 from airflow_savepoints.core.names import MANIFEST_FILE
 from airflow_savepoints.errors import InvalidInputError, InvalidJobNameError
 
 MANIFEST_FORMAT = "airflow-savepoints/savepoint"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # the newest this release reads and writes: 2 when a file names its own checksum kind
+PLAIN_MANIFEST_VERSION = 1  # written when every file is CRC32C, so that earlier releases read it
 CHECKSUM_ALGORITHM = "crc32c"
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" would accept a trailing newline
@@ -64,12 +74,25 @@ class FileEntry(BaseModel):
 
     path: str
     size: int = Field(ge=0)
-    checksum: str  # hex CRC32C of the file's bytes, always (checksum_source says who computed it)
+    checksum: str  # hex checksum of the file's bytes, by checksum_algorithm (checksum_source says who computed it)
+    checksum_algorithm: Literal["crc32c", "crc64"] | None = None  # None: the manifest's (crc32c); crc64: Azure's
     # Provenance (absent in manifests written before 0.x; readers that do not know them ignore them):
     method: str | None = None  # link | server_copy | stream: how the file got here
     checksum_source: str | None = None  # read | store | previous (docs/savepoint-format.md)
     source_version: str | None = None  # the checkpoint file's version token when it was copied
     reused_from: str | None = None  # the savepoint whose file and checksum were reused
+
+    @property
+    def algorithm(self) -> str:
+        return self.checksum_algorithm or CHECKSUM_ALGORITHM
+
+    @model_serializer(mode="wrap")
+    def _without_default_algorithm(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A CRC32C file is written as before (no ``checksum_algorithm`` key)."""
+        data = handler(self)
+        if self.checksum_algorithm is None:
+            data.pop("checksum_algorithm", None)
+        return data
 
 
 class StateStoreSettings(BaseModel):
@@ -87,7 +110,7 @@ class SavepointManifest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     format: Literal["airflow-savepoints/savepoint"] = MANIFEST_FORMAT
-    format_version: int = MANIFEST_VERSION
+    format_version: int = PLAIN_MANIFEST_VERSION  # MANIFEST_VERSION when a file names its own checksum kind
     savepoint_id: str
     job: str
     query_id: str
@@ -107,7 +130,7 @@ class SavepointManifest(BaseModel):
     state_store: StateStoreSettings = Field(default_factory=StateStoreSettings)
     source_offsets: dict[str, Any] = Field(default_factory=dict)
     spark_conf: dict[str, str] = Field(default_factory=dict)
-    checksum_algorithm: Literal["crc32c"] = CHECKSUM_ALGORITHM
+    checksum_algorithm: Literal["crc32c"] = CHECKSUM_ALGORITHM  # each file's, unless it names its own
     files: list[FileEntry]
     total_bytes: int = Field(ge=0)
     attempts: int = 1

@@ -23,6 +23,7 @@ import google_crc32c
 from pydantic import Field
 
 from airflow_savepoints.checkpoint import formats
+from airflow_savepoints.core import checksums
 from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.copier import bounded_map, checksum_of, copy_many, workers_for
 from airflow_savepoints.core.input_check import check_input
@@ -59,11 +60,17 @@ Notify = Callable[[str, dict[str, Any]], None]
 
 
 def _mismatch(entry: FileEntry, size: int, crc: int) -> str | None:
+    """What is wrong with a file of ``size`` bytes whose checksum (by the entry's algorithm) is ``crc``."""
     if size != entry.size:
         return f"{entry.path}: {size} bytes, the manifest says {entry.size} (truncated or extended)"
-    if format(crc, "08x") != entry.checksum:
-        return f"{entry.path}: checksum {crc:08x}, the manifest says {entry.checksum} (content changed)"
+    got = checksums.as_hex(entry.algorithm, crc)
+    if got != entry.checksum:
+        return f"{entry.path}: {entry.algorithm} checksum {got}, the manifest says {entry.checksum} (content changed)"
     return None
+
+
+def _bytes_mismatch(entry: FileEntry, data: bytes) -> str | None:
+    return _mismatch(entry, len(data), checksums.of_bytes(entry.algorithm, data))
 
 
 def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None,
@@ -82,7 +89,7 @@ def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None
 
     def check(entry: FileEntry) -> str | None:
         try:
-            size, crc = checksum_of(location, entry.path)
+            size, crc = checksum_of(location, entry.path, entry.algorithm)
         except FileNotFoundError:
             return f"{entry.path}: missing (removed while it was verified)"
         notify("file_done", {"path": entry.path, "bytes": size})
@@ -328,6 +335,7 @@ def _copy_checked(location: Store, manifest: SavepointManifest, destination: Sto
     notify("planned", {"files": len(body), "bytes": sum(e.size for e in body)})
     try:
         copied = copy_many(location, destination, [e.path for e in body], request.parallelism, stats=listing,
+                           algorithms={e.path: e.algorithm for e in body},
                            mode=request.copy_mode, on_file=lambda c: notify("file_done", {"path": c.path, "bytes": c.size}))
     except (SourceChangedError, FileNotFoundError) as exc:
         raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
@@ -339,7 +347,7 @@ def _write_identity(location: Store, manifest: SavepointManifest, destination: S
     """Write the checkpoint's ``metadata`` (its query id, a new one if asked), last; returns the query id."""
     entry = next(e for e in manifest.files if e.path == CHECKPOINT_METADATA)
     data = location.read_bytes(CHECKPOINT_METADATA)
-    _raise_if([_mismatch(entry, len(data), google_crc32c.value(data))], location)
+    _raise_if([_bytes_mismatch(entry, data)], location)
     query_id = manifest.query_id
     if new_query_id:
         query_id = str(uuid.uuid4())
@@ -378,7 +386,7 @@ def _restore_rewritten(location: Store, destination: Store, entry: FileEntry, ma
     if entry.path.endswith(formats.SPARK_SIDECAR_SUFFIX):
         return  # regenerated together with its main file below
     data = location.read_bytes(entry.path)
-    _raise_if([_mismatch(entry, len(data), google_crc32c.value(data))], location)
+    _raise_if([_bytes_mismatch(entry, data)], location)
     op = entry.path.split("/")[1]
     new = formats.rewrite_schema_file_paths(data, destination.spark_url_of("state"), op, entry.path)
     destination.write_bytes_atomic(entry.path, new)

@@ -25,11 +25,14 @@ from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, KnownSnapshot, plan_checkpoint
 from airflow_savepoints.core.catalog import Catalog, Change, PinHold
-from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, copy_many, default_parallelism
+from airflow_savepoints.core.checksums import CRC32C
+from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, checksum_of, copy_many, default_parallelism
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.core.lease import InflightHolder, JobLock
 from airflow_savepoints.core.manifest import new_savepoint_id, savepoint_info
 from airflow_savepoints.core.models import (
+    MANIFEST_VERSION,
+    PLAIN_MANIFEST_VERSION,
     Request,
     SavepointInfo,
     SavepointManifest,
@@ -155,7 +158,7 @@ class PreviousSavepoint:
             entry = self.entries.get(planned.path)
             if entry is not None and entry.size == planned.size and entry.source_version == planned.version:
                 found[planned.path] = KnownChecksum(self.location, entry.path, entry.size, int(entry.checksum, 16),
-                                                    self.manifest.savepoint_id)
+                                                    self.manifest.savepoint_id, entry.algorithm)
         return found
 
 
@@ -350,7 +353,7 @@ class SavepointRun:
             paths = [f.path for f in plan.files if f.group == group]
             try:
                 copied.update(copy_many(self.source, self.location, paths, self.request.parallelism, stats=listing,
-                                        mode=self.request.copy_mode, known=known,
+                                        mode=self.request.copy_mode, known=known, any_store_checksum=True,
                                         on_file=lambda c: self.notify("file_done", {"path": c.path, "bytes": c.size})))
             except FileNotFoundError as exc:
                 raise CheckpointRaceError(f"a planned file vanished during the copy: {exc}") from exc
@@ -375,8 +378,9 @@ class SavepointRun:
         try:
             self.secondary_root.remove_tree(savepoint_id)  # what an earlier attempt left
             secondary.makedirs()
-            got = copy_many(self.source, secondary, [f.path for f in plan.files], self.request.parallelism, stats=listing)
-            wrong = [p for p, c in got.items() if (c.size, c.crc) != (copied[p].size, copied[p].crc)]
+            got = copy_many(self.source, secondary, [f.path for f in plan.files], self.request.parallelism, stats=listing,
+                            algorithms={p: c.algorithm for p, c in copied.items()})
+            wrong = [p for p, c in got.items() if (c.size, c.checksum) != (copied[p].size, copied[p].checksum)]
             if wrong:
                 raise CheckpointRaceError(f"{len(wrong)} files differ from the primary copy, e.g. {wrong[0]}")
             return secondary
@@ -420,7 +424,10 @@ class SavepointRun:
                 changelog_checkpointing=plan.changelog_checkpointing, operators=plan.operators,
             ),
             source_offsets=plan.source_offsets, spark_conf=plan.spark_conf,
+            format_version=PLAIN_MANIFEST_VERSION if all(c.algorithm == CRC32C for c in copied.values())
+            else MANIFEST_VERSION,
             files=[{"path": p, "size": c.size, "checksum": c.checksum, "method": c.method,  # validated in one call
+                    "checksum_algorithm": None if c.algorithm == CRC32C else c.algorithm,
                     "checksum_source": c.checksum_source, "source_version": versions[p], "reused_from": c.reused_from}
                    for p, c in sorted(copied.items())],
             snapshot_files=plan.snapshots,
@@ -498,7 +505,8 @@ def check_copied(plan: CheckpointPlan, copied: dict[str, CopiedFile], location: 
         if planned.sidecar_of:
             sidecar = formats.parse_spark_sidecar(location.read_bytes(planned.path), planned.path)
             main = copied[planned.sidecar_of]
-            if sidecar.value != main.crc or sidecar.main_file_size not in (-1, main.size):
+            crc = main.crc if main.algorithm == CRC32C else checksum_of(location, planned.sidecar_of)[1]
+            if sidecar.value != crc or sidecar.main_file_size not in (-1, main.size):
                 raise CheckpointRaceError(f"{planned.sidecar_of} does not match its Spark checksum file")
 
 

@@ -170,7 +170,8 @@ def commands(job: str, pointer: str, checkpoint: str, savepoint_id: str) -> dict
 def checksums(root: Store, pointer: str, manifest: SavepointManifest, verify: bool) -> dict[str, Any]:
     """The manifest's checksums; with ``verify``, every file read again and compared (nothing is changed)."""
     sources = Counter(entry.checksum_source or "read" for entry in manifest.files)
-    result: dict[str, Any] = {"algorithm": manifest.checksum_algorithm, "files": len(manifest.files),
+    algorithms = sorted({entry.algorithm for entry in manifest.files}) or [manifest.checksum_algorithm]
+    result: dict[str, Any] = {"algorithm": ", ".join(algorithms), "files": len(manifest.files),
                               "sources": dict(sources), "verified": None, "problem": None}
     if verify:
         try:

@@ -13,6 +13,7 @@ Requests and injected faults are counted (per rule, per method, per S3 request k
 HEAD, PUT, COPY, ...) and logged, and so are the object payload bytes through the proxy (request
 bodies of uploads, response bodies of object reads). ``latency`` adds that many seconds to every
 request (a far-away service); ``keep_alive`` reuses one upstream connection per client connection.
+``add_headers`` adds response headers an emulator does not send (:class:`AzureCrc64`, ``--azure-crc64``).
 
 Run on its own (own process, so its work does not share a benchmark's interpreter)::
 
@@ -31,6 +32,7 @@ error body whatever the service.
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -39,8 +41,10 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
@@ -255,6 +259,8 @@ class FaultProxy:
         # ("sent" or "received", target, payload bytes, the object's name: see OBJECT_NAMES)
         self.payload_log: list[tuple[str, str, int, str | None]] = []
         self.request_log: list[tuple[str, str, str | None]] = []  # (kind, target, object name) as requests arrive
+        # (method, target, request headers, status) -> headers added to the response: what an emulator lacks
+        self.add_headers: Callable[[str, str, Any, int], dict[str, str]] | None = None
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -375,7 +381,8 @@ class FaultProxy:
             _cut(handler.connection)
             return
         handler.send_response(status, reason)
-        for name, value in headers:
+        added = self.add_headers(method, target, handler.headers, status) if self.add_headers else {}
+        for name, value in [*headers, *added.items()]:
             lower = name.lower()
             if lower in HOP_BY_HOP or (lower == "content-length" and method != "HEAD"):
                 continue
@@ -447,6 +454,32 @@ def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
     return handler.rfile.read(length) if length else b""
 
 
+class AzureCrc64:
+    """What Azurite lacks (Azure/Azurite#444): Azure's ``x-ms-content-crc64`` on a synchronous copy
+    (Copy Blob From URL), the CRC64 of the copy as Azurite stored it, read straight from Azurite (not
+    through the proxy, so not counted). ``wrong``: answer a value off by one, a fault. Use as
+    :attr:`FaultProxy.add_headers`."""
+
+    def __init__(self, azurite_url: str, wrong: bool = False):
+        from azure.storage.blob import BlobServiceClient
+        from azure.storage.extensions import checksums
+
+        from tests.support.emulators import azurite_connection_string
+
+        self.service = BlobServiceClient.from_connection_string(azurite_connection_string(azurite_url))
+        self.crc64, self.wrong, self.answered = checksums.crc64, wrong, 0
+
+    def __call__(self, method: str, target: str, headers, status: int) -> dict[str, str]:
+        if method != "PUT" or status != 202 or "x-ms-copy-source" not in headers \
+                or str(headers.get("x-ms-requires-sync", "")).lower() != "true":
+            return {}
+        _account, container, blob = unquote(target.partition("?")[0]).lstrip("/").split("/", 2)
+        value = self.crc64.compute(self.service.get_blob_client(container, blob).download_blob().readall(), 0)
+        self.answered += 1
+        value = (value + self.wrong) % (1 << 64)
+        return {"x-ms-content-crc64": base64.b64encode(value.to_bytes(8, "little")).decode()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="a counting, delaying HTTP proxy in front of an object store")
     parser.add_argument("--upstream", required=True)
@@ -454,8 +487,12 @@ def main() -> None:
                         help="whose requests to tell apart by kind (default: s3)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
     parser.add_argument("--port-file", required=True, help="where to write the proxy's URL once it listens")
+    parser.add_argument("--azure-crc64", action="store_true",
+                        help="add Azure's x-ms-content-crc64 to synchronous copies (Azurite does not send it)")
     args = parser.parse_args()
     proxy = FaultProxy(args.upstream, latency=args.latency, keep_alive=True, service=args.service)
+    if args.azure_crc64:
+        proxy.add_headers = AzureCrc64(args.upstream)
     with open(args.port_file + ".tmp", "w") as out:
         out.write(proxy.url)
     os.replace(args.port_file + ".tmp", args.port_file)

@@ -46,11 +46,17 @@ class FileStat:
 
 @dataclass(frozen=True)
 class ServerCopy:
-    """The result of a copy inside an object store; ``crc`` is the CRC32C the store computed, if any;
-    ``guarded``: the copy was of exactly the listed version of the source (its ETag or generation)."""
+    """The result of a copy inside an object store; ``crc`` is the CRC32C the store computed, if any,
+    ``crc64`` its CRC64 (Azure's synchronous copy); ``guarded``: the copy was of exactly the listed
+    version of the source (its ETag or generation)."""
 
     crc: int | None
     guarded: bool = False
+    crc64: int | None = None
+
+    def checksum(self, algorithm: str) -> int | None:
+        """The store's checksum of the copy by ``algorithm`` ("crc32c" or "crc64"), if it gave one."""
+        return {"crc32c": self.crc, "crc64": self.crc64}.get(algorithm)
 
 
 class Backend:
