@@ -392,7 +392,7 @@ class Store:
     def server_copy_from(self, other: Store, src_rel: str, rel: str, *, listed: FileStat | None = None,
                          size: int | None = None) -> ServerCopy | None:
         """Copy ``other``'s ``src_rel`` to ``rel`` inside the object store (S3 ``CopyObject``), with the
-        CRC32C the store computed if it gives one; with ``listed`` (its listing entry), only if the source
+        CRC32C (or Azure's CRC64) the store computed if it gives one; with ``listed`` (its listing entry), only if the source
         is still that version (its ETag, or generation). ``size`` defaults to the listed one.
 
         None when not possible here (not one store and endpoint, over its size limit, refused): stream
