@@ -25,7 +25,7 @@ from azure.storage.extensions import checksums as azure_checksums
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
 from airflow_savepoints.core.models import MANIFEST_FILE, MANIFEST_VERSION
 from airflow_savepoints.demo.app import wait_for_batch
-from airflow_savepoints.errors import MissingBackendError, VerificationError
+from airflow_savepoints.errors import MissingBackendError, SavepointError, VerificationError
 from tests.conftest import remove_checkpoint
 from tests.support.emulators import azurite_connection_string, fsspec_configured
 from tests.support.fault_proxy import AzureCrc64, FaultProxy
@@ -126,6 +126,28 @@ def test_a_changed_file_of_a_crc64_savepoint_fails_its_check_and_its_restore(azu
     assert not fsspec.filesystem("abfs", skip_instance_cache=True).find(f"{container}/restored")
 
 
+def test_a_spark_checksum_file_is_checked_against_its_main_file_whose_checksum_is_a_crc64(azure_via_proxy,
+                                                                                         azure_emulator, tmp_path):
+    container, proxy = azure_via_proxy
+    proxy.add_headers = AzureCrc64(azure_emulator.url)
+    local = write_checkpoint(tmp_path / "checkpoint", batches=3, state_bytes=64)
+    main = local / "state/0/1/3.delta"
+    crc = google_crc32c.value(main.read_bytes())
+    sidecar = {"algorithm": "CRC32C", "value": crc - (1 << 32) if crc >= 1 << 31 else crc, "mainFileSize": 64}
+    (local / "state/0/1/3.delta.crc").write_text(json.dumps(sidecar))  # Spark's own checksum file
+    _upload(local, container, "checkpoint")
+    checkpoint, savepoints = f"abfs://{container}/checkpoint", f"abfs://{container}/savepoints"
+    info = take_savepoint(checkpoint, "j", savepoint_dir=savepoints)
+    entries = {e.path: e for e in info.manifest.files}
+    assert entries["state/0/1/3.delta"].algorithm == "crc64" and "state/0/1/3.delta.crc" in entries
+
+    sidecar["value"] += 1  # Spark's checksum no longer matches the file
+    fsspec.filesystem("abfs", skip_instance_cache=True).pipe_file(
+        f"{container}/checkpoint/state/0/1/3.delta.crc", json.dumps(sidecar).encode())
+    with pytest.raises(SavepointError, match="does not match its Spark checksum file"):
+        take_savepoint(checkpoint, "k", savepoint_dir=savepoints)
+
+
 def test_a_wrong_crc64_from_the_store_is_never_recorded(azure_via_proxy, azure_emulator, tmp_path, caplog):
     container, proxy = azure_via_proxy
     proxy.add_headers = AzureCrc64(azure_emulator.url, wrong=True)
@@ -164,11 +186,11 @@ def test_without_azure_storage_extensions_copies_are_read_back_and_a_crc64_savep
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["rocksdb_v2", "transform_with_state"])  # the latter: files rewritten on restore
 def test_a_query_continues_from_a_crc64_savepoint_of_its_checkpoint_on_azure(spark, references, azure_via_proxy,  # noqa: F811
-                                                                              azure_emulator, tmp_path):
+                                                                              azure_emulator, tmp_path, name):
     container, proxy = azure_via_proxy
     proxy.add_headers = AzureCrc64(azure_emulator.url)
-    name = "rocksdb_v2"
     shape, inputs, checkpoint, sink = SHAPES[name], tmp_path / "input", tmp_path / "checkpoint", tmp_path / "sink"
     shape.write_input(inputs, 0, FIRST_FILES)
     query = shape.start(spark, inputs, str(checkpoint), sink)

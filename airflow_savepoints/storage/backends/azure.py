@@ -132,10 +132,11 @@ class AzureBackend(ObjectStoreBackend):
             and size <= SYNC_COPY_LIMIT else None
         if authorized is not None:
             url, extra = authorized
-            headers: dict[str, str] = {}
+            answered: dict[str, str | None] = {}  # azure-core's response headers are case-insensitive
             try:
                 answer = await target.start_copy_from_url(
-                    url, requires_sync=True, raw_response_hook=lambda r: headers.update(r.http_response.headers),
+                    url, requires_sync=True,
+                    raw_response_hook=lambda r: answered.update(crc64=r.http_response.headers.get("x-ms-content-crc64")),
                     **extra, **guard)
             except Exception as exc:
                 if http_status(exc) not in SYNC_COPY_REFUSED:
@@ -144,7 +145,7 @@ class AzureBackend(ObjectStoreBackend):
                 self.sync_copy = False
             else:
                 if answer.get("copy_status") == "success":
-                    value = headers.get("x-ms-content-crc64")
+                    value = answered.get("crc64")
                     return int.from_bytes(base64.b64decode(value), "little") if value else None
                 await self._wait(target, src_path, path, answer.get("copy_status"))
                 return None
