@@ -14,7 +14,6 @@ import google_crc32c
 from airflow_savepoints.errors import MissingBackendError
 
 CRC32C, CRC64 = "crc32c", "crc64"
-ALGORITHMS = (CRC32C, CRC64)
 HEX_DIGITS = {CRC32C: 8, CRC64: 16}
 
 

@@ -224,19 +224,16 @@ def _methods(src: Store, dst: Store, mode: str) -> tuple[str, ...]:
 
 
 def copy_file(src: Store, src_rel: str, dst: Store, dst_rel: str | None = None, *, stat: FileStat | None = None,
-              mode: str = "auto", known: KnownChecksum | None = None, algorithm: str = CRC32C,
-              any_store_checksum: bool = False) -> CopiedFile:
-    """Copy ``src_rel`` to ``dst_rel`` by the cheapest means and return its size, checksum and provenance.
+              mode: str = "auto", known: KnownChecksum | None = None) -> CopiedFile:
+    """Copy ``src_rel`` to ``dst_rel`` by the cheapest means and return its size, CRC32C and provenance.
 
     ``stat`` is the source's listing entry (its ETag guards a server-side copy); ``mode="stream"``
     forces a streamed copy. With ``known``, the file comes from ``known.store``/``known.path``
     with ``known.crc``; if that is not possible (no link, no server-side copy, file gone), the
-    file is copied from ``src`` as if ``known`` were not given. The checksum is by ``algorithm``,
-    or, with ``any_store_checksum``, whichever kind the store computed for its copy.
+    file is copied from ``src`` as if ``known`` were not given.
     """
     methods = _methods(src, dst, mode)
-    f = _File(src, src_rel, dst, dst_rel or src_rel, stat, algorithm=algorithm, any_store_checksum=any_store_checksum)
-    return _copy(f, methods, known if mode == "auto" else None)
+    return _copy(_File(src, src_rel, dst, dst_rel or src_rel, stat), methods, known if mode == "auto" else None)
 
 
 UPLOAD_PARALLELISM = 8  # default where files stream through the worker into an object store (~9 MiB each)
