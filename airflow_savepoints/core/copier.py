@@ -123,12 +123,6 @@ class _File:
     algorithm: str = CRC32C  # the checksum to compute where the file is read
     any_store_checksum: bool = False  # a store's CRC64 will do instead (a savepoint; a restore checks one kind)
 
-    def store_algorithms(self) -> tuple[str, ...]:
-        """The store-computed checksums this copy can record, preferred first."""
-        if self.any_store_checksum and self.algorithm != CRC64 and checksums.crc64_available():
-            return self.algorithm, CRC64
-        return (self.algorithm,)
-
 
 def _by_link(f: _File) -> CopiedFile | None:
     if f.dst.link_from(f.src, f.src_rel, f.dst_rel, parent_ready=f.parent_ready) is None:
@@ -143,13 +137,14 @@ def _by_server_copy(f: _File) -> CopiedFile | None:
     if copied is None:
         return None
     version = stat.version if stat and copied.guarded else None  # the copy was of exactly this version
-    for algorithm in f.store_algorithms():
-        crc = copied.checksum(algorithm)
-        if crc is not None:
-            size = stat.size if stat else f.dst.stat(f.dst_rel).size
-            return CopiedFile(f.src_rel, size, crc, SERVER_COPY, STORE, version, algorithm=algorithm)
-    size, crc = checksum_of(f.dst, f.dst_rel, f.algorithm)  # the store did not compute one: read the copy (no upload)
-    return CopiedFile(f.src_rel, size, crc, SERVER_COPY, READ, version, algorithm=f.algorithm)
+    algorithm, crc = f.algorithm, copied.checksum(f.algorithm)
+    if crc is None and f.any_store_checksum and copied.crc64 is not None and checksums.crc64_available():
+        algorithm, crc = CRC64, copied.crc64  # Azure's: restores and checks can compute it here too
+    if crc is None:  # the store did not compute one: read the copy (no upload)
+        size, crc = checksum_of(f.dst, f.dst_rel, f.algorithm)
+        return CopiedFile(f.src_rel, size, crc, SERVER_COPY, READ, version, algorithm=f.algorithm)
+    size = stat.size if stat else f.dst.stat(f.dst_rel).size
+    return CopiedFile(f.src_rel, size, crc, SERVER_COPY, STORE, version, algorithm=algorithm)
 
 
 def _by_stream(f: _File) -> CopiedFile:
