@@ -102,8 +102,8 @@ def test_an_object_rewritten_during_a_streamed_copy_from_s3_is_detected_and_the_
     victim_rel = planned_state_files(checkpoint)[-1]
     real_stream, rewritten = copier._stream, []
 
-    def stream_then_rewrite(src, src_rel, dst, dst_rel):
-        copied = real_stream(src, src_rel, dst, dst_rel)
+    def stream_then_rewrite(src, src_rel, dst, dst_rel, *algorithm):
+        copied = real_stream(src, src_rel, dst, dst_rel, *algorithm)
         if src_rel == victim_rel and not rewritten:
             time.sleep(1.1)  # S3's LastModified has one-second steps
             src.fs.pipe_file(src.path_of(src_rel), (checkpoint / victim_rel).read_bytes())  # same bytes, new object
