@@ -27,7 +27,7 @@ from airflow_savepoints.core.models import MANIFEST_FILE, MANIFEST_VERSION
 from airflow_savepoints.demo.app import wait_for_batch
 from airflow_savepoints.errors import MissingBackendError, SavepointError, VerificationError
 from tests.conftest import remove_checkpoint
-from tests.support.emulators import azurite_connection_string, fsspec_configured
+from tests.support.emulators import azurite_blob_service, azurite_connection_string, fsspec_configured
 from tests.support.fault_proxy import AzureCrc64, FaultProxy
 from tests.support.spark_shapes import SHAPES, run_to_end
 from tests.support.synthetic import write_checkpoint
@@ -40,18 +40,12 @@ def crc64(data: bytes) -> int:
     return azure_checksums.crc64.compute(data, 0)
 
 
-def _blob_service(url: str):
-    from azure.storage.blob import BlobServiceClient
-
-    return BlobServiceClient.from_connection_string(azurite_connection_string(url))
-
-
 @pytest.fixture
 def azure_via_proxy(azure_emulator, monkeypatch):
     """A fresh container reached through a counting proxy in front of Azurite: (container, proxy)."""
     proxy = FaultProxy(azure_emulator.url, service="azure").start()
     name = f"crc64-{id(proxy):x}"
-    _blob_service(azure_emulator.url).create_container(name)
+    azurite_blob_service(azure_emulator.url).create_container(name)
     with fsspec_configured(monkeypatch, "abfs", {"connection_string": azurite_connection_string(proxy.url)}):
         yield name, proxy
     proxy.stop()
@@ -113,7 +107,7 @@ def test_a_changed_file_of_a_crc64_savepoint_fails_its_check_and_its_restore(azu
     info = take_savepoint(f"abfs://{container}/checkpoint", "j", savepoint_dir=f"abfs://{container}/savepoints")
     victim = "state/0/1/2.delta"
     entry = next(e for e in info.manifest.files if e.path == victim)
-    blob = _blob_service(azure_emulator.url).get_blob_client(
+    blob = azurite_blob_service(azure_emulator.url).get_blob_client(
         container, f"{info.pointer.removeprefix(f'abfs://{container}/')}/{victim}")
     blob.upload_blob(b"\x07" * entry.size, overwrite=True)  # same size, other bytes
 

@@ -16,6 +16,7 @@ import google_crc32c
 import pytest
 
 from airflow_savepoints.core.models import MANIFEST_FILE
+from tests.support.emulators import azurite_blob_service
 from tests.test_roundtrip import references, round_trip  # noqa: F401 - references is a fixture
 
 SHAPES_ON_OBJECT_STORES = ["rocksdb_v2", "transform_with_state"]
@@ -102,12 +103,6 @@ def test_fake_gcs_keeps_the_crc32c_of_every_object_in_listings_and_copies(gcs_bu
 
 
 # --- Azurite: what it does with Azure's preconditions and checksums ---------------------------------------
-def _blob_service(azure_emulator, **config):
-    from azure.storage.blob import BlobServiceClient
-
-    return BlobServiceClient.from_connection_string(azure_emulator.options["connection_string"], **config)
-
-
 @pytest.mark.azure
 def test_azurite_honours_if_none_match_star_on_put_and_on_block_list_commit(azure_emulator, azure_container):
     from azure.core.exceptions import ResourceExistsError
@@ -117,7 +112,7 @@ def test_azurite_honours_if_none_match_star_on_put_and_on_block_list_commit(azur
     with pytest.raises(FileExistsError):  # 409 BlobAlreadyExists
         fs.pipe_file(path, b"second", mode="create")
     assert fs.cat_file(path) == b"first"
-    blocks = _blob_service(azure_emulator, max_single_put_size=1024 * 1024, max_block_size=1024 * 1024)
+    blocks = azurite_blob_service(azure_emulator.url, max_single_put_size=1024 * 1024, max_block_size=1024 * 1024)
     blob = blocks.get_blob_client(azure_container, "big")
     blob.upload_blob(b"1" * (3 * 1024 * 1024))  # Put Block x3, Put Block List
     with pytest.raises(ResourceExistsError):
@@ -131,7 +126,7 @@ def test_azurite_honours_the_source_etag_on_copies(azure_emulator, azure_contain
     from azure.core import MatchConditions
     from azure.core.exceptions import HttpResponseError, ResourceExistsError
 
-    service = _blob_service(azure_emulator)
+    service = azurite_blob_service(azure_emulator.url)
     source = service.get_blob_client(azure_container, "state/0/1.changelog")
     source.upload_blob(b"v1")
     listed_etag = source.get_blob_properties().etag
@@ -154,7 +149,7 @@ def test_azurite_honours_the_source_etag_on_copies(azure_emulator, azure_contain
 def test_azurite_keeps_content_md5_for_single_puts_and_copies_not_for_block_lists(azure_emulator, azure_container):
     import hashlib
 
-    service = _blob_service(azure_emulator, max_single_put_size=1024 * 1024, max_block_size=1024 * 1024)
+    service = azurite_blob_service(azure_emulator.url, max_single_put_size=1024 * 1024, max_block_size=1024 * 1024)
     small, large = b"s" * 1000, b"l" * (3 * 1024 * 1024)
     service.get_blob_client(azure_container, "small").upload_blob(small)
     service.get_blob_client(azure_container, "large").upload_blob(large)  # staged blocks

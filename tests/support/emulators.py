@@ -193,6 +193,13 @@ def azurite_connection_string(url: str) -> str:
             f"BlobEndpoint={url}/{AZURITE_ACCOUNT};")
 
 
+def azurite_blob_service(url: str, **config):
+    """An Azure SDK client of Azurite's blob service at ``url`` (straight to it, or through a proxy)."""
+    from azure.storage.blob import BlobServiceClient
+
+    return BlobServiceClient.from_connection_string(azurite_connection_string(url), **config)
+
+
 def start_azurite() -> Emulator:
     """Azurite's blob service on a free port of 127.0.0.1, in memory, no telemetry, no access log."""
     command = azurite_command()

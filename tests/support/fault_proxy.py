@@ -461,12 +461,11 @@ class AzureCrc64:
     :attr:`FaultProxy.add_headers`."""
 
     def __init__(self, azurite_url: str, wrong: bool = False):
-        from azure.storage.blob import BlobServiceClient
         from azure.storage.extensions import checksums
 
-        from tests.support.emulators import azurite_connection_string
+        from tests.support.emulators import azurite_blob_service
 
-        self.service = BlobServiceClient.from_connection_string(azurite_connection_string(azurite_url))
+        self.service = azurite_blob_service(azurite_url)
         self.crc64, self.wrong, self.answered = checksums.crc64, wrong, 0
 
     def __call__(self, method: str, target: str, headers, status: int) -> dict[str, str]:

@@ -81,7 +81,6 @@ class AzureBackend(ObjectStoreBackend):
                     size: int | None) -> ServerCopy | None:
         """Copy Blob (From URL, synchronously, when it can) with the listed ETag as the source's precondition."""
         etag = listed.etag if listed else None
-        size = listed.size if listed else size
         try:
             crc64 = sync(self.fs.loop, self._copy, source, src_path, path, etag, size)
         except Exception as exc:
