@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from airflow_savepoints.core.manifest import SAVEPOINT_NAME
 from airflow_savepoints.core.models import SavepointManifest
 from airflow_savepoints.core.names import STATE_SUMMARIES_FOLDER
+from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,17 @@ def record_summary(job_folder: Store, summary: StateSummary) -> str:
     job_folder.make_parents([path])
     job_folder.write_bytes_atomic(path, summary.without_samples().model_dump_json(by_alias=True).encode())
     return job_folder.url_of(path)
+
+
+def record_beside(summary: StateSummary, storage_options: dict[str, Any] | None = None) -> str:
+    """Record ``summary`` in its savepoint's job folder (``<dir>/<job>/savepoint-…`` only); returns its URL."""
+    location = Store(summary.pointer, storage_options)
+    if not SAVEPOINT_NAME.match(location.name) or location.parent().name != summary.job:
+        raise InvalidInputError(
+            f"{summary.pointer} is not laid out as <dir>/<job>/savepoint-<id>-<random>: there is no job folder to "
+            "record its state summary in",
+            "inspect a savepoint in its savepoint directory (airflow-savepoints inspect prints the summary instead)")
+    return record_summary(location.parent(), summary)
 
 
 def read_summary(job_folder: Store, savepoint_id: str) -> StateSummary | None:
