@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from airflow_savepoints.core.names import STATE_SUMMARIES_FOLDER
 from airflow_savepoints.core.retention import RetentionPolicy, retain
 from airflow_savepoints.core.source_positions import source_positions
 from airflow_savepoints.core.state_reader import inspect_savepoint
-from airflow_savepoints.core.state_summary import read_summary, record_summary
+from airflow_savepoints.core.state_summary import StateSummary, read_summary, record_summary
 from airflow_savepoints.storage import Store
 from tests.support.spark_shapes import DEFAULT_CONF, ROCKSDB, run_to_end
 from tests.support.synthetic import write_checkpoint
@@ -112,23 +113,21 @@ def test_rows_equal_the_distinct_keys_written_per_operator_and_in_total(made, sp
     json.dumps(agg.as_json())  # plain JSON
 
     before = snapshot(Path(made["chain"].pointer))
-    chain = inspect_savepoint(made["chain"].pointer, spark=spark)
+    chain = inspect_savepoint(made["chain"].pointer, sample=2, spark=spark)
     assert snapshot(Path(made["chain"].pointer)) == before
     by_name = {op.name: op for op in chain.operators}
     assert set(by_name) == {"dedupe", "stateStoreSave"}, by_name.keys()
     assert by_name["dedupe"].rows == len(pairs) and by_name["stateStoreSave"].rows == len(keys)
     assert chain.total_rows == len(pairs) + len(keys)
-    assert all(op.stores[0].samples == [] for op in chain.operators)
-
-    only = inspect_savepoint(made["chain"].pointer, operator=by_name["dedupe"].operator_id, sample=2, spark=spark)
-    assert [op.name for op in only.operators] == ["dedupe"] and len(only.operators[0].stores[0].samples) == 2
-    assert all((s["key"]["key"], s["key"]["value"]) in pairs for s in only.operators[0].stores[0].samples)
+    dedupe_samples = by_name["dedupe"].stores[0].samples
+    assert len(dedupe_samples) == 2 and all((s["key"]["key"], s["key"]["value"]) in pairs for s in dedupe_samples)
 
 
 def test_cli_inspect_and_offsets_answer_in_json_and_refuse_bad_pointers(made):
     pointer = made["agg"].pointer
-    code, answer = cli("inspect", pointer, "--sample", "1", "--conn-id", "")
-    assert code == 0 and answer["operators"][0]["rows"] == len({r["key"] for r in made["written"]})
+    code, answer = cli("inspect", pointer, "--operator", "0", "--sample", "1", "--conn-id", "")
+    assert code == 0 and [op["operator_id"] for op in answer["operators"]] == [0]
+    assert answer["operators"][0]["rows"] == answer["total_rows"] == len({r["key"] for r in made["written"]})
     assert len(answer["operators"][0]["stores"][0]["samples"]) == 1
     assert cli("inspect", str(made["base"] / "nothing"), "--conn-id", "") == (1, {"error": {
         "code": "savepoint_not_found", "message": f"no savepoint at {made['base'] / 'nothing'}: nothing exists there",
@@ -196,28 +195,28 @@ def test_the_operator_records_the_summary_the_console_serves_and_disposal_remove
     from airflow_savepoints.plugins.api import SavepointRoot, Scrubber, savepoint_answer
 
     root = tmp_path / "savepoints"
-    shutil.copytree(made["root"] / "chain", root / "chain")  # a private job folder: this test disposes
-    job_folder = Store(str(root / "chain"))
-    savepoint_id = made["chain"].manifest.savepoint_id
-    answer = InspectSavepointOperator(task_id="inspect", job="chain", savepoint_dir=str(root),
+    shutil.copytree(made["root"] / "agg", root / "agg")  # a private job folder: this test disposes
+    job_folder = Store(str(root / "agg"))
+    savepoint_id = made["agg"].manifest.savepoint_id
+    answer = InspectSavepointOperator(task_id="inspect", job="agg", savepoint_dir=str(root),
                                       savepoints_conn_id=None).execute({})
     assert answer["savepoint_id"] == savepoint_id and answer["recorded"] == job_folder.url_of(
         f"{STATE_SUMMARIES_FOLDER}/{savepoint_id}.json")
-    assert read_summary(job_folder, savepoint_id).total_rows == answer["total_rows"]
+    recorded = read_summary(job_folder, savepoint_id)
+    assert recorded.total_rows == answer["total_rows"] == len({r["key"] for r in made["written"]})
 
     api_root = object.__new__(SavepointRoot)  # the API's root without an API server: the route's own work
     api_root.store, api_root.scrub = Store(str(root)), Scrubber()
-    state = savepoint_answer(api_root, "chain", savepoint_id, verify=False)["detail"]["state_summary"]
-    by_name = {op["name"]: op for op in state["operators"]}
-    assert by_name["stateStoreSave"]["rows"] == len({r["key"] for r in made["written"]})
-    recorded = {op.name: op for op in read_summary(job_folder, savepoint_id).operators}
-    for name, op in by_name.items():
-        per_partition = recorded[name].rows_per_partition
-        assert op["skew"] == round(max(per_partition) / (sum(per_partition) / len(per_partition)), 3)
-        assert op["max_partition_rows"] == max(per_partition)
+    state = savepoint_answer(api_root, "agg", savepoint_id, verify=False)["detail"]["state_summary"]
+    (op,) = state["operators"]
+    per_partition = recorded.operators[0].rows_per_partition
+    assert (op["name"], op["rows"], op["partitions"]) == ("stateStoreSave", recorded.total_rows, 2)
+    assert op["max_partition_rows"] == max(per_partition) and sum(per_partition) == op["rows"]
+    assert op["skew"] == round(max(per_partition) / (op["rows"] / 2), 3)
 
-    dispose_savepoint(str(root / "chain" / savepoint_id), savepoint_dir=str(root))
-    assert read_summary(job_folder, savepoint_id) is None and not (root / "chain" / STATE_SUMMARIES_FOLDER / f"{savepoint_id}.json").exists()
+    dispose_savepoint(str(root / "agg" / savepoint_id), savepoint_dir=str(root))
+    assert read_summary(job_folder, savepoint_id) is None
+    assert not (root / "agg" / STATE_SUMMARIES_FOLDER / f"{savepoint_id}.json").exists()
 
 
 def test_retention_removes_the_summary_with_its_savepoint_and_strays(made, tmp_path):
@@ -226,10 +225,19 @@ def test_retention_removes_the_summary_with_its_savepoint_and_strays(made, tmp_p
     older = take_savepoint(str(checkpoint), "agg", savepoint_dir=root, savepoint_type="periodic")
     newer = take_savepoint(str(checkpoint), "agg", savepoint_dir=root, savepoint_type="periodic")
     job_folder = root.child("agg")
-    summary = inspect_savepoint(older.pointer).model_copy()  # the session of the module: no new Spark
+    summary = StateSummary(pointer=older.pointer, savepoint_id=older.manifest.savepoint_id, job="agg", batch_id=1,
+                           read_from="savepoint")  # what is recorded does not matter here: where it goes does
     record_summary(job_folder, summary)
     record_summary(job_folder, summary.model_copy(update={"savepoint_id": newer.manifest.savepoint_id}))
     record_summary(job_folder, summary.model_copy(update={"savepoint_id": "savepoint-gone00-0123456789ab"}))
     report = retain(root, "agg", RetentionPolicy.resolve(max_periodic=1, max_age="none"))
     assert report.disposed == [older.manifest.savepoint_id]
     assert sorted(job_folder.listdir(STATE_SUMMARIES_FOLDER)) == [f"{newer.manifest.savepoint_id}.json"]
+
+
+def test_a_savepoint_on_an_object_store_is_read_through_a_local_copy(made, spark, s3):
+    info = take_savepoint(str(made["base"] / "agg"), "agg", savepoint_dir=f"s3://{s3}/savepoints")
+    summary = inspect_savepoint(info.pointer, spark=spark)
+    assert summary.read_from == "local_copy" and summary.pointer == info.pointer
+    assert summary.total_rows == len({r["key"] for r in made["written"]})
+    assert not [p for p in Path(tempfile.gettempdir()).glob("airflow-savepoints-inspect-*")]  # the copy is gone
