@@ -411,7 +411,8 @@ function stateSummaryView(state) {  // recorded by InspectSavepointOperator: row
     el("tbody", {}, state.operators.map(o => el("tr", {}, el("td", {text: o.operator_id}), el("td", {text: o.name || "unknown"}),
       el("td", {text: o.stores.join(", ")}), el("td", {text: o.partitions}), el("td", {text: o.rows ?? "\u2014"}),
       el("td", {text: o.max_partition_rows ?? "\u2014"}),
-      el("td", {text: skewText(o.skew), title: "largest partition's rows over the mean", style: o.skew > 2 ? "color:var(--warning)" : null}),
+      el("td", {text: skewText(o.skew), title: "largest partition's rows over the mean",
+        style: o.skew > 2 ? "color:var(--warning)" : null}),
       el("td", {text: size(o.bytes)})))));
   return [el("h3", {text: "State rows (inspected " + formatTime(state.inspected_at) + ")"}), table,
     ...state.limits.map(text => el("div", {class: "muted", text}))];
