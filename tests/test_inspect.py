@@ -16,9 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import dispose_savepoint, take_savepoint
 from airflow_savepoints.core.names import STATE_SUMMARIES_FOLDER
 from airflow_savepoints.core.retention import RetentionPolicy, retain
@@ -28,18 +26,10 @@ from airflow_savepoints.core.state_summary import StateSummary, read_summary, re
 from airflow_savepoints.storage import Store
 from tests.support.spark_shapes import DEFAULT_CONF, ROCKSDB, run_to_end
 from tests.support.synthetic import write_checkpoint
+from tests.test_cli import cli
 
 pytestmark = pytest.mark.slow
 DATA = Path(__file__).parent / "data" / "spark35"
-runner = CliRunner()
-
-
-def cli(*args: str) -> tuple[int, dict]:
-    result = runner.invoke(app, [*args, "--json"])
-    try:
-        return result.exit_code, json.loads(result.stdout)
-    except ValueError:
-        raise AssertionError(f"not JSON (exit {result.exit_code}): {result.stdout!r} {result.stderr!r}") from None
 
 
 def write_events(folder: Path, start: int, stop: int) -> list[dict]:
