@@ -243,3 +243,10 @@ class UnexpectedError(SavepointError):
 class SourceChangedError(Exception):
     """A server-side copy found the source replaced since it was listed (its ETag changed): the
     savepoint engine retries on a newer batch, the copier falls back to the checkpoint's file."""
+
+
+# --- reading a savepoint's state (inspect) ---------------------------------------------------------
+class SparkNotInstalledError(SavepointError):
+    """Reading state needs Spark's state data sources: pyspark 4.0 or newer in this environment."""
+
+    code = "spark_not_installed"

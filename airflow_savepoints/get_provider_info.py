@@ -20,7 +20,8 @@ def get_provider_info() -> dict:
         "operators": [{"integration-name": integration,
                        "python-modules": ["airflow_savepoints.operators.savepoint", "airflow_savepoints.operators.job",
                                              "airflow_savepoints.operators.retention", "airflow_savepoints.operators.upgrade",
-                                             "airflow_savepoints.operators.supervise"]}],
+                                             "airflow_savepoints.operators.supervise",
+                                             "airflow_savepoints.operators.inspect"]}],
         "sensors": [{"integration-name": integration, "python-modules": ["airflow_savepoints.sensors.savepoint"]}],
         "triggers": [{"integration-name": integration, "python-modules": ["airflow_savepoints.triggers.savepoint"]}],
         # a job's savepoints are announced as events of the asset x-savepoints://<job> (x-: no normalisation)

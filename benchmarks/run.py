@@ -430,7 +430,7 @@ def main() -> int:
     parser.add_argument("--memory-gb", type=float, help="file size for the memory check (default 1.0, quick 0.25)")
     parser.add_argument("--workdir", help="where to build (default: a temporary folder, removed)")
     parser.add_argument("--repeats", type=int, default=3, help="best of N for cp -r, full savepoints and restores")
-    parser.add_argument("--skip", default="", help="comma list of steps to skip: s3,live,memory,hashes "
+    parser.add_argument("--skip", default="", help="comma list of steps to skip: s3,live,memory,hashes,inspect "
                         "(with --object-store: s3 (the moto passes),peers,gcs,azure)")
     parser.add_argument("--latency-ms", default="20,50", help="with --object-store: the proxy's added latency per "
                         "S3 request, one pass each (comma list, default 20,50)")
@@ -557,6 +557,13 @@ def main() -> int:
         log(f"second savepoint: {t['savepoint_linked_second']:.3f}s, hashed/written {touched / second_bytes:.2%}, "
             f"its links alone {t['links_alone_second']:.3f}s")
 
+        if "inspect" not in skip:
+            from benchmarks.inspect_state import inspect_against_statestore
+
+            spark = spark_session()
+            figures["inspect"] = inspect_against_statestore(spark, {s: firsts[s].pointer for s in jobs}, repeats)
+            t["inspect"], t["statestore_read"] = figures["inspect"]["inspect_s"], figures["inspect"]["statestore_s"]
+            log(f"inspect: {figures['inspect']}")
         if "hashes" not in skip:
             paths = [jobs[s].checkpoint / rel for s in jobs for rel, _ in files[s]]
             figures["hash_gb_per_s"] = hash_candidates(paths)
@@ -642,6 +649,10 @@ def evaluate(f: dict) -> list[dict]:
             "== 0", f["s3"]["server_side_payload_bytes"] == 0)
     add("restore streamed / cp -r", t["restore_streamed"] / cp, "<= 1.25", t["restore_streamed"] / cp <= 1.25)
     add("cp -r / restore with links", cp / t["restore_linked"], ">= 3", cp / t["restore_linked"] >= 3, ceiling)
+    if "inspect" in f:
+        r = f["inspect"]["inspect_s"] / f["inspect"]["statestore_s"]
+        add("inspect / a direct statestore read of the same savepoints", r, "<= 1.1", r <= 1.1 and f["inspect"]["rows_match"],
+            f"{f['inspect']['rows']} rows; the same rows counted: {f['inspect']['rows_match']}")
     if "live" in f:
         r = f["live"]["during_median_s"] / f["live"]["without_median_s"]
         add("median batch duration during savepoints / without", r, "<= 1.10", r <= 1.10)

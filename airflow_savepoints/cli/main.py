@@ -1,4 +1,4 @@
-"""``airflow-savepoints``: take, list, show, verify, restore and dispose savepoints from a terminal.
+"""``airflow-savepoints``: take, list, show, verify, restore, inspect and dispose savepoints from a terminal.
 
 Every command takes ``--json``: its answer, an error and a usage error are then one JSON document on
 stdout. Exit status: 0 done, 1 an error (what went wrong and how to fix it), 2 a usage error (bad or
@@ -313,6 +313,78 @@ def restore(
     _emit(as_json, result.model_dump(mode="json"),
           f"[green]restored[/] batch {result.batch_id} into {result.checkpoint} (query {result.query_id})\n"
           f"  start the query with checkpointLocation={result.checkpoint} and {confs}")
+
+
+class ReadVia(StrEnum):
+    auto = "auto"
+    in_place = "in-place"
+    copy = "copy"
+
+
+@app.command(name="inspect")
+@_command
+def inspect_(
+    pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
+    operator: Annotated[int | None, typer.Option("--operator", min=0, help="Only this operator id.")] = None,
+    sample: Annotated[int, typer.Option("--sample", min=0, max=1000, help="Rows of each store to show.")] = 0,
+    read_via: Annotated[ReadVia, typer.Option(
+        "--read-via", help="auto: a local savepoint in place, a remote one through a local temporary copy; in-place: "
+                           "give Spark the store's URL (a session with its connector).")] = ReadVia.auto,
+    conn_id: ConnOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Read a savepoint's state with Spark's state sources (needs the [spark] extra); nothing is written into it."""
+    from airflow_savepoints.core.state_reader import inspect_savepoint
+
+    summary = inspect_savepoint(pointer, operator=operator, sample=sample, storage_options=storage_options(conn_id),
+                                read_via=read_via.value.replace("-", "_"))
+    if as_json:
+        _emit(True, summary.as_json())
+        return
+    table = Table(title=f"state of {summary.savepoint_id} (batch {summary.batch_id}, {summary.job})")
+    for column in ("operator", "name", "store", "rows", "per partition", "skew", "size", "schema"):
+        table.add_column(column, overflow="fold")
+    for op in summary.operators:
+        table.add_row(str(op.operator_id), op.name or "unknown", "", "" if op.rows is None else str(op.rows),
+                      "", "" if op.skew is None else f"{op.skew:.2f}", _human_size(op.bytes), "")
+        for store in op.stores:
+            shown = " ".join(f"{k}: {v}" for k, v in store.schema_.items())
+            table.add_row("", "", escape(store.state_var or store.kind or store.store) if store.store == "default"
+                          else escape(store.store), "" if store.rows is None else str(store.rows),
+                          " ".join(map(str, store.rows_per_partition)), "", "" if store.bytes is None else _human_size(store.bytes),
+                          f"[red]{escape(store.error)}[/]" if store.error else escape(shown))
+    out.print(table)
+    for op in summary.operators:
+        for store in op.stores:
+            for row in store.samples:
+                out.print(f"{op.operator_id}/{escape(store.state_var or store.store)}: {escape(json.dumps(row, default=str))}")
+    for limit in summary.limits:
+        err.print(f"[yellow]cannot show:[/] {escape(limit)}")
+
+
+@app.command()
+@_command
+def offsets(
+    pointer: Annotated[str, typer.Argument(help="A savepoint directory or its _metadata file.")],
+    conn_id: ConnOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print each source's committed position at the savepoint's batch (Kafka as startingOffsets takes it)."""
+    from airflow_savepoints.core.source_positions import source_positions
+
+    positions = source_positions(pointer, storage_options(conn_id))
+    if as_json:
+        _emit(True, positions.as_json())
+        return
+    out.print(f"sources of {positions.savepoint_id} at batch {positions.batch_id} (query {positions.query_id})")
+    for source in positions.sources:
+        if source.kind == "kafka":
+            text = f"startingOffsets={source.starting_offsets}"
+        elif source.kind == "file":
+            text = f"{len(source.files)} files processed (file source log batch {source.log_offset})"
+        else:
+            text = json.dumps(source.offset)
+        out.print(f"  source {escape(source.source)} ({source.kind}): {escape(text)}")
 
 
 @app.command()

@@ -2,7 +2,8 @@
 
 A savepoint is disposed only when it is a real one (valid ``_metadata``) inside its savepoint root.
 Order: the catalog record is marked "disposing" (refused while a restore pins it), ``_metadata``
-goes (so it is never listed or restored half deleted), then the files, then the record. Each
+goes (so it is never listed or restored half deleted), then the files, then its state summary
+(``_state_summaries/<id>.json``, kept beside it), then the record. Each
 storage step is retried; an interrupted disposal leaves an incomplete location that retention
 removes as an orphan, and running it again finishes it.
 """
@@ -23,6 +24,7 @@ from airflow_savepoints.core.models import SavepointInfo, SavepointManifest
 from airflow_savepoints.core.names import MANIFEST_FILE
 from airflow_savepoints.core.pointer import refuse_symlinks, resolve_pointer
 from airflow_savepoints.core.settings import configured_savepoint_dir
+from airflow_savepoints.core.state_summary import remove_summary
 from airflow_savepoints.errors import (
     CredentialsError,
     OutsideRootError,
@@ -110,6 +112,7 @@ def dispose_location(location: Store, manifest: SavepointManifest) -> SavepointI
     catalog.begin_dispose(location.name)
     _storage_retry(location.remove_file)(MANIFEST_FILE)
     _storage_retry(job_folder.remove_tree)(location.name)
+    _storage_retry(remove_summary)(job_folder, location.name)
     _dispose_secondary(manifest)
     _storage_retry(catalog.forget)(location.name)
     return savepoint_info(location, manifest)
@@ -132,6 +135,7 @@ def discard_incomplete(location: Store, *, release_lease: bool = False, quiet: b
         if not own_failed_run and location.exists(MANIFEST_FILE):
             return False
         job_folder.remove_tree(location.name)
+        remove_summary(job_folder, location.name)
         catalog.forget(location.name)
         if release_lease:
             JobLock.abandon(job_folder, location.name)

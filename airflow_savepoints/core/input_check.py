@@ -39,11 +39,11 @@ def pending_input_files(location: Store, manifest: SavepointManifest) -> list[st
             continue
         done = formats.file_source_log_offset(committed.sources.get(source))
         after = -1 if done is None else done
-        pending += _log_entries(location, paths, f"sources/{source}", after, last)
+        pending += logged_input_files(location, paths, f"sources/{source}", after, last)
     return sorted(set(pending))
 
 
-def _log_entries(location: Store, paths: set[str], folder: str, after: int, last: int) -> list[str]:
+def logged_input_files(location: Store, paths: set[str], folder: str, after: int, last: int) -> list[str]:
     """The ``path`` of every entry with ``after < batchId <= last`` in the log files the savepoint holds."""
     found: list[str] = []
     for path in sorted(p for p in paths if p.startswith(folder + "/") and p.count("/") == 2):

@@ -7,6 +7,7 @@ Layout of a savepoint directory::
         _inflight.json                   the single-flight lease of a savepoint being taken
         _lease.json  _run.json           the run lease and the run a start launched
         _control/<run id>/*.json         a run's control folder
+        _state_summaries/<id>.json       a savepoint's state summary (InspectSavepointOperator)
         savepoint-<id6>-<random>/_metadata  a savepoint, complete once _metadata exists
 """
 
@@ -34,3 +35,4 @@ FENCED_FILE = "fenced.json"
 
 LEASE_BREAK_SUFFIX = ".break"  # ``<lease>.break``: held while a stale lease is broken
 CLOCK_PROBE_PREFIX = "._clock."  # ``._clock.<hex>.tmp``: a probe of the store's clock
+STATE_SUMMARIES_FOLDER = "_state_summaries"  # ``<savepoint id>.json``: a savepoint's state summary, kept beside it

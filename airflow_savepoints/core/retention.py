@@ -33,6 +33,7 @@ from airflow_savepoints.core.names import (
     RUN_FILE,
 )
 from airflow_savepoints.core.settings import DEFAULTS, configured_option, parse_duration
+from airflow_savepoints.core.state_summary import remove_stray_summaries
 from airflow_savepoints.errors import (
     IncompleteSavepointError,
     InvalidInputError,
@@ -439,8 +440,10 @@ def _remove_stale_temp_files(job_store: Store, plan: RetentionPlan) -> list[str]
 
 
 def _forget_vanished(catalog: Catalog, job_store: Store) -> None:
-    """Drop records of failed or completed savepoints whose location no longer exists."""
+    """Drop records of failed or completed savepoints whose location no longer exists, and state
+    summaries whose savepoint is gone."""
     folders = set(job_store.listdir())
+    remove_stray_summaries(job_store, folders)
     gone = [sid for sid, r in catalog.load().records.items()
             if sid not in folders and r.state != SavepointState.IN_PROGRESS]
     if gone:

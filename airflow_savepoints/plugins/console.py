@@ -2,7 +2,8 @@
 
 One summary per job folder (lifecycle state, last committed batch, newest savepoint and its age,
 counts, size), pages of a job's savepoints, and one savepoint's detail (manifest facts, state
-stores, checksums, which savepoint a restore would pick, ready commands). Everything reads the
+stores, the state summary InspectSavepointOperator recorded (rows and skew per operator), checksums,
+which savepoint a restore would pick, ready commands). Everything reads the
 job's catalog, its ``_metadata`` files and the lifecycle's files; nothing is written.
 """
 
@@ -22,6 +23,7 @@ from airflow_savepoints.core.models import SavepointManifest
 from airflow_savepoints.core.pointer import latest_savepoint, list_jobs, list_savepoints
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.core.settings import parse_duration
+from airflow_savepoints.core.state_summary import read_summary, state_files
 from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.storage import Store
 
@@ -141,20 +143,23 @@ def page_of(records: list[SavepointRecord], offset: int, limit: int | None, newe
 
 def state_stores(manifest: SavepointManifest) -> list[dict[str, Any]]:
     """Per stateful operator: partitions, files and bytes (from the manifest's ``state/<op>/<partition>/`` files)."""
-    operators: dict[str, dict[str, Any]] = {}
-    for entry in manifest.files:
-        parts = entry.path.split("/")
-        if len(parts) < 3 or parts[0] != "state":
-            continue
-        found = operators.setdefault(parts[1], {"operator": parts[1], "partitions": set(), "files": 0, "bytes": 0})
-        if parts[2].isdigit():
-            found["partitions"].add(parts[2])
-        found["files"] += 1
-        found["bytes"] += entry.size
     settings = manifest.state_store
-    return [{**op, "partitions": len(op["partitions"]), "provider": settings.provider,
-             "format_version": settings.checkpoint_format_version}
-            for _, op in sorted(operators.items(), key=lambda item: (len(item[0]), item[0]))]
+    return [{"operator": op["operator"], "partitions": op["partitions"], "files": op["files"], "bytes": op["bytes"],
+             "provider": settings.provider, "format_version": settings.checkpoint_format_version}
+            for op in state_files(manifest).values()]
+
+
+def recorded_state(root: Store, job: str, savepoint_id: str) -> dict[str, Any] | None:
+    """The state summary InspectSavepointOperator recorded beside the savepoint: rows and skew per operator
+    (read without Spark); None when it was never inspected."""
+    summary = read_summary(root.child(job), savepoint_id)
+    if summary is None:
+        return None
+    return {"inspected_at": summary.inspected_at, "total_rows": summary.total_rows, "limits": summary.limits,
+            "operators": [{"operator_id": op.operator_id, "name": op.name, "partitions": op.partitions, "rows": op.rows,
+                           "skew": op.skew, "max_partition_rows": max(op.rows_per_partition, default=None),
+                           "bytes": op.bytes, "stores": [s.state_var or s.store for s in op.stores]}
+                          for op in summary.operators]}
 
 
 def commands(job: str, pointer: str, checkpoint: str, savepoint_id: str) -> dict[str, str]:
@@ -193,6 +198,7 @@ def savepoint_detail(root: Store, job: str, record: SavepointRecord, manifest: S
     if manifest is not None:
         detail.update(
             state_stores=state_stores(manifest),
+            state_summary=recorded_state(root, job, record.savepoint_id),
             checksums=checksums(root, record.pointer, manifest, verify),
             commands=commands(job, record.pointer, manifest.checkpoint, record.savepoint_id),
         )

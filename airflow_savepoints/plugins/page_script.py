@@ -403,6 +403,21 @@ function assetLink(job) {  // the job's asset (savepoints/<job>): its events are
   return link;
 }
 
+function stateSummaryView(state) {  // recorded by InspectSavepointOperator: rows and skew without Spark
+  const skewText = s => s == null ? "\u2014" : s.toFixed(2) + "\u00d7";
+  const table = el("table", {class: "stores"},
+    el("thead", {}, el("tr", {}, ["Operator", "Name", "Stores", "Partitions", "Rows", "Largest partition", "Skew", "Size"]
+      .map(n => el("th", {text: n})))),
+    el("tbody", {}, state.operators.map(o => el("tr", {}, el("td", {text: o.operator_id}), el("td", {text: o.name || "unknown"}),
+      el("td", {text: o.stores.join(", ")}), el("td", {text: o.partitions}), el("td", {text: o.rows ?? "\u2014"}),
+      el("td", {text: o.max_partition_rows ?? "\u2014"}),
+      el("td", {text: skewText(o.skew), title: "largest partition's rows over the mean",
+        style: o.skew > 2 ? "color:var(--warning)" : null}),
+      el("td", {text: size(o.bytes)})))));
+  return [el("h3", {text: "State rows (inspected " + formatTime(state.inspected_at) + ")"}), table,
+    ...state.limits.map(text => el("div", {class: "muted", text}))];
+}
+
 function detailView(answer) {
   const sp = answer.savepoint, manifest = answer.manifest || {}, detail = answer.detail || {};
   const close = el("button", {type: "button", text: "Close",
@@ -438,6 +453,7 @@ function detailView(answer) {
           {text: size(s.bytes)})))))
       : el("div", {class: "empty", text: "A stateless query: no state store files."}));
   }
+  if (detail.state_summary) parts.push(...stateSummaryView(detail.state_summary));
   if (answer.manifest) parts.push(el("h3", {text: "Source offsets"}), el("pre", {text: JSON.stringify(manifest.source_offsets,
     null, 2)}));
   return parts;
