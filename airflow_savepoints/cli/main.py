@@ -34,11 +34,10 @@ from airflow_savepoints import __version__, core
 from airflow_savepoints.cli.job import app as job_commands
 from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption, option_group, with_option_groups
 from airflow_savepoints.cli.storage import open_root, storage_options
-from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.names import CATALOG_FILE
-from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.errors import SavepointError, UnexpectedError
-from airflow_savepoints.jobs.runlease import running_spark_version
+
+# Each command imports what it uses (`core` on first use): `--version`, `--help` and `list` start fast.
 
 
 class JsonAwareGroup(TyperGroup):
@@ -83,8 +82,15 @@ DirOption = Annotated[
 ConnOption = Annotated[
     str | None,
     typer.Option("--conn-id", help="Airflow connection (type savepoints) giving the directory and credentials, as the "
-                                   "operators use it (default: savepoints_default if it exists; '' for none: no Airflow start-up)."),
+                                   "operators use it (default: [savepoints] conn_id, else savepoints_default when "
+                                   "AIRFLOW_CONN_SAVEPOINTS_DEFAULT defines it; '' for none)."),
 ]
+
+
+def validate_job_name(name: str) -> str:
+    from airflow_savepoints.core.models import validate_job_name as validate
+
+    return validate(name)
 
 
 class TriggerType(StrEnum):
@@ -199,6 +205,8 @@ def trigger(
     as_json: JsonFlag = False,
 ) -> None:
     """Take a savepoint of the newest committed batch of CHECKPOINT."""
+    from airflow_savepoints.jobs.runlease import running_spark_version
+
     validate_job_name(job)  # a bad name is reported before the storage is opened
     root = open_root(conn_id, savepoint_dir)
     with progress_bar("savepoint", enabled=not (quiet or as_json)) as on_event:
@@ -277,7 +285,7 @@ def verify(
 ) -> None:
     """Check every file of a savepoint against the sizes and checksums in its manifest."""
     with progress_bar("verify", enabled=not (quiet or as_json)) as on_event:
-        location, manifest = verify_savepoint(pointer, storage_options(conn_id), on_event=on_event)
+        location, manifest = core.verify_savepoint(pointer, storage_options(conn_id), on_event=on_event)
     _emit(as_json, {"pointer": location.url, "ok": True, "files": len(manifest.files), "bytes": manifest.total_bytes},
           f"[green]ok[/]: {location.url}: {len(manifest.files)} files, {_human_size(manifest.total_bytes)} verified")
 

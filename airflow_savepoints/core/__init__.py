@@ -1,23 +1,40 @@
-"""The savepoint engine: usable from plain Python and the CLI; never imports Airflow."""
+"""The savepoint engine: usable from plain Python and the CLI; never imports Airflow.
 
-from airflow_savepoints.core.dispose import dispose_savepoint
-from airflow_savepoints.core.models import SavepointInfo, SavepointManifest, SavepointSummary, SavepointType
-from airflow_savepoints.core.pointer import list_savepoints, resolve_pointer
-from airflow_savepoints.core.restore import RestoreRequest, restore_savepoint, verify_savepoint
-from airflow_savepoints.core.savepoint import SavepointRequest, run_savepoint, take_savepoint
+The names below are imported on first use (PEP 562), so a caller pays only for the modules it uses
+(a CLI command that lists savepoints does not import the restore or the copy code).
+"""
 
-__all__ = [
-    "RestoreRequest",
-    "SavepointInfo",
-    "SavepointManifest",
-    "SavepointRequest",
-    "SavepointSummary",
-    "SavepointType",
-    "dispose_savepoint",
-    "list_savepoints",
-    "resolve_pointer",
-    "restore_savepoint",
-    "run_savepoint",
-    "take_savepoint",
-    "verify_savepoint",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_savepoints.core.dispose import dispose_savepoint
+    from airflow_savepoints.core.models import SavepointInfo, SavepointManifest, SavepointSummary, SavepointType
+    from airflow_savepoints.core.pointer import list_savepoints, resolve_pointer
+    from airflow_savepoints.core.restore import RestoreRequest, restore_savepoint, verify_savepoint
+    from airflow_savepoints.core.savepoint import SavepointRequest, run_savepoint, take_savepoint
+
+_MODULE_OF = {
+    "dispose_savepoint": "dispose",
+    "SavepointInfo": "models", "SavepointManifest": "models", "SavepointSummary": "models", "SavepointType": "models",
+    "list_savepoints": "pointer", "resolve_pointer": "pointer",
+    "RestoreRequest": "restore", "restore_savepoint": "restore", "verify_savepoint": "restore",
+    "SavepointRequest": "savepoint", "run_savepoint": "savepoint", "take_savepoint": "savepoint",
+}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))
