@@ -158,6 +158,22 @@ def test_a_missing_backend_names_the_package_extra(url, extra):
     assert error["code"] == "missing_backend" and f"pip install 'airflow-savepoints[{extra}]'" in error["hint"]
 
 
+@pytest.mark.parametrize("args", [["list", "--job", "j", "--dir", "abfs://c/x"], ["show", "abfs://c/x/j/savepoint-abc"]],
+                         ids=["list", "show"])
+def test_azure_without_an_account_or_credentials_is_missing_credentials(args, monkeypatch):
+    import fsspec
+
+    for var in [v for v in os.environ if v.startswith("AZURE_STORAGE_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setitem(fsspec.config.conf, "abfs", {})
+    fsspec.get_filesystem_class("abfs").clear_instance_cache()
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 1, result.output
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "missing_credentials" and "abfs://c/x" in error["message"], error
+    assert "AZURE_STORAGE_ACCOUNT_NAME" in error["hint"]
+
+
 def test_output_stays_one_json_document_whatever_airflow_can_do_here(tmp_path):
     """Without a connection named, Airflow is not asked (even where it could not look connections up:
     a task's subprocess without a metadata DB URL); a connection asked for by name then fails clearly."""
