@@ -25,6 +25,25 @@ SCRIPT = Path(sys.executable).parent / "airflow-savepoints"
 def test_version():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout.strip() == f"airflow-savepoints {version('airflow-savepoints')}"
+    result = runner.invoke(app, ["version", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout) == {"version": version("airflow-savepoints")}
+    result = runner.invoke(app, ["version"])
+    assert result.exit_code == 0 and result.stdout.strip() == version("airflow-savepoints")
+
+
+def test_every_command_takes_json():
+    """demo takes --json too: a bad value is then reported as the value's usage error, not --json's."""
+    result = runner.invoke(app, ["demo", "--rounds", "0", "--json"])
+    error = json.loads(result.stdout)["error"]
+    assert result.exit_code == 2 and error["code"] == "usage_error" and "--rounds" in error["message"], error
+    from typer.main import get_command
+
+    group = get_command(app)
+    commands = {**group.commands, **{f"dags {n}": c for n, c in group.commands["dags"].commands.items()},
+                **{f"job {n}": c for n, c in group.commands["job"].commands.items()}}
+    without = [name for name, command in commands.items() if name not in ("dags", "job")
+               and not any("--json" in p.opts for p in command.params)]
+    assert not without, without
 
 
 USAGE_ERRORS = [

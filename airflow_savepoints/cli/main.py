@@ -447,9 +447,9 @@ app.add_typer(job_commands, name="job")
 
 
 @app.command()
-def version() -> None:
+def version(as_json: JsonFlag = False) -> None:
     """Print the version."""
-    out.print(__version__)
+    _emit(as_json, {"version": __version__}, __version__)
 
 
 def _print_version(value: bool) -> None:
@@ -473,6 +473,8 @@ def demo(
                                                "checkpoints, savepoints.")] = Path("demo-run"),
     rounds: Annotated[int, typer.Option(min=1, max=100, help="Runs of periodic_savepoints.")] = 4,
     interval: Annotated[float, typer.Option(min=0, help="Seconds between them.")] = 2.0,
+    as_json: Annotated[bool, typer.Option("--json", help="The demo's lines on stderr; one JSON document "
+                                                         "(ok, exit_code, workdir) on stdout at the end.")] = False,
 ) -> None:
     """Run the end-to-end demo: the example DAGs on a local Airflow and Spark (needs the [spark] extra)."""
     from importlib.metadata import PackageNotFoundError, distribution
@@ -482,9 +484,14 @@ def demo(
     except PackageNotFoundError:
         raise SavepointError("the demo runs Spark locally, and pyspark (with Spark's jars) is not installed",
                              "pip install 'airflow-savepoints[spark]' (and Java 17 or newer)") from None
+    from airflow_savepoints.demo.__main__ import console as demo_console
     from airflow_savepoints.demo.__main__ import run as run_demo
 
-    raise typer.Exit(run_demo(workdir.resolve(), rounds, interval))
+    if as_json:
+        demo_console.file = sys.stderr
+    code = run_demo(workdir.resolve(), rounds, interval)
+    _emit(as_json, {"ok": code == 0, "exit_code": code, "workdir": str(workdir.resolve())})
+    raise typer.Exit(code)
 
 
 dags_app = typer.Typer(help="The example DAGs shipped in the package.", no_args_is_help=True)
