@@ -35,7 +35,7 @@ from airflow_savepoints.cli.job import app as job_commands
 from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption, option_group, with_option_groups
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.names import CATALOG_FILE
-from airflow_savepoints.errors import SavepointError, UnexpectedError
+from airflow_savepoints.errors import MissingBackendError, SavepointError, UnexpectedError
 
 # Each command imports what it uses (`core` on first use): `--version`, `--help` and `list` start fast.
 
@@ -482,7 +482,7 @@ def demo(
     try:
         distribution("pyspark")  # the full pyspark (with Spark's jars), not only the Spark provider's pyspark-client
     except PackageNotFoundError:
-        raise SavepointError("the demo runs Spark locally, and pyspark (with Spark's jars) is not installed",
+        raise MissingBackendError("the demo runs Spark locally, and pyspark (with Spark's jars) is not installed",
                              "pip install 'airflow-savepoints[spark]' (and Java 17 or newer)") from None
     from airflow_savepoints.demo.__main__ import console as demo_console
     from airflow_savepoints.demo.__main__ import run as run_demo
