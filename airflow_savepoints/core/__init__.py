@@ -24,7 +24,21 @@ _MODULE_OF = {
     "SavepointRequest": "savepoint", "run_savepoint": "savepoint", "take_savepoint": "savepoint",
 }
 
-__all__ = sorted(_MODULE_OF)
+__all__ = [  # the names of _MODULE_OF
+    "RestoreRequest",
+    "SavepointInfo",
+    "SavepointManifest",
+    "SavepointRequest",
+    "SavepointSummary",
+    "SavepointType",
+    "dispose_savepoint",
+    "list_savepoints",
+    "resolve_pointer",
+    "restore_savepoint",
+    "run_savepoint",
+    "take_savepoint",
+    "verify_savepoint",
+]
 
 
 def __getattr__(name: str) -> Any:

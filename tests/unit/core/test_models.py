@@ -104,3 +104,12 @@ def test_a_request_takes_type_names_and_keeps_defaults():
     assert (request.copy_mode, request.incremental, request.parallelism, request.max_attempts) == ("auto", True, None, 5)
     with pytest.raises(ValidationError):  # frozen: a run cannot change what was asked
         request.job = "other"
+
+
+def test_the_core_package_exports_each_name_it_loads_on_first_use():
+    import airflow_savepoints.core as core
+
+    assert sorted(core.__all__) == sorted(core._MODULE_OF)
+    assert all(getattr(core, name).__name__ == name for name in core.__all__)
+    with pytest.raises(AttributeError):
+        core.no_such_name  # noqa: B018
