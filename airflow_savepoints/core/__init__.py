@@ -6,8 +6,9 @@ The names below are imported on first use (PEP 562), so a caller pays only for t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from airflow_savepoints._lazy import lazy_names
 
 if TYPE_CHECKING:
     from airflow_savepoints.core.dispose import dispose_savepoint
@@ -23,6 +24,7 @@ _MODULE_OF = {
     "RestoreRequest": "restore", "restore_savepoint": "restore", "verify_savepoint": "restore",
     "SavepointRequest": "savepoint", "run_savepoint": "savepoint", "take_savepoint": "savepoint",
 }
+__getattr__, __dir__ = lazy_names(__name__, _MODULE_OF)
 
 __all__ = [  # the names of _MODULE_OF
     "RestoreRequest",
@@ -39,16 +41,3 @@ __all__ = [  # the names of _MODULE_OF
     "take_savepoint",
     "verify_savepoint",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULE_OF))
