@@ -88,6 +88,7 @@ ConnOption = Annotated[
 
 
 def validate_job_name(name: str) -> str:
+    """The core's check, imported when a command runs (pydantic's models are not needed to start)."""
     from airflow_savepoints.core.models import validate_job_name as validate
 
     return validate(name)
@@ -483,7 +484,7 @@ def demo(
         distribution("pyspark")  # the full pyspark (with Spark's jars), not only the Spark provider's pyspark-client
     except PackageNotFoundError:
         raise MissingBackendError("the demo runs Spark locally, and pyspark (with Spark's jars) is not installed",
-                             "pip install 'airflow-savepoints[spark]' (and Java 17 or newer)") from None
+                                  "pip install 'airflow-savepoints[spark]' (and Java 17 or newer)") from None
     from airflow_savepoints.demo.__main__ import console as demo_console
     from airflow_savepoints.demo.__main__ import run as run_demo
 
