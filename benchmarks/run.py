@@ -3,6 +3,7 @@
     python benchmarks/run.py                 # full size (1.2 GB of state in two stores, 2,000+ files)
     python benchmarks/run.py --quick --json  # small size, a few minutes, one JSON object on stdout
     python benchmarks/run.py --size-gb 4 --partitions 400
+    python benchmarks/run.py --cli-start     # only the CLI's start: list and trigger against python -c pass
 
 Spark writes two checkpoints of a stateful aggregation, one with the HDFS state store, one with
 RocksDB, whose state together is ``--size-gb`` of incompressible rows (half each). Every timed savepoint
@@ -65,6 +66,36 @@ def timed(fn):
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
+
+
+# --- the command line's start ---------------------------------------------------------------------------
+def cli_start(work: Path, repeats: int) -> dict[str, float]:
+    """Best-of-N wall time of ``python -c pass``, ``--version``, ``list --dir`` and ``trigger`` of a small local
+    checkpoint (tests/data: 15 files copied), interleaved in one run, with no connection named and a fresh
+    AIRFLOW_HOME: what an on-call command or a script pays on each call."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__SAVEPOINTS__"))}
+    env.update(AIRFLOW_HOME=str(work / "cli-airflow-home"), PYTHONPATH=str(ROOT))
+    cli = [sys.executable, "-m", "airflow_savepoints.cli.main"]
+    checkpoint, root = ROOT / "tests" / "data" / "spark35" / "hdfs", work / "cli-sp"
+    commands = {"python_pass": [sys.executable, "-c", "pass"], "version": [*cli, "--version"],
+                "list": [*cli, "list", "--job", "j", "--dir", str(root), "--json"],
+                "trigger": [*cli, "trigger", str(checkpoint), "--job", "j", "--dir", str(root), "--json"]}
+    (root / "j").mkdir(parents=True, exist_ok=True)
+    best = dict.fromkeys(commands, float("inf"))
+    for _ in range(max(repeats, 5)):
+        for name, command in commands.items():
+            start = time.perf_counter()
+            subprocess.run(command, env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: round(seconds, 3) for name, seconds in best.items()}
+
+
+def cli_targets(c: dict[str, float]) -> list[dict]:
+    """The start's targets: a command on a local root within 0.4 s of a bare Python start."""
+    return [{"name": f"CLI {name} on a local root: seconds above python -c pass (--version {c['version']:.3f}s)",
+             "ratio": round(c[name] - c["python_pass"], 3), "target": "<= 0.4", "met": c[name] - c["python_pass"] <= 0.4,
+             "note": f"{c[name]:.3f}s = {c[name] / c['python_pass']:.1f}x python -c pass, "
+                     f"{c[name] / c['version']:.2f}x --version"} for name in ("list", "trigger")]
 
 
 # --- building real checkpoints ------------------------------------------------------------------------
@@ -430,7 +461,7 @@ def main() -> int:
     parser.add_argument("--memory-gb", type=float, help="file size for the memory check (default 1.0, quick 0.25)")
     parser.add_argument("--workdir", help="where to build (default: a temporary folder, removed)")
     parser.add_argument("--repeats", type=int, default=3, help="best of N for cp -r, full savepoints and restores")
-    parser.add_argument("--skip", default="", help="comma list of steps to skip: s3,live,memory,hashes,inspect "
+    parser.add_argument("--skip", default="", help="comma list of steps to skip: cli,s3,live,memory,hashes,inspect "
                         "(with --object-store: s3 (the moto passes),peers,gcs,azure)")
     parser.add_argument("--latency-ms", default="20,50", help="with --object-store: the proxy's added latency per "
                         "S3 request, one pass each (comma list, default 20,50)")
@@ -439,6 +470,7 @@ def main() -> int:
                         "at equal concurrency (default: ours where nothing is uploaded through the worker, 32)")
     parser.add_argument("--plot", help="draw the timings as a PNG (needs matplotlib)")
     parser.add_argument("--from-json", help="do not measure: print the table (and --plot) of a saved JSON report")
+    parser.add_argument("--cli-start", action="store_true", help="only the CLI's start (seconds, no Spark)")
     parser.add_argument("--object-store", action="store_true",
                         help="instead: savepoints on S3 behind request latency against s5cmd and aws, and on "
                         "GCS and Azure emulators (benchmarks/object_store.py)")
@@ -456,6 +488,14 @@ def main() -> int:
             print(json.dumps(report, default=str))
         if args.json_file:
             Path(args.json_file).write_text(json.dumps(report, default=str, indent=1) + "\n")
+        return 0
+    if args.cli_start:
+        with tempfile.TemporaryDirectory(prefix="savepoint-cli-") as folder:
+            figures = {"cli_start_s": cli_start(Path(folder), args.repeats), "load_average": os.getloadavg()}
+        report = {"targets": cli_targets(figures["cli_start_s"]), "figures": figures}
+        log(json.dumps(report, indent=1))
+        if args.json:
+            print(json.dumps(report))
         return 0
     if args.from_json:
         text = Path(args.from_json).read_text().strip()
@@ -480,6 +520,9 @@ def main() -> int:
     figures: dict = {"size_gb_per_store": round(size, 3), "partitions": partitions, "build_batches": batches,
                      "repeats": repeats, "load_average_at_start": os.getloadavg()}
     try:
+        if "cli" not in skip:  # first, on a quiet machine
+            figures["cli_start_s"] = cli_start(work, repeats)
+            log(f"CLI start (best of {max(repeats, 5)}): {figures['cli_start_s']}")
         spark = spark_session()
         jobs = {}
         for store in STORES:
@@ -659,7 +702,7 @@ def evaluate(f: dict) -> list[dict]:
     if "memory_mib_above_baseline" in f:
         worst = max(f["memory_mib_above_baseline"].values())
         add(f"peak memory above baseline copying a {f['memory_file_gb']} GB file (MiB)", worst, "<= 64", worst <= 64)
-    return out
+    return out + (cli_targets(f["cli_start_s"]) if "cli_start_s" in f else [])
 
 
 def machine() -> dict:

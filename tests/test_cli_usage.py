@@ -8,6 +8,7 @@ import os
 import pty
 import subprocess
 import sys
+import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -24,6 +25,25 @@ SCRIPT = Path(sys.executable).parent / "airflow-savepoints"
 def test_version():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout.strip() == f"airflow-savepoints {version('airflow-savepoints')}"
+    result = runner.invoke(app, ["version", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout) == {"version": version("airflow-savepoints")}
+    result = runner.invoke(app, ["version"])
+    assert result.exit_code == 0 and result.stdout.strip() == version("airflow-savepoints")
+
+
+def test_every_command_takes_json():
+    """demo takes --json too: a bad value is then reported as the value's usage error, not --json's."""
+    result = runner.invoke(app, ["demo", "--rounds", "0", "--json"])
+    error = json.loads(result.stdout)["error"]
+    assert result.exit_code == 2 and error["code"] == "usage_error" and "--rounds" in error["message"], error
+    from typer.main import get_command
+
+    group = get_command(app)
+    commands = {**group.commands, **{f"dags {n}": c for n, c in group.commands["dags"].commands.items()},
+                **{f"job {n}": c for n, c in group.commands["job"].commands.items()}}
+    without = [name for name, command in commands.items() if name not in ("dags", "job")
+               and not any("--json" in p.opts for p in command.params)]
+    assert not without, without
 
 
 USAGE_ERRORS = [
@@ -157,10 +177,25 @@ def test_a_missing_backend_names_the_package_extra(url, extra):
     assert error["code"] == "missing_backend" and f"pip install 'airflow-savepoints[{extra}]'" in error["hint"]
 
 
+@pytest.mark.parametrize("args", [["list", "--job", "j", "--dir", "abfs://c/x"], ["show", "abfs://c/x/j/savepoint-abc"]],
+                         ids=["list", "show"])
+def test_azure_without_an_account_or_credentials_is_missing_credentials(args, monkeypatch):
+    import fsspec
+
+    for var in [v for v in os.environ if v.startswith("AZURE_STORAGE_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setitem(fsspec.config.conf, "abfs", {})
+    fsspec.get_filesystem_class("abfs").clear_instance_cache()
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 1, result.output
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "missing_credentials" and "abfs://c/x" in error["message"], error
+    assert "AZURE_STORAGE_ACCOUNT_NAME" in error["hint"]
+
+
 def test_output_stays_one_json_document_whatever_airflow_can_do_here(tmp_path):
-    """The default connection is looked up when Airflow is installed: its log lines go to stderr, and
-    where Airflow cannot look connections up (a task's subprocess without a metadata DB URL) the
-    command goes on without it; a connection asked for by name then fails clearly."""
+    """Without a connection named, Airflow is not asked (even where it could not look connections up:
+    a task's subprocess without a metadata DB URL); a connection asked for by name then fails clearly."""
     (tmp_path / "sp" / "job").mkdir(parents=True)
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow-home")}
     retained = subprocess.run([str(SCRIPT), "retain", "--job", "job", "--dir", str(tmp_path / "sp"), "--json"],
@@ -193,3 +228,57 @@ def test_an_unanticipated_failure_is_a_coded_error_never_a_traceback(tmp_path):
     debug = subprocess.run(restore, capture_output=True, text=True, env={**env, "AIRFLOW_SAVEPOINTS_DEBUG": "1"},
                            timeout=120)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and json.loads(debug.stdout)["error"] == error
+
+
+def clean_env(airflow_home: Path, **extra: str) -> dict[str, str]:
+    """This environment without any connection or [savepoints] option, with a fresh AIRFLOW_HOME."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__SAVEPOINTS__", "AIRFLOW_CONFIG"))}
+    return {**env, "AIRFLOW_HOME": str(airflow_home), **extra}
+
+
+MODULES_AT_EXIT = ("import atexit, json, sys; listing = sys.argv.pop(1); "
+                   "atexit.register(lambda: open(listing, 'w').write(json.dumps(sorted(sys.modules)))); "
+                   "from airflow_savepoints.cli.main import main; main()")
+
+
+def run_cli(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run a command in a fresh interpreter; also return the modules it had imported when it exited."""
+    with tempfile.TemporaryDirectory() as folder:
+        listing = Path(folder) / "modules.json"
+        proc = subprocess.run([sys.executable, "-c", MODULES_AT_EXIT, str(listing), *args],
+                              capture_output=True, text=True, env=env, timeout=120)
+        return proc, set(json.loads(listing.read_text()))
+
+
+def test_a_command_without_a_connection_named_neither_imports_airflow_nor_creates_a_database(tmp_path):
+    home, sp = tmp_path / "airflow-home", tmp_path / "sp"
+    env = clean_env(home)
+    checkpoint = ROOT / "tests" / "data" / "spark35" / "hdfs"
+    taken, imported = run_cli("trigger", str(checkpoint), "--job", "j", "--dir", str(sp), "--json", env=env)
+    assert taken.returncode == 0, taken.stdout + taken.stderr[-2000:]
+    assert "airflow_savepoints.core.savepoint" in imported  # the listing is read right
+    assert not {m for m in imported if m == "airflow" or m.startswith("airflow.")}
+    listed, imported = run_cli("list", "--job", "j", "--dir", str(sp), "--json", env=env)
+    assert [s["pointer"] for s in json.loads(listed.stdout)["savepoints"]] == [json.loads(taken.stdout)["pointer"]]
+    assert "airflow" not in imported and "airflow_savepoints.core.copier" not in imported  # list copies nothing
+    assert not home.exists()  # no airflow.db, no logs folder: Airflow never started
+
+
+def test_a_connection_named_by_the_environment_or_the_configuration_is_used(tmp_path):
+    home, sp = tmp_path / "airflow-home", tmp_path / "sp"
+    (sp / "j").mkdir(parents=True)
+    conn = json.dumps({"conn_type": "savepoints", "host": str(sp)})
+    # AIRFLOW_CONN_SAVEPOINTS_DEFAULT names the default connection: no --dir, no --conn-id needed
+    listed, imported = run_cli("list", "--job", "j", "--json", env=clean_env(home, AIRFLOW_CONN_SAVEPOINTS_DEFAULT=conn))
+    assert listed.returncode == 0, listed.stdout + listed.stderr[-2000:]
+    assert json.loads(listed.stdout)["savepoint_dir"] == str(sp)
+    assert "airflow_savepoints.hooks.savepoint" in imported
+    # [savepoints] conn_id names another (here from the environment's AIRFLOW__SAVEPOINTS__CONN_ID)
+    named = clean_env(home, AIRFLOW__SAVEPOINTS__CONN_ID="team_store", AIRFLOW_CONN_TEAM_STORE=conn)
+    listed, _ = run_cli("list", "--job", "j", "--json", env=named)
+    assert listed.returncode == 0 and json.loads(listed.stdout)["savepoint_dir"] == str(sp), listed.stdout
+    # a named connection that is defined nowhere: a clear error, and still no database created to look for it
+    missing, _ = run_cli("list", "--job", "j", "--json", env=clean_env(home, AIRFLOW__SAVEPOINTS__CONN_ID="nope"))
+    error = json.loads(missing.stdout)["error"]
+    assert missing.returncode == 1 and error["code"] == "invalid_input" and "'nope' is not defined" in error["message"]
+    assert not (home / "airflow.db").exists()

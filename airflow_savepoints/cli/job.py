@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,12 +18,10 @@ from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption,
 from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
-from airflow_savepoints.jobs import lifecycle, load_jobs, watchdog
-from airflow_savepoints.jobs.launcher import spark_submit_command
-from airflow_savepoints.jobs.lifecycle import JobContext
-from airflow_savepoints.jobs.model import StreamingJob
-from airflow_savepoints.jobs.upgrade import UpgradeRequest, new_version, upgrade
-from airflow_savepoints.storage import Store
+
+if TYPE_CHECKING:  # the job modules are imported by the commands that run (not by every CLI start)
+    from airflow_savepoints.jobs.lifecycle import JobContext
+    from airflow_savepoints.jobs.model import StreamingJob
 
 app = typer.Typer(help="Start, stop (with a savepoint), cancel and watch streaming jobs from a jobs file.",
                   no_args_is_help=True)
@@ -70,6 +68,10 @@ class JobTarget:
 
     def context(self, job_name: str) -> JobContext:
         """The job named ``job_name`` in the jobs file, with its savepoint root and checkpoint options."""
+        from airflow_savepoints.jobs import load_jobs
+        from airflow_savepoints.jobs.lifecycle import JobContext
+        from airflow_savepoints.storage import Store
+
         jobs = load_jobs(self.jobs_file)
         if job_name not in jobs:
             raise InvalidInputError(f"no job named {job_name!r} in {self.jobs_file}",
@@ -106,6 +108,8 @@ def _report(as_json: bool, action) -> None:
 
 
 def _submit_command(ctx: JobContext):
+    from airflow_savepoints.jobs.launcher import spark_submit_command
+
     if ctx.job.spark_conn_id:  # a Spark connection is Airflow's: build the command as the operators do
         from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 
@@ -143,6 +147,8 @@ def start(
 ) -> None:
     """Start JOB from a savepoint (or --fresh); refused while another run of JOB lives anywhere."""
     def action():
+        from airflow_savepoints.jobs import lifecycle
+
         if origin.pointer and origin.fresh:
             raise InvalidInputError("--from and --fresh exclude each other", "give one of them")
         ctx = target.context(job)
@@ -168,6 +174,8 @@ def stop(
 ) -> None:
     """Stop JOB with a final ``stop`` savepoint of its last committed batch."""
     def action():
+        from airflow_savepoints.jobs import lifecycle
+
         ctx = target.context(job)
         result = lifecycle.stop(ctx, grace=grace, inflight_wait=inflight_wait)
         return result, (f"[green]stopped[/] job {job} ({result['stop_method']}); {result['consistency']} stop "
@@ -189,6 +197,8 @@ def cancel(
 ) -> None:
     """Cancel JOB without a savepoint, then apply its checkpoint retention policy."""
     def action():
+        from airflow_savepoints.jobs import lifecycle
+
         ctx = target.context(job)
         result = lifecycle.cancel(ctx, policy=policy, grace=grace)
         return result, (f"[yellow]cancelled[/] job {job} ({result['stop_method']}); checkpoint {result['checkpoint']} "
@@ -210,6 +220,8 @@ def status(
 ) -> None:
     """Show JOB's state (starting, running, stopping, stopped, failed, lost, unknown, not_started)."""
     def action():
+        from airflow_savepoints.jobs import lifecycle, watchdog
+
         ctx = target.context(job)
         found = lifecycle.status(ctx)
         found.watchdog = watchdog.read_state(ctx).view()
@@ -257,6 +269,8 @@ class NewVersion:
                                                    "(repeat).")] = None
 
     def of(self, job: StreamingJob) -> StreamingJob:
+        from airflow_savepoints.jobs.upgrade import new_version
+
         return new_version(job, self.application, self.args or None, _conf_pairs(self.conf or []))
 
 
@@ -287,6 +301,9 @@ def upgrade_job(
 ) -> None:
     """Upgrade running JOB to a new version; roll back automatically if it is not healthy."""
     def action():
+        from airflow_savepoints.jobs.lifecycle import JobContext
+        from airflow_savepoints.jobs.upgrade import UpgradeRequest, upgrade
+
         ctx = target.context(job)
         request = UpgradeRequest(version=version.of(ctx.job), **dataclasses.asdict(policy))
         result = upgrade(ctx, request, submit_for=lambda new: _submit_command(JobContext(new, ctx.root)),

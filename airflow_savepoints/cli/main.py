@@ -34,11 +34,10 @@ from airflow_savepoints import __version__, core
 from airflow_savepoints.cli.job import app as job_commands
 from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption, option_group, with_option_groups
 from airflow_savepoints.cli.storage import open_root, storage_options
-from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.names import CATALOG_FILE
-from airflow_savepoints.core.restore import verify_savepoint
-from airflow_savepoints.errors import SavepointError, UnexpectedError
-from airflow_savepoints.jobs.runlease import running_spark_version
+from airflow_savepoints.errors import MissingBackendError, SavepointError, UnexpectedError
+
+# Each command imports what it uses (`core` on first use): `--version`, `--help` and `list` start fast.
 
 
 class JsonAwareGroup(TyperGroup):
@@ -83,8 +82,16 @@ DirOption = Annotated[
 ConnOption = Annotated[
     str | None,
     typer.Option("--conn-id", help="Airflow connection (type savepoints) giving the directory and credentials, as the "
-                                   "operators use it (default: savepoints_default if it exists; '' for none: no Airflow start-up)."),
+                                   "operators use it (default: [savepoints] conn_id, else savepoints_default when "
+                                   "AIRFLOW_CONN_SAVEPOINTS_DEFAULT defines it; '' for none)."),
 ]
+
+
+def validate_job_name(name: str) -> str:
+    """The core's check, imported when a command runs (pydantic's models are not needed to start)."""
+    from airflow_savepoints.core.models import validate_job_name as validate
+
+    return validate(name)
 
 
 class TriggerType(StrEnum):
@@ -199,6 +206,8 @@ def trigger(
     as_json: JsonFlag = False,
 ) -> None:
     """Take a savepoint of the newest committed batch of CHECKPOINT."""
+    from airflow_savepoints.jobs.runlease import running_spark_version
+
     validate_job_name(job)  # a bad name is reported before the storage is opened
     root = open_root(conn_id, savepoint_dir)
     with progress_bar("savepoint", enabled=not (quiet or as_json)) as on_event:
@@ -277,7 +286,7 @@ def verify(
 ) -> None:
     """Check every file of a savepoint against the sizes and checksums in its manifest."""
     with progress_bar("verify", enabled=not (quiet or as_json)) as on_event:
-        location, manifest = verify_savepoint(pointer, storage_options(conn_id), on_event=on_event)
+        location, manifest = core.verify_savepoint(pointer, storage_options(conn_id), on_event=on_event)
     _emit(as_json, {"pointer": location.url, "ok": True, "files": len(manifest.files), "bytes": manifest.total_bytes},
           f"[green]ok[/]: {location.url}: {len(manifest.files)} files, {_human_size(manifest.total_bytes)} verified")
 
@@ -511,9 +520,9 @@ app.add_typer(job_commands, name="job")
 
 
 @app.command()
-def version() -> None:
+def version(as_json: JsonFlag = False) -> None:
     """Print the version."""
-    out.print(__version__)
+    _emit(as_json, {"version": __version__}, __version__)
 
 
 def _print_version(value: bool) -> None:
@@ -537,6 +546,8 @@ def demo(
                                                "checkpoints, savepoints.")] = Path("demo-run"),
     rounds: Annotated[int, typer.Option(min=1, max=100, help="Runs of periodic_savepoints.")] = 4,
     interval: Annotated[float, typer.Option(min=0, help="Seconds between them.")] = 2.0,
+    as_json: Annotated[bool, typer.Option("--json", help="The demo's lines on stderr; one JSON document "
+                                                         "(ok, exit_code, workdir) on stdout at the end.")] = False,
 ) -> None:
     """Run the end-to-end demo: the example DAGs on a local Airflow and Spark (needs the [spark] extra)."""
     from importlib.metadata import PackageNotFoundError, distribution
@@ -544,11 +555,16 @@ def demo(
     try:
         distribution("pyspark")  # the full pyspark (with Spark's jars), not only the Spark provider's pyspark-client
     except PackageNotFoundError:
-        raise SavepointError("the demo runs Spark locally, and pyspark (with Spark's jars) is not installed",
-                             "pip install 'airflow-savepoints[spark]' (and Java 17 or newer)") from None
+        raise MissingBackendError("the demo runs Spark locally, and pyspark (with Spark's jars) is not installed",
+                                  "pip install 'airflow-savepoints[spark]' (and Java 17 or newer)") from None
+    from airflow_savepoints.demo.__main__ import console as demo_console
     from airflow_savepoints.demo.__main__ import run as run_demo
 
-    raise typer.Exit(run_demo(workdir.resolve(), rounds, interval))
+    if as_json:
+        demo_console.file = sys.stderr
+    code = run_demo(workdir.resolve(), rounds, interval)
+    _emit(as_json, {"ok": code == 0, "exit_code": code, "workdir": str(workdir.resolve())})
+    raise typer.Exit(code)
 
 
 dags_app = typer.Typer(help="The example DAGs shipped in the package.", no_args_is_help=True)

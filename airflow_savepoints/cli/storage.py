@@ -1,13 +1,16 @@
 """How every CLI command reaches savepoint storage: the way the operators do.
 
-With Airflow importable, the connection ``--conn-id`` (default ``savepoints_default`` when it exists)
-gives the directory and the credentials, resolved by :class:`SavepointStorageHook` itself: ``--dir``,
-else the connection's host, else ``[savepoints] savepoint_dir``; login/password/extra become fsspec
-storage options. Without a connection: ``--dir``, else the configured directory, and fsspec's own
-configuration (environment variables, ``~/.config/fsspec``).
+A connection is used only when one is named: ``--conn-id``, else ``[savepoints] conn_id``
+(``AIRFLOW__SAVEPOINTS__CONN_ID`` or airflow.cfg, read without importing Airflow), else
+``savepoints_default`` when ``AIRFLOW_CONN_SAVEPOINTS_DEFAULT`` defines it. Only then is Airflow
+imported: :class:`SavepointStorageHook` gives the directory (``--dir``, else the connection's host,
+else ``[savepoints] savepoint_dir``) and the credentials (login/password/extra as fsspec storage
+options). Without a connection: ``--dir``, else the configured directory, and fsspec's own
+configuration (environment variables, ``~/.config/fsspec``). ``--conn-id ''`` names none.
 
-Connections are looked up as the ``airflow`` CLI does: environment variables (``AIRFLOW_CONN_*``),
-the configured secrets backend, then the metadata database. ``--conn-id ''`` skips connections.
+A named connection is looked up as the ``airflow`` CLI does: environment variables (``AIRFLOW_CONN_*``),
+the configured secrets backend, then the metadata database, but only a database that exists: a
+lookup never creates one.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import importlib.util
 import logging
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from airflow_savepoints.core.settings import resolve_savepoint_dir
+from airflow_savepoints.core.settings import CONN_OPTION, SECTION, configured_option, resolve_savepoint_dir
 from airflow_savepoints.errors import InvalidInputError, NoSavepointDirError, SavepointDirNotFoundError
-from airflow_savepoints.storage import Store
+
+if TYPE_CHECKING:
+    from airflow_savepoints.storage import Store
 
 DEFAULT_CONN_ID = "savepoints_default"
 
@@ -31,11 +37,34 @@ def airflow_importable() -> bool:
     return importlib.util.find_spec("airflow") is not None
 
 
+def named_connection(conn_id: str | None) -> str | None:
+    """The connection a command uses: ``--conn-id``, else ``[savepoints] conn_id``, else ``savepoints_default``
+    when the environment defines it; None (also for ``--conn-id ''``): no connection, Airflow is not imported."""
+    if conn_id is not None:
+        return conn_id.strip() or None
+    configured = configured_option(CONN_OPTION)
+    if configured:
+        return configured
+    return DEFAULT_CONN_ID if os.environ.get(f"AIRFLOW_CONN_{DEFAULT_CONN_ID.upper()}") else None
+
+
+def _metadata_db_exists() -> bool:
+    """Whether Airflow's metadata database is there to ask: a SQLite file that does not exist is not (asking creates it)."""
+    from airflow.configuration import conf
+
+    url = (conf.get("database", "sql_alchemy_conn", fallback="") or "").strip()
+    if not url.startswith("sqlite"):
+        return bool(url)
+    path = url.partition(":///")[2].partition("?")[0]
+    return bool(path) and path != ":memory:" and Path(path).is_file()
+
+
 @contextlib.contextmanager
 def _as_airflow_cli():
-    """Look connections up with the metadata database too, as ``airflow connections get`` does."""
+    """Look connections up in the metadata database too, as ``airflow connections get`` does, if it exists."""
     saved = os.environ.get("_AIRFLOW_PROCESS_CONTEXT")
-    os.environ["_AIRFLOW_PROCESS_CONTEXT"] = "server"
+    if _metadata_db_exists():
+        os.environ["_AIRFLOW_PROCESS_CONTEXT"] = "server"
     try:
         yield
     finally:
@@ -54,7 +83,7 @@ def _logs_to_stderr() -> None:
 
 
 def _lookup(conn_id: str):
-    """The connection (None: the default one is not defined) and its hook."""
+    """The hook of the connection ``conn_id``, which must be defined."""
     try:
         return _look_up_connection(conn_id)
     finally:
@@ -69,37 +98,33 @@ def _look_up_connection(conn_id: str):
     hook = SavepointStorageHook(conn_id)
     with _as_airflow_cli():
         try:
-            return hook.connection(), hook
+            hook.get_connection(conn_id)
         except AirflowNotFoundException:
             raise InvalidInputError(f"the connection '{conn_id}' is not defined",
                                     f"create it (airflow connections add {conn_id} --conn-type savepoints "
-                                    f"--conn-host s3://bucket/savepoints) or omit --conn-id") from None
+                                    f"--conn-host s3://bucket/savepoints), or name another with --conn-id "
+                                    f"(or [{SECTION}] {CONN_OPTION}), or --conn-id '' for none") from None
+    return hook
 
 
 def storage_hook(conn_id: str | None):
-    """The hook of ``conn_id`` (or of ``savepoints_default`` if it exists); None: no connection applies.
-
-    ``conn_id == ""`` (``--conn-id ''``): no connection, and Airflow is not even imported (a faster start).
-    """
-    if conn_id == "":
+    """The hook of the connection the command uses (see :func:`named_connection`); None: no connection."""
+    named = named_connection(conn_id)
+    if named is None:
         return None
     if not airflow_importable():
-        if conn_id:
-            raise InvalidInputError(f"--conn-id {conn_id}: Airflow is not installed here, so there are no connections",
-                                    "install apache-airflow, or pass --dir and set the storage options in fsspec's configuration")
-        return None
+        raise InvalidInputError(f"connection {named}: Airflow is not installed here, so there are no connections",
+                                "install apache-airflow, or pass --conn-id '' and --dir, with the storage options "
+                                "in fsspec's configuration")
     try:
-        connection, hook = _lookup(conn_id or DEFAULT_CONN_ID)
+        return _lookup(named)
     except InvalidInputError:
         raise
     except Exception as exc:  # noqa: BLE001 - Airflow itself could not look connections up here
-        if not conn_id:
-            return None  # the default connection is optional: configuration and fsspec's settings apply
-        raise InvalidInputError(f"--conn-id {conn_id}: Airflow could not look the connection up here: "
+        raise InvalidInputError(f"connection {named}: Airflow could not look it up here: "
                                 f"{type(exc).__name__}: {str(exc)[:300]}",
                                 "check AIRFLOW_HOME and the metadata database settings, or define the connection "
-                                f"as AIRFLOW_CONN_{conn_id.upper()}, or pass --dir instead") from exc
-    return None if connection is None else hook
+                                f"as AIRFLOW_CONN_{named.upper()}, or pass --conn-id '' and --dir instead") from exc
 
 
 def storage_options(conn_id: str | None) -> dict[str, Any]:
@@ -117,6 +142,8 @@ def open_root(conn_id: str | None, savepoint_dir: str | None, *, must_exist: boo
     ``must_exist``: a directory that does not exist is an error (commands that only read it).
     ``required=False``: None instead of an error when no directory is given or configured.
     """
+    from airflow_savepoints.storage import Store
+
     hook = storage_hook(conn_id)
     try:
         if hook is None:

@@ -79,6 +79,7 @@ class SavepointRecord(BaseModel):
     request_id: str | None = None
     query_id: str | None = None
     batch_id: int | None = None
+    includes_next_offsets: bool | None = None  # known once completed (catalogs written before it: None)
     files: int | None = None
     bytes: int | None = None
     spark_version: str | None = None
@@ -93,7 +94,8 @@ class SavepointRecord(BaseModel):
         return cls(
             savepoint_id=manifest.savepoint_id, job=manifest.job, type=manifest.type, state=SavepointState.COMPLETED,
             pointer=pointer, reason=manifest.reason, request_id=manifest.request_id, query_id=manifest.query_id,
-            batch_id=manifest.batch_id, files=len(manifest.files), bytes=manifest.total_bytes,
+            batch_id=manifest.batch_id, includes_next_offsets=manifest.includes_next_offsets, files=len(manifest.files),
+            bytes=manifest.total_bytes,
             spark_version=manifest.spark_version, checkpoint_format_version=manifest.state_store.checkpoint_format_version,
             created_at=manifest.created_at, updated_at=datetime.now(UTC), job_version_hash=manifest.job_version_hash,
         )

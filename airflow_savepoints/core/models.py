@@ -171,7 +171,8 @@ class SavepointSummary(BaseModel):
     """One savepoint in plain JSON: what the CLI prints, operators push to XCom and the API returns.
 
     Built from a completed savepoint's manifest or from a catalog record; a key the source does
-    not know is None (a record does not know ``includes_next_offsets``, a manifest no ``conflict``)."""
+    not know is None (a manifest no ``conflict``; a record not completed, or written by an earlier
+    release, no ``includes_next_offsets``)."""
 
     pointer: str
     savepoint_id: str

@@ -6,6 +6,7 @@ Layout of a savepoint directory::
         _catalog.json  _catalog.lock     the job's catalog and its short lock
         _inflight.json                   the single-flight lease of a savepoint being taken
         _lease.json  _run.json           the run lease and the run a start launched
+        _watchdog.json                   the watchdog's restarts and last decision
         _control/<run id>/*.json         a run's control folder
         _state_summaries/<id>.json       a savepoint's state summary (InspectSavepointOperator)
         savepoint-<id6>-<random>/_metadata  a savepoint, complete once _metadata exists
@@ -23,6 +24,7 @@ CATALOG_LOCK = "_catalog.lock"
 INFLIGHT_LEASE = "_inflight.json"  # single flight per job while a savepoint is taken
 RUN_LEASE = "_lease.json"  # one live run per job
 RUN_FILE = "_run.json"  # the run a start launched
+WATCHDOG_FILE = "_watchdog.json"  # the watchdog's restarts and decisions (jobs/watchdog.py)
 RESTORE_CLAIM = "_restore.lease"  # in a restore target while it is written
 
 CONTROL_FOLDER = "_control"

@@ -17,6 +17,7 @@ from airflow_savepoints.errors import InvalidInputError, NoSavepointDirError
 SECTION = "savepoints"
 DIR_OPTION = "savepoint_dir"
 DIR_ENV = "AIRFLOW__SAVEPOINTS__SAVEPOINT_DIR"
+CONN_OPTION = "conn_id"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class Option:
 OPTIONS = (
     Option(DIR_OPTION, "string", "", "s3://bucket/savepoints",
            "Default savepoint directory (a path or URL); a directory given to an operator or on the command line wins."),
+    Option(CONN_OPTION, "string", "", "savepoints_default",
+           "The connection the airflow-savepoints CLI uses without --conn-id; empty: savepoints_default when "
+           "AIRFLOW_CONN_SAVEPOINTS_DEFAULT defines it, else none."),
     Option("max_periodic_savepoints", "integer", "10", "10", "How many periodic savepoints of a job retention keeps."),
     Option("max_savepoint_age", "string", "7d", "7d",
            "Periodic savepoints older than this are removed by retention (e.g. 7d, 12h); none for no age limit."),

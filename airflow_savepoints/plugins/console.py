@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
 from airflow_savepoints.core.models import SavepointManifest
+from airflow_savepoints.core.names import CONTROL_FOLDER, RUN_FILE, RUN_LEASE
 from airflow_savepoints.core.pointer import latest_savepoint, list_jobs, list_savepoints
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.core.settings import parse_duration
@@ -29,7 +30,7 @@ from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
 
-LIFECYCLE_MARKS = ("_lease.json", "_run.json", "_control")  # a job folder the lifecycle has written to
+LIFECYCLE_MARKS = (RUN_LEASE, RUN_FILE, CONTROL_FOLDER)  # a job folder the lifecycle has written to
 DEFAULT_PERIODIC_INTERVAL = "15m"  # dags/periodic_savepoints.py's default
 
 

@@ -39,6 +39,7 @@ SYNC_COPY_LIMIT = 256 * 1024 * 1024  # Copy Blob From URL copies sources up to t
 SOURCE_SAS_LIFETIME = timedelta(hours=1)
 TOKEN_SCOPE = "https://storage.azure.com/.default"
 SYNC_COPY_REFUSED = (400, 403, 501)  # not allowed or not implemented (an emulator): copy asynchronously
+NO_ACCOUNT = "Must provide either a connection_string or account_name"  # adlfs's ValueError: no account, no credentials
 log = logging.getLogger(__name__)
 
 
@@ -62,6 +63,10 @@ class AzureBackend(ObjectStoreBackend):
         self.sync_copy = True  # until the service refuses it
         self.crc64_trusted: bool | None = None  # None: no CRC64 from this store checked yet
         self._trust_lock = threading.Lock()
+
+    def is_credentials_problem(self, exc: BaseException) -> bool:
+        return super().is_credentials_problem(exc) or any(
+            isinstance(e, ValueError) and NO_ACCOUNT in str(e) for e in base.exception_chain(exc))
 
     def error_code(self, exc: BaseException) -> str | None:
         status = http_status(exc)
