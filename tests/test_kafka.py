@@ -1,0 +1,110 @@
+"""Savepoints of queries reading a real Kafka topic (one KRaft broker per session, tests/support/kafka.py).
+
+A stateful query (count and sum per key) reads a topic of 3 partitions a few records per batch. A
+periodic savepoint is taken while it runs, then it is stopped between batches and a stop savepoint
+taken; more records arrive; each savepoint is restored into a new checkpoint and the query continued
+from it. Its final counts and sums must be those of an uninterrupted run over all the records, and
+those computed from the records themselves: no record read twice or lost (exactly once).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
+from airflow_savepoints.jobs.control import _stop_between_batches
+from tests.support.spark_shapes import DEFAULT_CONF, run_to_end, wait_for_batch
+
+pytestmark = pytest.mark.slow
+
+PARTITIONS, KEYS = 3, 5
+FIRST, SECOND = 120, 60  # records before the first run, then before the restored runs
+
+
+def records(start: int, stop: int) -> list[tuple[int, bytes, bytes]]:
+    """``(partition, key, value)``: record i goes to partition i % 3 with key k<i % 5> and value i."""
+    return [(i % PARTITIONS, f"k{i % KEYS}".encode(), str(i).encode()) for i in range(start, stop)]
+
+
+def expected_totals(stop: int) -> dict[str, list[int]]:
+    counts, sums = Counter(), Counter()
+    for i in range(stop):
+        counts[f"k{i % KEYS}"] += 1
+        sums[f"k{i % KEYS}"] += i
+    return {key: [counts[key], sums[key]] for key in counts}
+
+
+def start_query(spark, bootstrap: str, topic: str, checkpoint: str, sink: Path):
+    """Count and sum per key, 15 records per batch; each batch's rows go to ``sink/batch-<id>.json``."""
+    from pyspark.sql import functions as F
+
+    for key, value in DEFAULT_CONF.items():
+        spark.conf.set(key, value)
+    frame = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 15).load())
+    totals = (frame.select(F.col("key").cast("string").alias("key"), F.col("value").cast("string").cast("long").alias("value"))
+              .groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total")))
+
+    def write(batch, batch_id):
+        rows = {r["key"]: [r["n"], r["total"]] for r in batch.collect()}
+        sink.mkdir(parents=True, exist_ok=True)
+        (sink / f"batch-{batch_id}.json").write_text(json.dumps(rows))
+
+    return (totals.writeStream.outputMode("update").option("checkpointLocation", checkpoint)
+            .trigger(processingTime="200 milliseconds").foreachBatch(write).start())
+
+
+def batch_ids(sink: Path) -> list[int]:
+    return sorted(int(p.stem.split("-")[1]) for p in sink.glob("batch-*.json"))
+
+
+def final_totals(*parts: tuple[Path, int]) -> dict[str, list[int]]:
+    """Each key's newest [count, sum] over the batches of each sink up to the given id, sink after sink."""
+    latest: dict[str, list[int]] = {}
+    for sink, last in parts:
+        for batch in batch_ids(sink):
+            if batch <= last:
+                latest.update(json.loads((sink / f"batch-{batch}.json").read_text()))
+    return latest
+
+
+def test_savepoints_of_a_kafka_query_restore_exactly_once(spark, kafka_broker, kafka_topic, tmp_path):
+    kafka_broker.produce(kafka_topic, records(0, FIRST))
+    checkpoint, savepoints, sink = str(tmp_path / "checkpoint"), str(tmp_path / "savepoints"), tmp_path / "sink"
+    query = start_query(spark, kafka_broker.bootstrap, kafka_topic, checkpoint, sink)
+    try:
+        wait_for_batch(query, 2)
+        periodic = take_savepoint(checkpoint, "kafka-job", savepoint_dir=savepoints, savepoint_type="periodic")
+        wait_for_batch(query, periodic.manifest.batch_id + 2)  # it keeps running past the savepoint
+        assert _stop_between_batches(query, timeout=60)
+    finally:
+        query.stop()
+    stop = take_savepoint(checkpoint, "kafka-job", savepoint_dir=savepoints, savepoint_type="stop")
+    assert stop.manifest.batch_id > periodic.manifest.batch_id
+    for info in (periodic, stop):
+        verify_savepoint(info.pointer)
+        offsets = info.manifest.source_offsets["0"]  # Kafka's own offsets JSON, per topic and partition
+        assert set(offsets) == {kafka_topic} and set(offsets[kafka_topic]) == {str(p) for p in range(PARTITIONS)}
+        assert sum(offsets[kafka_topic].values()) == 15 * (info.manifest.batch_id + 1)  # maxOffsetsPerTrigger each batch
+
+    kafka_broker.produce(kafka_topic, records(FIRST, FIRST + SECOND))
+    reference_sink = tmp_path / "reference-sink"
+    reference = start_query(spark, kafka_broker.bootstrap, kafka_topic, str(tmp_path / "reference-checkpoint"), reference_sink)
+    run_to_end(reference)
+    reference.stop()
+    everything = expected_totals(FIRST + SECOND)
+    assert final_totals((reference_sink, 10**6)) == everything
+
+    for info in (periodic, stop):
+        restored, restored_sink = str(tmp_path / f"restored-{info.manifest.type}"), tmp_path / f"sink-{info.manifest.type}"
+        restore_savepoint(info.pointer, restored)
+        continued = start_query(spark, kafka_broker.bootstrap, kafka_topic, restored, restored_sink)
+        run_to_end(continued)
+        continued.stop()
+        n = info.manifest.batch_id
+        assert batch_ids(restored_sink)[0] == n + 1
+        assert final_totals((sink, n), (restored_sink, 10**6)) == everything
