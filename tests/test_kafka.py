@@ -5,6 +5,10 @@ periodic savepoint is taken while it runs, then it is stopped between batches an
 taken; more records arrive; each savepoint is restored into a new checkpoint and the query continued
 from it. Its final counts and sums must be those of an uninterrupted run over all the records, and
 those computed from the records themselves: no record read twice or lost (exactly once).
+
+Restore safety ("input gone"): records a savepoint resumes at that Kafka deleted (as retention does,
+with the admin API's delete-records) refuse the restore, naming topic, partition and gap, unless the
+user accepts the loss (``skip_missing_input``, and the query's ``failOnDataLoss=false``).
 """
 
 from __future__ import annotations
@@ -14,9 +18,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
+from airflow_savepoints.errors import InputCheckFailedError, KafkaOffsetsGoneError
 from airflow_savepoints.jobs.control import _stop_between_batches
+from tests.conftest import free_port
 from tests.support.spark_shapes import DEFAULT_CONF, run_to_end, wait_for_batch
 
 pytestmark = pytest.mark.slow
@@ -38,14 +46,15 @@ def expected_totals(stop: int) -> dict[str, list[int]]:
     return {key: [counts[key], sums[key]] for key in counts}
 
 
-def start_query(spark, bootstrap: str, topic: str, checkpoint: str, sink: Path):
-    """Count and sum per key, 15 records per batch; each batch's rows go to ``sink/batch-<id>.json``."""
+def start_query(spark, bootstrap: str, topic: str, checkpoint: str, sink: Path, *, once: bool = False, **options: str):
+    """Count and sum per key, 15 records per batch; each batch's rows go to ``sink/batch-<id>.json``.
+    ``once``: every record there now, then stop (``availableNow``)."""
     from pyspark.sql import functions as F
 
     for key, value in DEFAULT_CONF.items():
         spark.conf.set(key, value)
     frame = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 15).load())
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 15).options(**options).load())
     totals = (frame.select(F.col("key").cast("string").alias("key"), F.col("value").cast("string").cast("long").alias("value"))
               .groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total")))
 
@@ -54,8 +63,8 @@ def start_query(spark, bootstrap: str, topic: str, checkpoint: str, sink: Path):
         sink.mkdir(parents=True, exist_ok=True)
         (sink / f"batch-{batch_id}.json").write_text(json.dumps(rows))
 
-    return (totals.writeStream.outputMode("update").option("checkpointLocation", checkpoint)
-            .trigger(processingTime="200 milliseconds").foreachBatch(write).start())
+    writer = totals.writeStream.outputMode("update").option("checkpointLocation", checkpoint).foreachBatch(write)
+    return writer.trigger(availableNow=True).start() if once else writer.trigger(processingTime="200 milliseconds").start()
 
 
 def batch_ids(sink: Path) -> list[int]:
@@ -108,3 +117,43 @@ def test_savepoints_of_a_kafka_query_restore_exactly_once(spark, kafka_broker, k
         n = info.manifest.batch_id
         assert batch_ids(restored_sink)[0] == n + 1
         assert final_totals((sink, n), (restored_sink, 10**6)) == everything
+
+
+def test_a_restore_is_refused_when_kafka_deleted_records_the_savepoint_resumes_at(spark, kafka_broker, kafka_topic, tmp_path):
+    kafka_broker.produce(kafka_topic, records(0, 45))
+    checkpoint, sink = str(tmp_path / "checkpoint"), tmp_path / "sink"
+    query = start_query(spark, kafka_broker.bootstrap, kafka_topic, checkpoint, sink, once=True)
+    query.awaitTermination(120)
+    info = take_savepoint(checkpoint, "kafka-job", savepoint_dir=str(tmp_path / "savepoints"), savepoint_type="stop")
+    assert info.manifest.source_offsets["0"] == {kafka_topic: {"0": 15, "1": 15, "2": 15}}
+    kafka_broker.produce(kafka_topic, records(45, 90))  # 15 more records per partition
+    kafka_broker.delete_records(kafka_topic, {1: 19})  # as retention would: 4 records the savepoint still needs
+    target = tmp_path / "restored"
+
+    with pytest.raises(KafkaOffsetsGoneError) as refused:
+        restore_savepoint(info.pointer, str(target), kafka_bootstrap_servers=kafka_broker.bootstrap)
+    assert f"topic {kafka_topic} partition 1: the savepoint resumes at offset 15, the earliest offset is now 19 " \
+           "(4 record(s) deleted)" in refused.value.message
+    assert "partition 0" not in refused.value.message and "failOnDataLoss=false" in refused.value.hint
+    assert not target.exists()
+    result = CliRunner().invoke(app, ["restore", info.pointer, "--to", str(target), "--kafka-bootstrap-servers",
+                                      kafka_broker.bootstrap, "--json"])
+    assert result.exit_code != 0 and json.loads(result.stdout)["error"]["code"] == "kafka_offsets_gone", result.stdout
+    assert not target.exists()
+    nowhere = f"127.0.0.1:{free_port()}"
+    with pytest.raises(InputCheckFailedError, match=f"from {nowhere}: .*Unable to bootstrap"):  # refused, not skipped
+        restore_savepoint(info.pointer, str(target), kafka_bootstrap_servers=nowhere,
+                          kafka_options={"bootstrap_timeout_ms": 1500, "request_timeout_ms": 1500})
+    assert not target.exists()
+
+    # the user accepts the loss: restored, and the query (failOnDataLoss=false) goes on without those 4 records
+    restore_savepoint(info.pointer, str(target), kafka_bootstrap_servers=kafka_broker.bootstrap, skip_missing_input=True)
+    continued = start_query(spark, kafka_broker.bootstrap, kafka_topic, str(target), sink, once=True, failOnDataLoss="false")
+    continued.awaitTermination(120)
+    lost = {i for i in range(45, 90) if i % PARTITIONS == 1 and i < 45 + 3 * 4}  # partition 1's offsets 15..18
+    assert len(lost) == 4
+    counts, sums = Counter(), Counter()
+    for i in set(range(90)) - lost:
+        counts[f"k{i % KEYS}"] += 1
+        sums[f"k{i % KEYS}"] += i
+    assert final_totals((sink, 10**6)) == {key: [counts[key], sums[key]] for key in counts}
