@@ -27,15 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.emulators import ROOT, Emulator, _spawn, free_port
+from tests.support.emulators import JARS, Emulator, _spawn, free_port, jar_files
 
-JARS = ROOT / ".tools" / "jars"
 BROKER_JARS = JARS / "kafka-broker"
 CONNECTOR_JARS = JARS / "spark-kafka"
-
-
-def jar_files(folder: Path) -> list[str]:
-    return sorted(str(p) for p in folder.glob("*.jar")) if folder.is_dir() else []
 
 
 def missing_kafka() -> str | None:

@@ -32,15 +32,16 @@ DEFAULT_CONF = {
 
 
 def make_spark_session(app_name: str = "airflow-savepoints-tests"):
-    """The tests' local Spark session; with the jars ``make jars`` fetched (Spark's Kafka connector) when present."""
+    """The tests' local Spark session; with the jars ``make jars`` fetched (Spark's Kafka connector, s3a) when present."""
     from pyspark.sql import SparkSession
 
-    from tests.support.kafka import CONNECTOR_JARS, jar_files
+    from tests.support.emulators import JARS, jar_files
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder
-    if jar_files(CONNECTOR_JARS):
-        builder = builder.config("spark.jars", ",".join(jar_files(CONNECTOR_JARS)))
+    jars = jar_files(JARS / "spark-kafka") + jar_files(JARS / "s3a")
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
     session = (
         builder.master("local[2]").appName(app_name)
         .config("spark.sql.shuffle.partitions", "2")
