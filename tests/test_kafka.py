@@ -27,10 +27,10 @@ from airflow_savepoints.jobs.control import _stop_between_batches
 from tests.conftest import free_port
 from tests.support.spark_shapes import DEFAULT_CONF, run_to_end, wait_for_batch
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
-PARTITIONS, KEYS = 3, 5
-FIRST, SECOND = 120, 60  # records before the first run, then before the restored runs
+PARTITIONS, KEYS, PER_BATCH = 3, 5, 30
+EARLY, FIRST, SECOND = 90, 150, 210  # records: before the first run, before its stop, before the restored runs
 
 
 def records(start: int, stop: int) -> list[tuple[int, bytes, bytes]]:
@@ -47,14 +47,14 @@ def expected_totals(stop: int) -> dict[str, list[int]]:
 
 
 def start_query(spark, bootstrap: str, topic: str, checkpoint: str, sink: Path, *, once: bool = False, **options: str):
-    """Count and sum per key, 15 records per batch; each batch's rows go to ``sink/batch-<id>.json``.
+    """Count and sum per key, 30 records per batch; each batch's rows go to ``sink/batch-<id>.json``.
     ``once``: every record there now, then stop (``availableNow``)."""
     from pyspark.sql import functions as F
 
     for key, value in DEFAULT_CONF.items():
         spark.conf.set(key, value)
     frame = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 15).options(**options).load())
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", PER_BATCH).options(**options).load())
     totals = (frame.select(F.col("key").cast("string").alias("key"), F.col("value").cast("string").cast("long").alias("value"))
               .groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total")))
 
@@ -82,13 +82,14 @@ def final_totals(*parts: tuple[Path, int]) -> dict[str, list[int]]:
 
 
 def test_savepoints_of_a_kafka_query_restore_exactly_once(spark, kafka_broker, kafka_topic, tmp_path):
-    kafka_broker.produce(kafka_topic, records(0, FIRST))
+    kafka_broker.produce(kafka_topic, records(0, EARLY))
     checkpoint, savepoints, sink = str(tmp_path / "checkpoint"), str(tmp_path / "savepoints"), tmp_path / "sink"
     query = start_query(spark, kafka_broker.bootstrap, kafka_topic, checkpoint, sink)
     try:
-        wait_for_batch(query, 2)
+        wait_for_batch(query, 1)
         periodic = take_savepoint(checkpoint, "kafka-job", savepoint_dir=savepoints, savepoint_type="periodic")
-        wait_for_batch(query, periodic.manifest.batch_id + 2)  # it keeps running past the savepoint
+        kafka_broker.produce(kafka_topic, records(EARLY, FIRST))
+        wait_for_batch(query, FIRST // PER_BATCH - 1)  # it keeps running past the savepoint
         assert _stop_between_batches(query, timeout=60)
     finally:
         query.stop()
@@ -98,14 +99,16 @@ def test_savepoints_of_a_kafka_query_restore_exactly_once(spark, kafka_broker, k
         verify_savepoint(info.pointer)
         offsets = info.manifest.source_offsets["0"]  # Kafka's own offsets JSON, per topic and partition
         assert set(offsets) == {kafka_topic} and set(offsets[kafka_topic]) == {str(p) for p in range(PARTITIONS)}
-        assert sum(offsets[kafka_topic].values()) == 15 * (info.manifest.batch_id + 1)  # maxOffsetsPerTrigger each batch
+        assert sum(offsets[kafka_topic].values()) == PER_BATCH * (info.manifest.batch_id + 1)  # maxOffsetsPerTrigger each
+    shown = CliRunner().invoke(app, ["show", stop.pointer, "--json"])
+    assert json.loads(shown.stdout)["manifest"]["source_offsets"] == stop.manifest.source_offsets
 
-    kafka_broker.produce(kafka_topic, records(FIRST, FIRST + SECOND))
+    kafka_broker.produce(kafka_topic, records(FIRST, SECOND))
     reference_sink = tmp_path / "reference-sink"
     reference = start_query(spark, kafka_broker.bootstrap, kafka_topic, str(tmp_path / "reference-checkpoint"), reference_sink)
     run_to_end(reference)
     reference.stop()
-    everything = expected_totals(FIRST + SECOND)
+    everything = expected_totals(SECOND)
     assert final_totals((reference_sink, 10**6)) == everything
 
     for info in (periodic, stop):
