@@ -14,6 +14,7 @@ user accepts the loss (``skip_missing_input``, and the query's ``failOnDataLoss=
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 
 from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
+from airflow_savepoints.core.input_check import kafka_gaps, savepoint_kafka_offsets
 from airflow_savepoints.errors import InputCheckFailedError, KafkaOffsetsGoneError
 from airflow_savepoints.jobs.control import _stop_between_batches
 from tests.conftest import free_port
@@ -160,3 +162,14 @@ def test_a_restore_is_refused_when_kafka_deleted_records_the_savepoint_resumes_a
         counts[f"k{i % KEYS}"] += 1
         sums[f"k{i % KEYS}"] += i
     assert final_totals((sink, 10**6)) == {key: [counts[key], sums[key]] for key in counts}
+
+    past = kafka_gaps({kafka_topic: {0: 10**6}}, kafka_broker.bootstrap)
+    assert [g.describe() for g in past] == [f"topic {kafka_topic} partition 0: the savepoint resumes at offset 1000000, "
+                                            "past the newest offset 30 (was the topic deleted and made again?)"]
+    kafka_broker.delete_topic(kafka_topic)
+    deadline = time.monotonic() + 30
+    while (gone := kafka_gaps(savepoint_kafka_offsets(info.manifest), kafka_broker.bootstrap)) != [] and \
+            gone[0].earliest is not None and time.monotonic() < deadline:
+        time.sleep(0.5)  # the deletion reaches the metadata the client sees
+    assert [g.describe() for g in gone] == [f"topic {kafka_topic} partition {p} no longer exists (the savepoint resumes at "
+                                            "offset 15)" for p in range(PARTITIONS)]

@@ -133,6 +133,16 @@ class KafkaBroker(Emulator):
             admin.close()
 
 
+    def delete_topic(self, topic: str) -> None:
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=self.url)
+        try:
+            admin.delete_topics([topic])
+        finally:
+            admin.close()
+
+
 def start_kafka() -> KafkaBroker:
     """One broker+controller on free ports of 127.0.0.1, its data and log in a fresh work folder."""
     port, controller = free_port(), free_port()
