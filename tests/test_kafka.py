@@ -26,6 +26,9 @@ from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_sa
 from airflow_savepoints.core.input_check import kafka_gaps, savepoint_kafka_offsets
 from airflow_savepoints.errors import InputCheckFailedError, KafkaOffsetsGoneError
 from airflow_savepoints.jobs.control import _stop_between_batches
+from airflow_savepoints.jobs.lifecycle import JobContext, _prepare_checkpoint
+from airflow_savepoints.jobs.model import StreamingJob
+from airflow_savepoints.storage import Store
 from tests.conftest import free_port
 from tests.support.spark_shapes import DEFAULT_CONF, run_to_end, wait_for_batch
 
@@ -144,6 +147,10 @@ def test_a_restore_is_refused_when_kafka_deleted_records_the_savepoint_resumes_a
     result = CliRunner().invoke(app, ["restore", info.pointer, "--to", str(target), "--kafka-bootstrap-servers",
                                       kafka_broker.bootstrap, "--json"])
     assert result.exit_code != 0 and json.loads(result.stdout)["error"]["code"] == "kafka_offsets_gone", result.stdout
+    job = StreamingJob(name="kafka-job", application="job.py", checkpoint=checkpoint,
+                       kafka={"bootstrap_servers": kafka_broker.bootstrap})  # a job's `kafka:` in jobs.yaml
+    with pytest.raises(KafkaOffsetsGoneError, match=f"topic {kafka_topic} partition 1: "):  # what job start restores with
+        _prepare_checkpoint(JobContext(job, Store(str(tmp_path / "savepoints"))), info.pointer, False, str(target), {})
     assert not target.exists()
     nowhere = f"127.0.0.1:{free_port()}"
     with pytest.raises(InputCheckFailedError, match=f"from {nowhere}: .*Unable to bootstrap"):  # refused, not skipped
