@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-not-slow demo bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite bench-peers
+.PHONY: install test test-fast test-not-slow demo bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite jars bench-peers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) browser testbed emulators
+test: $(STAMP) browser testbed emulators jars
 	$(BIN)/pip check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -67,6 +67,22 @@ node-deps:
 
 azurite:
 	npm install --prefix .tools/azurite --no-audit --no-fund --no-save --silent azurite@$(AZURITE_VERSION)
+
+# Jars from Maven Central for the tests on real production parts (tests/support/kafka.py, tests/test_s3a.py): a Kafka
+# broker (KRaft), Spark's Kafka connector at the installed pyspark's version, hadoop-aws with the AWS SDK modules s3a uses. Each set is fetched once with `mvn dependency:copy-dependencies`
+# (its pom in tests/support/jars/) into .tools/jars/<set>, Maven's own cache in .tools/m2; a set already there is
+# skipped. Without Maven those tests are skipped with the reason.
+JAR_SETS := kafka-broker spark-kafka s3a
+MVN := mvn -q -B -Dmaven.repo.local=$(CURDIR)/.tools/m2
+
+jars:
+	@if ! command -v mvn >/dev/null; then echo "note: no Maven: the Kafka and s3a tests will be skipped"; exit 0; fi; \
+	for set in $(JAR_SETS); do \
+		[ -f .tools/jars/$$set/.complete ] && continue; \
+		rm -rf .tools/jars/$$set && \
+		$(MVN) -f tests/support/jars/$$set.xml dependency:copy-dependencies -DincludeScope=runtime \
+			-DoutputDirectory=$(CURDIR)/.tools/jars/$$set && touch .tools/jars/$$set/.complete || exit 1; \
+	done
 
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)

@@ -175,6 +175,19 @@ class MissingInputError(RestoreError):
     code = "missing_input"
 
 
+class KafkaOffsetsGoneError(MissingInputError):
+    """Records the restored query must read first were deleted from Kafka (retention, delete-records, a topic
+    deleted or made again)."""
+
+    code = "kafka_offsets_gone"
+
+
+class InputCheckFailedError(RestoreError):
+    """The input could not be checked (Kafka unreachable, its client not installed): nothing was restored."""
+
+    code = "input_check_failed"
+
+
 class SavepointDirNotFoundError(InvalidInputError):
     code = "savepoint_dir_not_found"
 

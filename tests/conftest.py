@@ -218,3 +218,7 @@ def without_cloud_backends(monkeypatch):
     for protocol in ("gs", "gcs", "abfs", "abfss", "az", "adl"):
         if protocol in registry:  # a class fsspec already imported would be reused
             monkeypatch.delitem(registry, protocol)
+
+
+# One Kafka broker (KRaft) per session and a fresh topic per test (tests/support/kafka.py).
+from tests.support.kafka import kafka_broker, kafka_topic  # noqa: E402, F401

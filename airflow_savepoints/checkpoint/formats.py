@@ -115,6 +115,20 @@ def file_source_log_offset(offset: Any) -> int | None:
     return None
 
 
+def kafka_source_offsets(offset: Any) -> dict[str, dict[int, int]] | None:
+    """A Kafka source's offsets (``{"topic": {"0": 42, ...}, ...}``) as topic -> partition -> offset, else None."""
+    if not isinstance(offset, dict) or not offset:
+        return None
+    found: dict[str, dict[int, int]] = {}
+    for topic, partitions in offset.items():
+        if not isinstance(partitions, dict) or not partitions or not all(
+                isinstance(p, str) and p.isdigit() and isinstance(o, int) and not isinstance(o, bool)
+                for p, o in partitions.items()):
+            return None
+        found[topic] = {int(p): o for p, o in partitions.items()}
+    return found
+
+
 def parse_operator_metadata_v2(data: bytes, what: str) -> dict[str, Any]:
     lines = _text(data, what).split("\n", 1)
     if _log_version(lines[0], what) != 2 or len(lines) < 2:

@@ -299,6 +299,8 @@ class RestoreChecks:
         help="The job's file sink output path: refuse if it is past the savepoint.")] = None
     max_age: MaxAgeOption = None
     skip_missing_input: SkipMissingInputOption = False
+    kafka_bootstrap_servers: Annotated[str | None, typer.Option(
+        help="The brokers of the Kafka topics the savepoint resumes: refuse if records it starts at were deleted.")] = None
 
 
 @app.command()

@@ -22,7 +22,7 @@ _GROUP_MARK = "__cli_option_group__"
 # options that more than one command (or group) takes, declared once
 MaxAgeOption = Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")]
 SkipMissingInputOption = Annotated[bool, typer.Option(
-    help="Restore even if input files a file source will read again are gone.")]
+    help="Restore even if input files a file source will read again, or Kafka records it starts at, are gone.")]
 
 
 def option_group(cls: type[T]) -> type[T]:

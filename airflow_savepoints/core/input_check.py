@@ -7,22 +7,32 @@ that includes ``offsets/N+1`` also holds the log entries up to that batch's ``lo
 restored query re-runs N+1 and reads exactly those files, so they must still exist (Spark fails on a
 missing one, or silently skips it with ``spark.sql.files.ignoreMissingFiles``). Files that appear in
 the input folder later are not in any log and are not checked.
+
+A Kafka source records per topic and partition the offset a batch read up to: the restored query
+starts reading at the offsets of the savepoint's committed batch N (the manifest's
+``source_offsets``). Each must lie between the partition's earliest and newest offsets now; records
+before the earliest were deleted (retention, ``deleteRecords``), an offset past the newest means the
+topic was made again. Spark fails on either (``failOnDataLoss``) or, with ``failOnDataLoss=false``,
+skips them. The check asks the brokers with kafka-python (the ``kafka`` extra), no Spark needed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.models import SavepointManifest
-from airflow_savepoints.errors import MissingInputError
+from airflow_savepoints.errors import InputCheckFailedError, KafkaOffsetsGoneError, MissingInputError
 from airflow_savepoints.storage import Store
 
 SHOWN = 10
+log = logging.getLogger(__name__)
 
 
 def pending_input_files(location: Store, manifest: SavepointManifest) -> list[str]:
@@ -72,8 +82,100 @@ def missing_input_files(uris: list[str], storage_options: dict[str, Any] | None 
     return missing
 
 
-def check_input(location: Store, manifest: SavepointManifest, storage_options: dict[str, Any] | None) -> None:
-    """Refuse a restore whose re-run batch would read input files that are gone, naming them."""
+def savepoint_kafka_offsets(manifest: SavepointManifest) -> dict[str, dict[int, int]]:
+    """Where the restored query's Kafka sources start: topic -> partition -> offset (the lowest, if two
+    sources read one topic)."""
+    merged: dict[str, dict[int, int]] = {}
+    for _, offset in sorted(manifest.source_offsets.items()):
+        for topic, partitions in (formats.kafka_source_offsets(offset) or {}).items():
+            known = merged.setdefault(topic, {})
+            for partition, value in partitions.items():
+                known[partition] = min(value, known.get(partition, value))
+    return merged
+
+
+@dataclass(frozen=True)
+class KafkaGap:
+    """A partition whose records from ``offset`` on are no longer all in Kafka."""
+
+    topic: str
+    partition: int
+    offset: int
+    earliest: int | None = None  # None: the partition no longer exists
+    latest: int | None = None
+
+    def describe(self) -> str:
+        where = f"topic {self.topic} partition {self.partition}"
+        if self.earliest is None or self.latest is None:
+            return f"{where} no longer exists (the savepoint resumes at offset {self.offset})"
+        if self.offset < self.earliest:
+            return (f"{where}: the savepoint resumes at offset {self.offset}, the earliest offset is now {self.earliest} "
+                    f"({self.earliest - self.offset} record(s) deleted)")
+        return (f"{where}: the savepoint resumes at offset {self.offset}, past the newest offset {self.latest} "
+                "(was the topic deleted and made again?)")
+
+
+def kafka_gaps(offsets: dict[str, dict[int, int]], bootstrap_servers: str,
+               client_options: dict[str, Any] | None = None) -> list[KafkaGap]:
+    """The partitions of ``offsets`` whose records from that offset on are not all in Kafka now."""
+    try:
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.errors import KafkaError
+    except ImportError:
+        raise InputCheckFailedError(
+            "checking the savepoint's Kafka offsets needs kafka-python, which is not installed",
+            "pip install 'airflow-savepoints[kafka]', or restore with skip_missing_input=True (--skip-missing-input) "
+            "to start without the check; nothing was restored") from None
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, **(client_options or {}))
+        try:
+            gaps: list[KafkaGap] = []
+            for topic, partitions in sorted(offsets.items()):
+                known = consumer.partitions_for_topic(topic) or set()
+                present = [TopicPartition(topic, p) for p in sorted(partitions) if p in known]
+                earliest = consumer.beginning_offsets(present) if present else {}
+                latest = consumer.end_offsets(present) if present else {}
+                for partition, offset in sorted(partitions.items()):
+                    tp = TopicPartition(topic, partition)
+                    if partition not in known:
+                        gaps.append(KafkaGap(topic, partition, offset))
+                    elif not earliest[tp] <= offset <= latest[tp]:
+                        gaps.append(KafkaGap(topic, partition, offset, earliest[tp], latest[tp]))
+            return gaps
+        finally:
+            consumer.close()
+    except KafkaError as exc:
+        raise InputCheckFailedError(
+            f"could not read the earliest offsets of the savepoint's Kafka topics from {bootstrap_servers}: {exc!r}",
+            "check the bootstrap servers and the client options, or restore with skip_missing_input=True "
+            "(--skip-missing-input) to start without the check; nothing was restored") from exc
+
+
+def check_kafka_offsets(location: Store, manifest: SavepointManifest, bootstrap_servers: str | None,
+                        client_options: dict[str, Any] | None = None) -> None:
+    """Refuse a restore whose Kafka sources would start at records Kafka no longer has, naming each gap."""
+    offsets = savepoint_kafka_offsets(manifest)
+    if not offsets:
+        return
+    if not bootstrap_servers:
+        log.warning("savepoint %s resumes Kafka topics %s; give kafka_bootstrap_servers to check their records are "
+                    "still there", location.url, ", ".join(sorted(offsets)))
+        return
+    gaps = kafka_gaps(offsets, bootstrap_servers, client_options)
+    if gaps:
+        shown = "; ".join(g.describe() for g in gaps[:SHOWN]) + (f" (+{len(gaps) - SHOWN} more)" if len(gaps) > SHOWN else "")
+        raise KafkaOffsetsGoneError(
+            f"savepoint {location.url} resumes Kafka at offsets it no longer has: {shown}",
+            "restore a newer savepoint, or accept the loss: restore with skip_missing_input=True (--skip-missing-input) "
+            "and start the query with the Kafka option failOnDataLoss=false; nothing was restored",
+        )
+
+
+def check_input(location: Store, manifest: SavepointManifest, storage_options: dict[str, Any] | None,
+                kafka_bootstrap_servers: str | None = None, kafka_options: dict[str, Any] | None = None) -> None:
+    """Refuse a restore whose re-run batch would read input files that are gone, or Kafka records that were
+    deleted, naming them."""
+    check_kafka_offsets(location, manifest, kafka_bootstrap_servers, kafka_options)
     missing = missing_input_files(pending_input_files(location, manifest), storage_options)
     if missing:
         shown = ", ".join(missing[:SHOWN]) + (f" (+{len(missing) - SHOWN} more)" if len(missing) > SHOWN else "")

@@ -149,8 +149,10 @@ class RestoreRequest(Request):
     prefer_secondary: bool = True
     secondary_storage_options: dict[str, Any] | None = None
     max_age: str | None = None  # refuse a savepoint older than this ("12h", "7d")
-    skip_missing_input: bool = False  # restore even if input files a file source will re-read are gone
+    skip_missing_input: bool = False  # restore even if input files a file source will re-read (or Kafka records) are gone
     input_storage_options: dict[str, Any] | None = None  # for a file source's input files
+    kafka_bootstrap_servers: str | None = None  # the brokers of the Kafka topics the savepoint resumes (checked first)
+    kafka_options: dict[str, Any] | None = None  # kafka-python client options for them (security_protocol, sasl_*, ...)
 
 
 def check_age(location: Store, manifest: SavepointManifest, max_age: str | None) -> None:
@@ -175,7 +177,8 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     either way (read from the linked inode, or computed by the store).
 
     Refused before anything is written: a savepoint older than ``max_age``; a file sink past it
-    (``sink_path``); input files a file source will read again that are gone (unless
+    (``sink_path``); input files a file source will read again that are gone, or Kafka records its Kafka
+    sources would start at that were deleted, asked of ``kafka_bootstrap_servers`` (unless
     ``skip_missing_input``; see ``core/input_check.py``).
 
     If the savepoint has a secondary copy (``take_savepoint(secondary_dir=...)``) that exists here
@@ -191,7 +194,8 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     if request.sink_path:
         check_sink(manifest, request.sink_path, request.sink_storage_options)
     if not request.skip_missing_input:
-        check_input(location, manifest, request.input_storage_options)
+        check_input(location, manifest, request.input_storage_options, request.kafka_bootstrap_servers,
+                    request.kafka_options)
     with claimed(destination), pinned(location, manifest):
         secondary = _usable_secondary(manifest, request.secondary_storage_options) if request.prefer_secondary else None
         if secondary is not None:

@@ -393,8 +393,9 @@ def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, targe
         pointer = latest.pointer
     checkpoint = target or f"{job.checkpoint.rstrip('/')}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     sink = job.sink.path if job.sink and job.sink.kind == "file" else None
+    kafka = {"kafka_bootstrap_servers": job.kafka.bootstrap_servers, "kafka_options": job.kafka.client_options} if job.kafka else {}
     result = restore_savepoint(pointer, checkpoint, sink_path=sink, storage_options=root.storage_options,
-                               target_storage_options=ctx.checkpoint_options, **restore_checks)
+                               target_storage_options=ctx.checkpoint_options, **kafka, **restore_checks)
     ctx.log(f"restored {pointer} (batch {result.batch_id}) into {checkpoint}")
     return checkpoint, result.spark_conf_to_set, result.model_dump(mode="json")
 

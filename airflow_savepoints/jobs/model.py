@@ -7,7 +7,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -32,6 +32,15 @@ class SinkSettings(BaseModel):
 
     kind: Literal["file", "delta", "kafka", "foreach", "other"] = "other"
     path: str | None = None
+
+
+class KafkaSettings(BaseModel):
+    """The brokers of the job's Kafka sources: a restore checks the records it starts at are still there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bootstrap_servers: str
+    client_options: dict[str, Any] = Field(default_factory=dict)  # kafka-python's (security_protocol, sasl_*, ...)
 
 
 class JobVersion(BaseModel):
@@ -88,6 +97,7 @@ class StreamingJob(BaseModel):
         "RETAIN_ON_CANCELLATION"  # never delete a live checkpoint unless configured to
     )
     sink: SinkSettings | None = None
+    kafka: KafkaSettings | None = None
     heartbeat_interval: float | None = Field(default=None, gt=0, le=3600)  # seconds (default 5)
     lease_timeout: float | None = Field(default=None, gt=0, le=86400)  # seconds without a heartbeat: lost (30)
     upgrade_mode: UpgradeMode = "savepoint"  # how an upgrade carries the state (see jobs/upgrade.py)

@@ -40,6 +40,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 ROOT = Path(__file__).resolve().parents[2]
 AZURITE_LOCAL = ROOT / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+JARS = ROOT / ".tools" / "jars"  # `make jars`: one folder per set (tests/support/jars/<set>.xml)
 GCS_PROJECT = "test-project"
 # Azurite's fixed development account (public, documented by Microsoft; no secret).
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -50,6 +51,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def jar_files(folder: Path) -> list[str]:
+    """The jars ``make jars`` put in ``folder`` (none if it did not)."""
+    return sorted(str(p) for p in folder.glob("*.jar")) if folder.is_dir() else []
 
 
 @dataclass

@@ -32,11 +32,18 @@ DEFAULT_CONF = {
 
 
 def make_spark_session(app_name: str = "airflow-savepoints-tests"):
+    """The tests' local Spark session; with the jars ``make jars`` fetched (Spark's Kafka connector, s3a) when present."""
     from pyspark.sql import SparkSession
 
+    from tests.support.emulators import JARS, jar_files
+
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = SparkSession.builder
+    jars = jar_files(JARS / "spark-kafka") + jar_files(JARS / "s3a")
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
     session = (
-        SparkSession.builder.master("local[2]").appName(app_name)
+        builder.master("local[2]").appName(app_name)
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "1g")  # local mode: driver and executors share this JVM

@@ -34,3 +34,13 @@ def test_spark_sidecar_gives_the_signed_crc_and_the_main_file_size():
     assert (sidecar.value, sidecar.main_file_size) == (0xFFFFFFFF, 12)
     with pytest.raises(CheckpointError):
         formats.parse_spark_sidecar(b'{"algorithm":"ADLER32","value":1}', "x.crc")
+
+
+@pytest.mark.parametrize(("offset", "expected"), [
+    ({"orders": {"0": 15, "2": 7}, "refunds": {"0": 0}}, {"orders": {0: 15, 2: 7}, "refunds": {0: 0}}),
+    ({"logOffset": 3}, None),  # a file source
+    ({"0": {"value": 5, "runTimeMs": 1}}, None),  # a rate source's per-partition record
+    ({"orders": {"0": True}}, None), ({"orders": {"x": 1}}, None), ({"orders": {}}, None), ({}, None), (12, None), (None, None),
+])
+def test_kafka_source_offsets_are_recognised_by_their_shape(offset, expected):
+    assert formats.kafka_source_offsets(offset) == expected
