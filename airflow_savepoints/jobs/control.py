@@ -49,8 +49,8 @@ from airflow_savepoints.core.names import (  # noqa: F401 - CONTROL_FOLDER, HEAR
 )
 from airflow_savepoints.errors import JobFencedError
 from airflow_savepoints.jobs.runfiles import Heartbeat, read_json, tolerant
-from airflow_savepoints.jobs.runners import process_started
 from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, LEASE_FILE, RELEASED, RunLease, RunLeaseHolder
+from airflow_savepoints.jobs.runners import process_started
 from airflow_savepoints.storage import Store
 
 CONTROL_CONF = "spark.savepoints.control"  # the run's control folder URL

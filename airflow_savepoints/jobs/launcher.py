@@ -158,8 +158,8 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env=child_env)
     run = JobRun(job=job, pid=process.pid, pid_started=process_started(process.pid), host=socket.gethostname(),
-                 command=redact_command(command, secrets), log_file=str(log_file), checkpoint=checkpoint.url, started_at=datetime.now(UTC),
-                 start_batch=start_batch, control=control.url if control else None,
+                 command=redact_command(command, secrets), log_file=str(log_file), checkpoint=checkpoint.url,
+                 started_at=datetime.now(UTC), start_batch=start_batch, control=control.url if control else None,
                  run_id=control.name if control else None, **recorded)
     write_run(job_folder, run)
     return run

@@ -35,8 +35,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
-from airflow_savepoints.core.names import RUN_FILE
 from airflow_savepoints.core.lease import CLOCK_SLACK, JobLock, store_now
+from airflow_savepoints.core.names import RUN_FILE
 from airflow_savepoints.core.pointer import latest_savepoint, resolve_pointer
 from airflow_savepoints.core.savepoint import check_apart
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy

@@ -124,7 +124,7 @@ class StreamingJob(BaseModel):
     upgrade_mode: UpgradeMode = "savepoint"  # how an upgrade carries the state (see jobs/upgrade.py)
     restart: RestartSettings = Field(default_factory=RestartSettings)  # the watchdog's (jobs/watchdog.py)
     progress_timeout: float | None = Field(default=None, gt=0, le=7 * 86400)  # seconds a batch may run uncommitted
-    _expanded_conf: frozenset[str] = PrivateAttr(default=frozenset())  # spark_conf keys set from ${VAR}
+    _expanded_conf: frozenset[str] = PrivateAttr(default=frozenset())  # spark_conf keys set from the environment
 
     def version(self) -> JobVersion:
         """This job's version (application, arguments, Spark conf and their hash)."""
@@ -134,8 +134,22 @@ class StreamingJob(BaseModel):
         """The same job running ``version``; a conf value recorded as ``***`` is this job's real one."""
         conf = {key: self.spark_conf.get(key, value) if value == REDACTED else value
                 for key, value in version.spark_conf.items()}
-        return self.model_copy(update={"application": version.application,
-                                       "application_args": list(version.application_args), "spark_conf": conf})
+        job = self.model_copy(update={"application": version.application,
+                                      "application_args": list(version.application_args), "spark_conf": conf})
+        recorded_hidden = {key for key, value in version.spark_conf.items() if value == REDACTED}
+        job._expanded_conf = self._expanded_conf & (version._hidden | recorded_hidden)  # still from the environment
+        return job
+
+    def variant(self, application: str | None = None, application_args: list[str] | None = None,
+                spark_conf: dict[str, str] | None = None) -> StreamingJob:
+        """This job with the given fields replaced (None: keep); ``spark_conf`` is set on top of its
+        own, and a key given there is no longer one set from the environment."""
+        variant = self.model_copy(update={"application": application or self.application,
+                                          "application_args": self.application_args if application_args is None
+                                          else list(application_args),
+                                          "spark_conf": {**self.spark_conf, **(spark_conf or {})}})
+        variant._expanded_conf = self._expanded_conf - set(spark_conf or {})
+        return variant
 
     def secrets(self) -> list[str]:
         """The real values of this job's secret conf (what must never be written or shown)."""
@@ -165,6 +179,11 @@ class StreamingJob(BaseModel):
 
 _DERIVED_CHECKPOINT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._]*(-[A-Za-z0-9._]+)*")  # <checkpoint>-<this>: one folder name
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _from_environment(text: str) -> bool:
+    """Whether ``text`` takes a value from the environment (a ``${VAR}`` that is set, not its default)."""
+    return any(os.environ.get(match.group(1)) for match in _VARIABLE.finditer(text))
 
 
 def expand_variables(text: str) -> str:
@@ -280,7 +299,7 @@ def load_jobs(path: str | Path) -> dict[str, StreamingJob]:
             raise InvalidInputError(f"{path}: {label}: {where}: {first['msg']}",
                                     "see docs/airflow.md for the job fields") from exc
         conf = entry.get("spark_conf") if isinstance(entry, dict) else None
-        job._expanded_conf = frozenset(key for key, value in (conf or {}).items() if _VARIABLE.search(str(value)))
+        job._expanded_conf = frozenset(key for key, value in (conf or {}).items() if _from_environment(str(value)))
         if job.name in jobs:
             raise InvalidInputError(f"{path}: job name '{job.name}' appears twice", "give every job its own name")
         jobs[job.name] = job

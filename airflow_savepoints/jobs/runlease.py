@@ -12,10 +12,9 @@ itself exclusive, so two starts never both take over the same lapsed lease.
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
