@@ -326,3 +326,14 @@ def test_a_fresh_start_refuses_a_checkpoint_inside_the_savepoint_folder(tmp_path
 
     with pytest.raises(InvalidInputError, match="overlap"):
         lifecycle.start(ctx, submit_command=never, log_dir=tmp_path / "logs", fresh=True)
+
+
+def test_the_api_redacts_the_secret_conf_of_a_manifest_an_older_release_wrote(tmp_path):
+    from airflow_savepoints.core.pointer import read_manifest
+    from airflow_savepoints.plugins.api import Scrubber
+
+    clear = {"application": "app.py", "application_args": [], "hash": "0123456789ab",
+             "spark_conf": {"spark.hadoop.fs.s3a.secret.key": "old-clear-secret-42", "spark.sql.shuffle.partitions": "2"}}
+    info = take_savepoint(str(SPARK35), "orders", savepoint_dir=str(tmp_path), job_version=clear)
+    served = json.dumps(Scrubber()(read_manifest(Store(info.pointer)).model_dump(mode="json")))
+    assert "old-clear-secret-42" not in served and '"spark.sql.shuffle.partitions": "2"' in served
