@@ -175,11 +175,14 @@ def _owned_checkpoint(ctx: JobContext, current: _Run) -> str | None:
         return ctx.job.checkpoint
     if ctx.job.owns_checkpoint(recorded):
         return recorded
-    warning = (f"the run files of job '{ctx.job.name}' name checkpoint {recorded}, which is neither its configured "
-               f"checkpoint {ctx.job.checkpoint} nor one a start of it made: it is not touched")
-    if warning not in current.warnings:
+    if (warning := _untrusted(ctx, current)) not in current.warnings:
         current.warnings.append(warning)
     return None
+
+
+def _untrusted(ctx: JobContext, current: _Run) -> str:
+    return (f"the run files of job '{ctx.job.name}' name checkpoint {current.checkpoint}, which is neither its "
+            f"configured checkpoint {ctx.job.checkpoint} nor one named after it: it is not touched")
 
 
 def _current_run(ctx: JobContext) -> _Run:
@@ -349,7 +352,7 @@ def _retention(ctx: JobContext, current: _Run, policy: Any, termination: Literal
     leave it as it is and say why (``warning``)."""
     checkpoint = _owned_checkpoint(ctx, current)
     if checkpoint is None:
-        warning = current.warnings[-1]
+        warning = _untrusted(ctx, current)
         ctx.log(f"warning: {warning}")
         return {"policy": parse_policy(policy).value, "termination": termination, "checkpoint": current.checkpoint,
                 "action": "left as it is", "warning": warning}
@@ -618,7 +621,7 @@ def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, i
     state = status(ctx)
     checkpoint = _owned_checkpoint(ctx, before := _current_run(ctx))
     if checkpoint is None:
-        raise UntrustedRunFileError(f"{before.warnings[-1]}; job '{ctx.job.name}' was not stopped",
+        raise UntrustedRunFileError(f"{_untrusted(ctx, before)}; job '{ctx.job.name}' was not stopped",
                                     f"cancel it (`airflow-savepoints job cancel {ctx.job.name}`: the checkpoint is left as "
                                     f"it is), or correct {ctx.folder.url_of(RUN_FILE)}")
     wait_for_savepoint_in_flight(ctx, inflight_wait)
