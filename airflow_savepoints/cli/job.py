@@ -229,6 +229,7 @@ def status(
             text += f"\n  version {state['version']['hash']}: {state['version']['application']}"
         if state["detail"]:
             text += f"\n  {state['detail']}"
+        text += "".join(f"\n  [yellow]warning[/]: {warning}" for warning in state["warnings"])
         last = state["watchdog"]["last_decision"]
         if last:
             text += (f"\n  watchdog: {last['action']} at {last['at']}, {state['watchdog']['restarts']} restart(s) in "
