@@ -218,6 +218,15 @@ def test_a_lease_with_no_live_holder_past_its_timeout_and_a_heartbeat_dated_ahea
     assert state.state == "lost" and "ahead" in state.detail  # today: running, for ever
     assert any(HEARTBEAT_FILE in w and "ahead" in w for w in state.warnings)
 
+    ctx.lease.release("r2")
+    assert ctx.lease.acquire("r3", {"host": "worker-a", "timeout_s": 30}) is None
+    os.utime(Path(ctx.folder.path_of("_lease.json")), (day_ahead, day_ahead))  # a lease dated ahead, too
+    assert lifecycle.status(ctx).state == "lost"
+    with pytest.raises(JobFailedError, match="exited before committing"):  # a start takes it over and launches
+        lifecycle.start(ctx, submit_command=lambda checkpoint, conf: ["sh", "-c", "exit 3"], log_dir=tmp_path / "logs",
+                        fresh=True, wait_timeout=30)
+    assert read_run(ctx.folder).run_id not in ("r2", "r3")
+
 
 # --- 6. secrets --------------------------------------------------------------------------------------
 def test_secrets_of_the_spark_conf_never_reach_a_file_or_an_answer_and_spark_still_gets_them(tmp_path, monkeypatch):

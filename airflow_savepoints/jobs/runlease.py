@@ -64,13 +64,14 @@ class RunLeaseHolder(BaseModel):
     timeout_s: float = Field(default=DEFAULT_LEASE_TIMEOUT, gt=0, le=MAX_TIMEOUT_S)
     age_s: float | None = None  # set when read: seconds since the last renewal, on the store's clock
     stale: bool = False  # judged without an age (an mtime in the store's future, seen unchanged too long)
+    ahead: bool = False  # its mtime lies ahead of the store's clock: lapsed (no store writes one), and broken by a taker
 
     @property
     def lapsed(self) -> bool:
         return self.stale if self.age_s is None else self.age_s > self.timeout_s
 
     def facts(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"age_s", "stale"})
+        return self.model_dump(exclude={"age_s", "stale", "ahead"})
 
     def describe(self) -> str:
         return (f"run {self.run_id} on host {self.host or 'unknown'}, application {self.application_id or 'unknown'}"
@@ -81,10 +82,10 @@ class RunLeaseHolder(BaseModel):
         """The holder a lease file names (facts of the wrong type dropped, with a warning); a garbage
         lease is held by run ``?`` (lapsed once old). A lease dated ahead of the store's clock is
         lapsed: a store's own clock never writes one, so it was forged or carried over."""
-        facts = {k: v for k, v in state.facts.items() if k in cls.model_fields and k not in ("age_s", "stale")}
+        facts = {k: v for k, v in state.facts.items() if k in cls.model_fields and k not in ("age_s", "stale", "ahead")}
         holder = tolerant(cls, {**facts, "run_id": state.token or "?"}, f"the run lease ({RUN_LEASE})", warnings)
         ahead = state.age_s is None and state.modified is not None
-        return (holder or cls(run_id=state.token or "?")).model_copy(update={"age_s": state.age_s,
+        return (holder or cls(run_id=state.token or "?")).model_copy(update={"age_s": state.age_s, "ahead": ahead,
                                                                            "stale": state.stale or ahead})
 
 
@@ -154,6 +155,9 @@ class RunLease:
             if current is not None and current.run_id != run_id and (
                     not current.lapsed or (may_take_over is not None and not may_take_over(current))):
                 return current
+            if current is not None and current.run_id != run_id and current.ahead and (state := self._state()) \
+                    and RunLeaseHolder.of(state).ahead:
+                lease._break(state)  # the lease code waits to see such a lease unchanged; a run lease lapses at once
             lease.facts = {**(current.facts() if current is not None and current.run_id == run_id else {}),
                            **facts, "run_id": run_id, "timeout_s": timeout}
             taken = lease.try_acquire(judge_by=current.timeout_s if current is not None and current.run_id != run_id
