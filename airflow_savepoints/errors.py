@@ -213,6 +213,20 @@ class JobNotStoppedError(SavepointError):
     code = "job_not_stopped"
 
 
+class UntrustedRunFileError(SavepointError):
+    """A run's files (``_run.json``, the run lease) name something the job's configuration does not
+    allow (another checkpoint): the command refused before it changed anything."""
+
+    code = "untrusted_run_file"
+
+
+class ForeignSavepointError(InvalidInputError):
+    """A start from a savepoint of another job, or outside the job's folder of its savepoint root,
+    without the explicit switch (``--from-other-job``, ``allow_foreign_savepoint=True``)."""
+
+    code = "foreign_savepoint"
+
+
 class JobFencedError(SavepointError):
     """Another run of the job holds its run lease: this driver stopped its query and must not write."""
 

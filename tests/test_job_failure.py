@@ -74,6 +74,8 @@ def test_each_policy_on_a_failed_job(failed_job, tmp_path, policy, kept):
     shutil.copytree(failed_job / "checkpoint", checkpoint)
     original = read_run(Store(str(failed_job / "savepoints" / JOB)))
     job_folder = Store(str(tmp_path / "savepoints" / JOB))
+    shutil.copytree(failed_job / "savepoints" / JOB / "_control", tmp_path / "savepoints" / JOB / "_control")  # the
+    # run's control folder is always <job folder>/_control/<run id>, whatever the record says
     run = JobRun.model_validate({**original.model_dump(), "checkpoint": str(checkpoint)})
     job_folder.write_bytes_atomic("_run.json", run.model_dump_json().encode())
 

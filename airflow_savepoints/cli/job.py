@@ -125,8 +125,10 @@ class StartFrom:
     fresh: Annotated[bool, typer.Option("--fresh", help="Start with EMPTY state in the job's (empty) checkpoint.")] = False
     max_age: MaxAgeOption = None
     skip_missing_input: SkipMissingInputOption = False
-    to: Annotated[str | None, typer.Option("--to", help="The new checkpoint location "
-                                                        "(default <checkpoint>-<UTC time>).")] = None
+    to: Annotated[str | None, typer.Option("--to", help="The new checkpoint location: the job's checkpoint or "
+                                                        "<checkpoint>-<suffix> (default <checkpoint>-<UTC time>).")] = None
+    from_other_job: Annotated[bool, typer.Option("--from-other-job", help="Allow --from a savepoint of another job "
+                                                 "or outside this job's folder of the savepoint root.")] = False
 
 
 def _log_dir(given: Path | None) -> Path:
@@ -155,7 +157,8 @@ def start(
         result = lifecycle.start(ctx, submit_command=_submit_command(ctx), log_dir=_log_dir(log_dir),
                                  pointer=origin.pointer, fresh=origin.fresh, max_age=origin.max_age,
                                  skip_missing_input=origin.skip_missing_input,
-                                 target_checkpoint=origin.to, wait_timeout=wait_timeout)
+                                 target_checkpoint=origin.to, wait_timeout=wait_timeout,
+                                 allow_foreign_savepoint=origin.from_other_job)
         return result, (f"[green]started[/] job {job}: run {result['run_id']} (pid {result['pid']} on {result['host']}), "
                         f"first batch {result['first_batch']}\n  checkpoint {result['checkpoint']}\n  log {result['log_file']}")
 
@@ -238,6 +241,7 @@ def status(
             text += f"\n  version {state['version']['hash']}: {state['version']['application']}"
         if state["detail"]:
             text += f"\n  {state['detail']}"
+        text += "".join(f"\n  [yellow]warning[/]: {warning}" for warning in state["warnings"])
         last = state["watchdog"]["last_decision"]
         if last:
             text += (f"\n  watchdog: {last['action']} at {last['at']}, {state['watchdog']['restarts']} restart(s) in "

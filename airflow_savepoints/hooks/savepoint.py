@@ -9,11 +9,12 @@ from airflow.sdk import BaseHook, conf
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import mask_secret
 
+from airflow_savepoints.core.redaction import SECRET_KEY_WORDS
 from airflow_savepoints.core.settings import DIR_OPTION, SECTION
 from airflow_savepoints.errors import InvalidInputError, NoSavepointDirError
 from airflow_savepoints.storage import Store
 
-SECRET_OPTION_WORDS = ("secret", "password", "token", "key", "credential", "sas")
+SECRET_OPTION_WORDS = tuple(sorted(SECRET_KEY_WORDS))  # one list for the package (core/redaction.py)
 
 
 class SavepointStorageHook(BaseHook):

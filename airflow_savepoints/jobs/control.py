@@ -48,7 +48,9 @@ from airflow_savepoints.core.names import (  # noqa: F401 - CONTROL_FOLDER, HEAR
     STOPPED_FILE,
 )
 from airflow_savepoints.errors import JobFencedError
+from airflow_savepoints.jobs.runfiles import Heartbeat, read_json, tolerant
 from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, LEASE_FILE, RELEASED, RunLease, RunLeaseHolder
+from airflow_savepoints.jobs.runners import process_started
 from airflow_savepoints.storage import Store
 
 CONTROL_CONF = "spark.savepoints.control"  # the run's control folder URL
@@ -106,8 +108,11 @@ class JobControl:
     def beat(self, **facts: Any) -> None:
         self._write(HEARTBEAT_FILE, {**facts, "time": _now()})
 
-    def heartbeat(self) -> dict[str, Any] | None:
-        return self._read(HEARTBEAT_FILE)
+    def heartbeat(self, warnings: list[str] | None = None) -> dict[str, Any] | None:
+        """The run's last heartbeat, validated (fields of the wrong type dropped, with a warning)."""
+        data = read_json(self.folder, HEARTBEAT_FILE, warnings)
+        beat = tolerant(Heartbeat, data, self.folder.url_of(HEARTBEAT_FILE), warnings) if data is not None else None
+        return beat.model_dump(exclude_none=True) if beat is not None else None
 
     def report_fenced(self, holder: RunLeaseHolder | None, **facts: Any) -> None:
         self._write(FENCED_FILE, {"holder": holder.facts() if holder else None, **facts, "fenced_at": _now()})
@@ -314,8 +319,8 @@ class RunHandle:
         self.run_id_given = run_id_given
         self.heartbeat_interval = heartbeat_interval
         self.lease_timeout = lease_timeout
-        self.facts = {"host": socket.gethostname(), "pid": os.getpid(), "control": control.url,
-                      "timeout_s": lease_timeout, **(facts or {})}
+        self.facts = {"host": socket.gethostname(), "pid": os.getpid(), "pid_started": process_started(os.getpid()),
+                      "control": control.url, "timeout_s": lease_timeout, **(facts or {})}
         self.last_renewed = time.monotonic()
 
     @classmethod

@@ -20,20 +20,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from airflow_savepoints.core.names import RUN_FILE
+from airflow_savepoints.core.redaction import redact_command
 from airflow_savepoints.errors import JobFailedError
 from airflow_savepoints.jobs.control import CONTROL_FOLDER, JobControl, new_run_id
+from airflow_savepoints.jobs.runfiles import read_json, tolerant
 from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, process_started
 from airflow_savepoints.storage import Store
 
 
 class JobRun(BaseModel):
-    """One launched run of a streaming job."""
+    """One launched run of a streaming job (``_run.json``: read through :func:`read_run`, which checks it)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     job: str
-    pid: int | None = None  # None: started by another tool (the driver holds the lease itself)
+    pid: int | None = Field(default=None, gt=0)  # None: started by another tool (the driver holds the lease itself)
     host: str | None = None
     command: list[str] = []
     log_file: str | None = None
@@ -135,12 +139,14 @@ def application_id_from_log(path: str | None) -> str | None:
 
 
 def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: Store, log_dir: Path,
-                   env: dict[str, str] | None = None, control: Store | None = None, **recorded: Any) -> JobRun:
+                   env: dict[str, str] | None = None, control: Store | None = None, secrets: list[str] | tuple = (),
+                   **recorded: Any) -> JobRun:
     """Start ``command`` in its own session (it outlives the caller) and record the run.
 
     ``control``: the control folder passed to the job in its command (``spark.savepoints.control``);
-    its name is the run id. ``recorded``: further fields of the run record (``master``, ``master_ui``,
-    ``version``)."""
+    its name is the run id. ``secrets``: values the recorded command shows as ``***`` (besides the
+    ``--conf`` of secret-looking keys); the process gets them. ``recorded``: further fields of the
+    run record (``master``, ``master_ui``, ``version``)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     start_batch, _ = checkpoint_progress(checkpoint)
@@ -152,8 +158,8 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env=child_env)
     run = JobRun(job=job, pid=process.pid, pid_started=process_started(process.pid), host=socket.gethostname(),
-                 command=command, log_file=str(log_file), checkpoint=checkpoint.url, started_at=datetime.now(UTC),
-                 start_batch=start_batch, control=control.url if control else None,
+                 command=redact_command(command, secrets), log_file=str(log_file), checkpoint=checkpoint.url,
+                 started_at=datetime.now(UTC), start_batch=start_batch, control=control.url if control else None,
                  run_id=control.name if control else None, **recorded)
     write_run(job_folder, run)
     return run
@@ -181,11 +187,10 @@ def wait_for_commit(run: JobRun, checkpoint: Store, timeout: float = 300, poll: 
                          f"see its log in {run.log_file}; it is still running as pid {run.pid}")
 
 
-def read_run(job_folder: Store) -> JobRun | None:
-    try:
-        return JobRun.model_validate_json(job_folder.read_bytes(RUN_FILE))
-    except FileNotFoundError:
-        return None
+def read_run(job_folder: Store, warnings: list[str] | None = None) -> JobRun | None:
+    """The run record; None if there is none, or (with a warning naming it) it is damaged beyond use."""
+    data = read_json(job_folder, RUN_FILE, warnings)
+    return tolerant(JobRun, data, job_folder.url_of(RUN_FILE), warnings) if data is not None else None
 
 
 def record_end(job_folder: Store, run: JobRun, ended: Literal["stopped", "cancelled", "failed"],

@@ -10,6 +10,12 @@ these, wherever the driver runs:
 * ``<savepoint dir>/<job>/_run.json``: the run a start launched (pid, host, log, command);
 * the runner back ends (:mod:`airflow_savepoints.jobs.runners`) for what storage cannot say.
 
+These files only describe a run (:mod:`airflow_savepoints.jobs.runfiles` reads and checks them):
+the checkpoint deleted, kept or copied is always one the job owns (its configured checkpoint or
+``<checkpoint>-<UTC time>``), the control folder written is ``_control/<run id>`` of the job's
+folder, and a process is signalled only when host, pid and start time match. A damaged file
+counts as absent, with a warning in the answer (``warnings``).
+
 States: ``not_started`` (no run recorded), ``starting`` (lease taken, no heartbeat yet),
 ``running``, ``stopping`` (a stop was asked for), ``stopped``, ``failed`` (with the error),
 ``lost`` (heartbeats lapsed: the driver died, hangs or is cut off; a new start may take over),
@@ -29,15 +35,19 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
-from airflow_savepoints.core.lease import JobLock
-from airflow_savepoints.core.pointer import latest_savepoint
+from airflow_savepoints.core.lease import CLOCK_SLACK, JobLock, store_now
+from airflow_savepoints.core.names import RUN_FILE
+from airflow_savepoints.core.pointer import latest_savepoint, resolve_pointer
+from airflow_savepoints.core.savepoint import check_apart
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
 from airflow_savepoints.errors import (
+    ForeignSavepointError,
     InvalidInputError,
     JobNotStoppedError,
     JobRunningError,
     NoSavepointError,
     SavepointInFlightError,
+    UntrustedRunFileError,
 )
 from airflow_savepoints.jobs.control import (
     CONTROL_FOLDER,
@@ -58,6 +68,7 @@ from airflow_savepoints.jobs.launcher import (
     write_run,
 )
 from airflow_savepoints.jobs.model import StreamingJob
+from airflow_savepoints.jobs.runfiles import control_folder, safe_run_id
 from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, RunLease, RunLeaseHolder, age_on_store_clock
 from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, runner_for
 from airflow_savepoints.storage import Store
@@ -88,6 +99,7 @@ class JobState(BaseModel):
     spark_version: str | None = None  # the driver's (its heartbeat or lease), for the manifests of its savepoints
     version: dict[str, Any] | None = None  # the job version the run was started with (its run record)
     watchdog: dict[str, Any] | None = None  # the watchdog's last decision and restarts (status(..., watchdog=True))
+    warnings: list[str] = []  # damaged or untrusted run files, and what was done instead
 
     @property
     def live(self) -> bool:
@@ -130,6 +142,7 @@ class _Run:
     holder: RunLeaseHolder | None
     run_id: str | None
     control: JobControl | None
+    warnings: list[str] = field(default_factory=list)
 
     def target(self, job: StreamingJob) -> RunTarget:
         target = self.record.target() if self.record else RunTarget(job=job.name, master=job.master,
@@ -141,21 +154,41 @@ class _Run:
             target.master = holder.master or target.master
             target.driver_pod = holder.driver_pod
             if self.record is None or self.record.pid is None:
-                target.pid = holder.pid
+                target.pid, target.pid_started = holder.pid, holder.pid_started
         if self.control is not None and not target.application_id:
             target.application_id = (self.control.announcement() or {}).get("application_id")
         return target
 
     @property
     def checkpoint(self) -> str | None:
+        """The checkpoint the run's files name (see :func:`_owned_checkpoint` before touching it)."""
         if self.record is not None:
             return self.record.checkpoint
         return self.holder.checkpoint if self.holder else None
 
 
+def _owned_checkpoint(ctx: JobContext, current: _Run) -> str | None:
+    """The run's checkpoint if the job owns it (:meth:`StreamingJob.owns_checkpoint`), the job's
+    configured one if its files name none; None, with a warning, when they name another location."""
+    recorded = current.checkpoint
+    if not recorded:
+        return ctx.job.checkpoint
+    if ctx.job.owns_checkpoint(recorded):
+        return recorded
+    if (warning := _untrusted(ctx, current)) not in current.warnings:
+        current.warnings.append(warning)
+    return None
+
+
+def _untrusted(ctx: JobContext, current: _Run) -> str:
+    return (f"the run files of job '{ctx.job.name}' name checkpoint {current.checkpoint}, which is neither its "
+            f"configured checkpoint {ctx.job.checkpoint} nor one named after it: it is not touched")
+
+
 def _current_run(ctx: JobContext) -> _Run:
-    record = read_run(ctx.folder)
-    holder = ctx.lease.holder()
+    warnings: list[str] = []
+    record = read_run(ctx.folder, warnings)
+    holder = ctx.lease.holder(warnings)
     run_id = holder.run_id if holder else (record.run_id if record else None)
     if record is not None and holder is not None and record.run_id != holder.run_id:
         record = None  # the recorded run is an older one: the lease holder (started by another tool) is current
@@ -163,11 +196,16 @@ def _current_run(ctx: JobContext) -> _Run:
         latest = _latest_beating_run(ctx)
         if latest is not None and (record is None or (latest[0] != record.run_id and latest[1] > record.started_at.timestamp())):
             record, run_id = None, latest[0]
-    control_url = (holder.control if holder and holder.run_id == run_id else None) or (record.control if record else None)
-    if control_url is None and run_id:
-        control_url = ctx.folder.child(CONTROL_FOLDER).child(run_id).url
-    control = JobControl(Store(control_url, ctx.root.storage_options)) if control_url else None
-    return _Run(record, holder, run_id, control)
+    folder = control_folder(ctx.folder, run_id)
+    if run_id and folder is None:
+        warnings.append(f"run id {run_id!r} in {ctx.lease.url if holder else ctx.folder.url_of(RUN_FILE)} is no folder "
+                        "name: the run has no control folder")
+    named = {(holder.control if holder and holder.run_id == run_id else None), (record.control if record else None)}
+    for url in named - {None, folder.url if folder else None}:
+        warnings.append(f"the run files name control folder {url}; ignored: a run's control folder is "
+                        f"{ctx.folder.url_of(CONTROL_FOLDER)}/<run id>")
+    control = JobControl(folder) if folder is not None else None
+    return _Run(record, holder, run_id, control, warnings)
 
 
 def _latest_beating_run(ctx: JobContext) -> tuple[str, float] | None:
@@ -178,7 +216,10 @@ def _latest_beating_run(ctx: JobContext) -> tuple[str, float] | None:
     except FileNotFoundError:
         return None
     beats = [(path.split("/")[0], stat.modified or 0.0) for path, stat in listing.items()
-             if path.endswith("/" + HEARTBEAT_FILE) and path.count("/") == 1]
+             if path.endswith("/" + HEARTBEAT_FILE) and path.count("/") == 1 and safe_run_id(path.split("/")[0])]
+    if beats and max(beat[1] for beat in beats) > store_now(ctx.folder) + CLOCK_SLACK:  # one dated ahead never wins
+        now = store_now(ctx.folder, fresh=True) + CLOCK_SLACK
+        beats = [beat for beat in beats if beat[1] <= now]
     return max(beats, key=lambda beat: beat[1]) if beats else None
 
 
@@ -204,19 +245,22 @@ def status(ctx: JobContext) -> JobState:
     current = _current_run(ctx)
     record, holder, control = current.record, current.holder, current.control
     if current.run_id is None and record is None:
-        return JobState(job=ctx.job.name, state="not_started", detail=f"no run recorded in {ctx.folder.url}")
+        return JobState(job=ctx.job.name, state="not_started", detail=f"no run recorded in {ctx.folder.url}",
+                        warnings=current.warnings)
     target = current.target(ctx.job)
+    checkpoint = _owned_checkpoint(ctx, current)
     base: dict[str, Any] = {"job": ctx.job.name, "run_id": current.run_id, "host": target.host,
                             "application_id": target.application_id, "pid": target.pid,
-                            "checkpoint": current.checkpoint, "control": control.folder.url if control else None,
-                            **{key: getattr(record, key) if record else None for key in ("ended", "log_file", "version")}}
-    heartbeat = control.heartbeat() if control else None
+                            "checkpoint": checkpoint, "control": control.folder.url if control else None,
+                            "version": ctx.job.redacted(record.version) if record else None,
+                            **{key: getattr(record, key) if record else None for key in ("ended", "log_file")}}
+    heartbeat = control.heartbeat(current.warnings) if control else None
     age = age_on_store_clock(control.folder, HEARTBEAT_FILE) if heartbeat is not None else None
     base.update(helper=heartbeat is not None, heartbeat_age_s=round(age, 3) if age is not None else None,
-                last_batch=(heartbeat or {}).get("last_committed_batch"),
+                last_batch=(heartbeat or {}).get("last_committed_batch"), warnings=current.warnings,
                 spark_version=(heartbeat or {}).get("spark_version") or (holder.spark_version if holder else None))
-    if base["last_batch"] is None and current.checkpoint:
-        base["last_batch"], _ = checkpoint_progress(ctx.checkpoint(current.checkpoint))
+    if base["last_batch"] is None and checkpoint:
+        base["last_batch"], _ = checkpoint_progress(ctx.checkpoint(checkpoint))
     runner = runner_for(target.master)
     base["runner"] = runner.name
 
@@ -240,10 +284,15 @@ def status(ctx: JobContext) -> JobState:
         if beat_state == "failed":
             return JobState(**base, state="failed", error=heartbeat.get("error"))
         local = LocalRunner().status(target) if target.pid else None
-        timeout = float(heartbeat.get("timeout_s") or DEFAULT_LEASE_TIMEOUT)
+        timeout = heartbeat.get("timeout_s") or DEFAULT_LEASE_TIMEOUT
         if local is not None and local.state == "ended":
             return JobState(**base, state="failed", error=f"{local.detail} without a stop request",
                             detail=log_tail(record.log_file if record else None, 10) or None)
+        if age is not None and age < 0:
+            current.warnings.append(f"{control.folder.url_of(HEARTBEAT_FILE)} is dated {-age:.0f}s ahead of the store's "
+                                    "clock: treated as lapsed")
+            return JobState(**{**base, "heartbeat_age_s": None}, state="lost",
+                            detail=f"its heartbeat is dated {-age:.0f}s ahead of the store's clock")
         if age is not None and age > timeout:
             return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
         stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
@@ -251,14 +300,25 @@ def status(ctx: JobContext) -> JobState:
     view = runner.status(target)
     if view.state == "unknown" and not isinstance(runner, LocalRunner) and target.pid:
         view = LocalRunner().status(target)  # a client-mode driver on this host
-    if holder is not None and holder.run_id == current.run_id and not holder.lapsed and view.state != "ended":
+    held = holder is not None and holder.run_id == current.run_id
+    if held and not holder.lapsed and view.state != "ended":
         return JobState(**base, state="starting", detail=view.detail)
     if view.state == "running":
         return JobState(**base, state="running", detail=f"{view.detail} (no heartbeats: a job without the helper)")
     if view.state == "ended":
         return JobState(**base, state="failed", error=f"{view.detail} without a stop request",
                         detail=log_tail(record.log_file if record else None, 10) or None)
+    if not _checkable(target):  # no heartbeat, no live lease, nothing a runner could look up: nothing runs that we know of
+        lease = (f"its run lease lapsed {holder.age_s or 0:.0f}s ago" if held and holder.age_s is not None
+                 else "its run lease lapsed" if held else "no run lease")
+        return JobState(**base, state="lost", detail=f"{lease}, it wrote no heartbeat, and no runner can tell of it"
+                        + (f" ({view.detail})" if target.pid else ""))
     return JobState(**base, state="unknown", detail=view.detail)
+
+
+def _checkable(target: RunTarget) -> bool:
+    """Whether a runner could find the run: a driver pid with its start time, or an application id."""
+    return bool((target.pid and target.pid_started is not None) or target.application_id or target.driver_pod)
 
 
 def _running_error(ctx: JobContext, state: JobState) -> JobRunningError:
@@ -279,13 +339,26 @@ def handle_failure(ctx: JobContext, state: JobState, policy: str | None = None) 
     if state.state not in ("failed", "lost") or state.ended is not None or not current.checkpoint:
         return None
     reason = state.error or state.detail or state.state
-    outcome = apply_checkpoint_retention(ctx.checkpoint(current.checkpoint), ctx.job.name,
-                                         policy or ctx.job.checkpoint_retention, "failed", savepoint_dir=ctx.root,
-                                         spark_version=state.spark_version, job_version=state.version)
+    outcome = _retention(ctx, current, policy or ctx.job.checkpoint_retention, "failed", state)
     outcome = {**outcome, "reason": f"{'lost: ' if state.state == 'lost' else ''}{reason}", "pid": state.pid,
                "run_id": state.run_id}
     _record_end(ctx, current, "failed", outcome)
     return outcome
+
+
+def _retention(ctx: JobContext, current: _Run, policy: Any, termination: Literal["cancelled", "failed"],
+               state: JobState, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Apply the checkpoint retention ``policy`` to the run's checkpoint, if the job owns it; else
+    leave it as it is and say why (``warning``)."""
+    checkpoint = _owned_checkpoint(ctx, current)
+    if checkpoint is None:
+        warning = _untrusted(ctx, current)
+        ctx.log(f"warning: {warning}")
+        return {"policy": parse_policy(policy).value, "termination": termination, "checkpoint": current.checkpoint,
+                "action": "left as it is", "warning": warning}
+    return apply_checkpoint_retention(ctx.checkpoint(checkpoint), ctx.job.name, policy, termination,
+                                      savepoint_dir=ctx.root, spark_version=state.spark_version,
+                                      job_version=state.version, on_event=on_event)
 
 
 def _record_end(ctx: JobContext, current: _Run, ended: Literal["stopped", "cancelled", "failed"],
@@ -308,14 +381,19 @@ SubmitCommand = Callable[[str, dict[str, str]], list[str]]
 
 def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, pointer: str | None = None,
           fresh: bool = False, target_checkpoint: str | None = None, wait_timeout: float = 300,
-          **restore_checks: Any) -> dict[str, Any]:
+          allow_foreign_savepoint: bool = False, **restore_checks: Any) -> dict[str, Any]:
     """Start the job: from ``pointer``, else its newest completed savepoint, or with empty state
     (``fresh``). Refuses while another run lives; takes over the lease of a lost run (after applying
     its checkpoint retention policy, which keeps and savepoints its last committed batch). Returns
     once the run has committed its first batch; the run goes on detached. ``restore_checks``
-    (``max_age``, ``skip_missing_input``) go to the restore: see :func:`restore_savepoint`."""
+    (``max_age``, ``skip_missing_input``) go to the restore: see :func:`restore_savepoint`.
+
+    A ``pointer`` to a savepoint of another job, or outside this job's folder of the savepoint
+    root, is refused (:class:`ForeignSavepointError`) unless ``allow_foreign_savepoint``; the new
+    checkpoint must be one the job owns (its own, or ``<checkpoint>-<suffix>``) and apart from the root."""
     return _launch(ctx, submit_command, log_dir, wait_timeout,
-                   lambda: _prepare_checkpoint(ctx, pointer, fresh, target_checkpoint, restore_checks))
+                   lambda: _prepare_checkpoint(ctx, pointer, fresh, target_checkpoint, restore_checks,
+                                               allow_foreign_savepoint))
 
 
 def resume(ctx: JobContext, checkpoint: str, *, submit_command: SubmitCommand, log_dir: Path,
@@ -348,13 +426,14 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     if holder is not None:
         raise _running_error(ctx, status(ctx))
     try:
-        checkpoint, extra_conf, restored = prepare()
+        with ctx.lease.kept(run_id):  # a restore may take long; a start that dies meanwhile leaves a lease that lapses
+            checkpoint, extra_conf, restored = prepare()
         conf = {**extra_conf, **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint,
                                          heartbeat_interval=ctx.heartbeat_interval, lease_timeout=ctx.lease_timeout)}
         run = start_detached(job.name, submit_command(checkpoint, conf), ctx.checkpoint(checkpoint), ctx.folder,
                              log_dir, control=control, master=job.master, master_ui=job.master_ui,
-                             version=version.model_dump())
-        ctx.lease.renew(run_id, {"pid": run.pid, "checkpoint": checkpoint})
+                             version=version.model_dump(), secrets=job.secrets())
+        ctx.lease.renew(run_id, {"pid": run.pid, "pid_started": run.pid_started, "checkpoint": checkpoint})
     except BaseException:
         ctx.lease.release(run_id)
         raise
@@ -372,12 +451,36 @@ def _hostname() -> str:
     return socket.gethostname()
 
 
+def _new_checkpoint(ctx: JobContext, checkpoint: str) -> str:
+    """``checkpoint`` if a new run of the job may use it: one the job owns, apart from the savepoint root."""
+    store = ctx.checkpoint(checkpoint)  # a relative path or unknown scheme is refused first
+    if not ctx.job.owns_checkpoint(checkpoint):
+        raise InvalidInputError(f"job '{ctx.job.name}': checkpoint {checkpoint} is neither its configured checkpoint "
+                                f"{ctx.job.checkpoint} nor named after it", f"give {ctx.job.checkpoint.rstrip('/')}-<suffix>, "
+                                "or change the job's checkpoint in the jobs file")
+    check_apart(store, ctx.root)
+    return checkpoint
+
+
+def own_savepoint(ctx: JobContext, pointer: str) -> None:
+    """Refuse (:class:`ForeignSavepointError`) a savepoint that is not one of this job in its folder of the root."""
+    location, manifest = resolve_pointer(pointer, ctx.root.storage_options)
+    inside = ctx.folder.contains(location) and ctx.folder.resolved().contains(location.resolved())
+    if inside and manifest.job == ctx.job.name:
+        return
+    whose = f"of job '{manifest.job}'" if manifest.job != ctx.job.name else f"outside {ctx.folder.url}"
+    raise ForeignSavepointError(
+        f"savepoint {location.url} is {whose}, not one of job '{ctx.job.name}' in {ctx.folder.url}",
+        "pass --from-other-job (allow_foreign_savepoint=True) if starting this job from it is meant")
+
+
 def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, target: str | None,
-                        restore_checks: dict[str, Any]) -> tuple[str, dict[str, str], dict[str, Any] | None]:
+                        restore_checks: dict[str, Any],
+                        allow_foreign: bool = False) -> tuple[str, dict[str, str], dict[str, Any] | None]:
     """The new run's checkpoint: the job's (empty) one for a fresh start, else a restored savepoint."""
     job, root = ctx.job, ctx.root
     if fresh:
-        checkpoint = target or job.checkpoint
+        checkpoint = _new_checkpoint(ctx, target or job.checkpoint)
         if ctx.checkpoint(checkpoint).list_files():
             raise InvalidInputError(
                 f"fresh_start needs an empty checkpoint location, but {checkpoint} holds files",
@@ -391,7 +494,9 @@ def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, targe
             raise NoSavepointError(f"job '{job.name}' has no completed savepoint in {root.url}",
                                    "pass a pointer, or fresh_start=True (--fresh) to start it with empty state")
         pointer = latest.pointer
-    checkpoint = target or f"{job.checkpoint.rstrip('/')}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    elif not allow_foreign:
+        own_savepoint(ctx, pointer)
+    checkpoint = _new_checkpoint(ctx, target or f"{job.checkpoint.rstrip('/')}-{datetime.now(UTC):%Y%m%dT%H%M%S}")
     sink = job.sink.path if job.sink and job.sink.kind == "file" else None
     kafka = {"kafka_bootstrap_servers": job.kafka.bootstrap_servers, "kafka_options": job.kafka.client_options} if job.kafka else {}
     result = restore_savepoint(pointer, checkpoint, sink_path=sink, storage_options=root.storage_options,
@@ -402,6 +507,7 @@ def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, targe
 
 def _resume_checkpoint(ctx: JobContext, checkpoint: str) -> tuple[str, dict[str, str], None]:
     """A last-state start: the live checkpoint as it is; Spark recovers from it, nothing is copied."""
+    checkpoint = _new_checkpoint(ctx, checkpoint)
     if not ctx.checkpoint(checkpoint).list_files("commits"):
         raise InvalidInputError(f"checkpoint {checkpoint} has no committed batch to resume from",
                                 "start from a savepoint instead (upgrade mode 'savepoint')")
@@ -514,12 +620,16 @@ def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, i
     is ended through its runner; its savepoint is ``crash-consistent`` when the kill caught a batch in
     flight (that batch re-runs on restore), ``clean`` when it did not."""
     state = status(ctx)
+    checkpoint = _owned_checkpoint(ctx, before := _current_run(ctx))
+    if checkpoint is None:
+        raise UntrustedRunFileError(f"{_untrusted(ctx, before)}; job '{ctx.job.name}' was not stopped",
+                                    f"cancel it (`airflow-savepoints job cancel {ctx.job.name}`: the checkpoint is left as "
+                                    f"it is), or correct {ctx.folder.url_of(RUN_FILE)}")
     wait_for_savepoint_in_flight(ctx, inflight_wait)
     stop_request = request_id or f"stop-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
     stopped = _end_run(ctx, state, grace, stop_request)
     ctx.log(f"job {ctx.job.name} stopped: {stopped}")
     current = _current_run(ctx)
-    checkpoint = current.checkpoint or state.checkpoint or ctx.job.checkpoint
     if current.record is not None or current.holder is not None:
         _record_end(ctx, current, "stopped", {"stop": stopped})
     deadline = time.monotonic() + inflight_wait
@@ -549,13 +659,12 @@ def cancel(ctx: JobContext, *, policy: str | None = None, grace: float = 60,
     ended = _end_run(ctx, state, grace, f"cancel-{datetime.now(UTC):%Y%m%dT%H%M%S%f}")
     ctx.log(f"job {ctx.job.name} ended: {ended}")
     current = _current_run(ctx)
-    checkpoint = current.checkpoint or state.checkpoint or ctx.job.checkpoint
-    outcome = apply_checkpoint_retention(ctx.checkpoint(checkpoint), ctx.job.name, chosen, "cancelled",
-                                         savepoint_dir=ctx.root, spark_version=state.spark_version,
-                                         job_version=state.version, on_event=on_event)
+    outcome = _retention(ctx, current, chosen, "cancelled", state, on_event)
     if current.record is not None or current.holder is not None:
         _record_end(ctx, current, "cancelled", outcome)
-    return {**outcome, "stop_method": ended["method"], "run_id": state.run_id}
+    return {**outcome, "stop_method": ended["method"], "run_id": state.run_id,
+            **({"warnings": state.warnings} if state.warnings else {}),
+            **({"detail": ended["detail"]} if ended.get("detail") else {})}
 
 
 def abandon(ctx: JobContext, reason: str, *, grace: float = 60) -> dict[str, Any]:
@@ -568,7 +677,7 @@ def abandon(ctx: JobContext, reason: str, *, grace: float = 60) -> dict[str, Any
     if (current.record is not None or current.holder is not None) and state.ended is None:
         _record_end(ctx, current, "failed", {"reason": reason, "action": "left as it is", "run_id": state.run_id,
                                              "checkpoint": current.checkpoint})
-    return {**ended, "checkpoint": current.checkpoint or state.checkpoint}
+    return {**ended, "checkpoint": _owned_checkpoint(ctx, current)}
 
 
 def check(ctx: JobContext) -> JobState:

@@ -6,8 +6,9 @@ source of status for a job without the helper.
 
 * ``local`` (a ``local[...]`` master, and the client-mode driver of any master): status from the
   driver process, on its own host only; forced stop: SIGTERM, then SIGKILL, to its process group.
-  psutil compares the process's start time, so a reused pid is never signalled. From another host
-  it says so (the caller then waits for the run lease to lapse).
+  A process is signalled only when host, pid and its recorded start time all match (psutil's), so
+  a reused pid, or a pid with no start time recorded (a damaged or forged file), is never signalled.
+  From another host it says so (the caller then waits for the run lease to lapse).
 * ``standalone`` (``spark://``): status from the master's ``/json/``; forced stop: ``POST /app/kill/``
   (``id``, ``terminate=true``) on the master's web UI.
 * ``yarn``, ``k8s``: through the Spark provider's SparkSubmitHook status and kill paths (registered
@@ -67,11 +68,11 @@ class Runner:
 
 def _driver_process(target: RunTarget) -> psutil.Process | None:
     """The run's driver process on this host; None if it exited or the pid now names another process."""
-    if not target.pid:
-        return None
+    if not target.pid or target.pid_started is None:
+        return None  # no start time recorded: nothing tells the driver from another process with that pid
     try:
         process = psutil.Process(target.pid)
-        if target.pid_started is not None and abs(process.create_time() - target.pid_started) > 1.0:
+        if abs(process.create_time() - target.pid_started) > 1.0:
             return None  # the pid was reused by a later process
         if process.status() == psutil.STATUS_ZOMBIE:
             return None
@@ -104,6 +105,8 @@ class LocalRunner(Runner):
         if not self.on_this_host(target):
             return RunnerView("unknown", f"the driver (pid {target.pid}) runs on {target.host}; its process can be "
                                          f"seen only there")
+        if target.pid_started is None:
+            return RunnerView("unknown", unverifiable(target))
         if _driver_process(target) is None:
             return RunnerView("ended", f"its process (pid {target.pid}) has exited")
         return RunnerView("running", f"its process (pid {target.pid}) is alive")
@@ -113,6 +116,8 @@ class LocalRunner(Runner):
             return {"method": "signal", "killed": False,
                     "detail": f"the driver (pid {target.pid}) runs on {target.host}, not here ({socket.gethostname()}): "
                               "no signal sent"}
+        if target.pid and target.pid_started is None:
+            return {"method": "signal", "killed": False, "detail": unverifiable(target)}
         process = _driver_process(target)
         if process is None:
             return {"method": "not_running", "killed": False, "detail": f"pid {target.pid} is not running"}
@@ -125,6 +130,11 @@ class LocalRunner(Runner):
             with _quiet():
                 process.wait(10)
         return {"method": "signal", "killed": True, "detail": f"pid {target.pid} signalled"}
+
+
+def unverifiable(target: RunTarget) -> str:
+    return (f"pid {target.pid} has no recorded start time, so it cannot be told from another process with that pid: "
+            "never signalled")
 
 
 def _signal_group(process: psutil.Process, sig: int) -> None:

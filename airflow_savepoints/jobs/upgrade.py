@@ -70,9 +70,7 @@ class UpgradeRequest(BaseModel):
 def new_version(job: StreamingJob, application: str | None = None, application_args: list[str] | None = None,
                 spark_conf: dict[str, str] | None = None) -> JobVersion:
     """The job's version with the given fields replaced (None or empty: keep the job's)."""
-    return JobVersion(application=application or job.application,
-                      application_args=job.application_args if application_args is None else application_args,
-                      spark_conf={**job.spark_conf, **(spark_conf or {})})
+    return job.variant(application, application_args, spark_conf).version()
 
 
 def checkpoint_problem(ctx: JobContext, checkpoint: str | None) -> str | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import conf
 from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.log import mask_secret
 
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
@@ -69,6 +70,8 @@ class _JobOperator(SavepointsBaseOperator):
 
     def job_context(self) -> JobContext:
         job = self.streaming_job
+        for secret in job.secrets():  # Airflow's masker hides them in every line of the task's log
+            mask_secret(secret)
         root = self.savepoint_store(job.savepoint_dir)
         options = (self.checkpoint_hook.storage_options() if self.checkpoint_hook
                    else checkpoint_options(job.checkpoint, root, None))
@@ -90,8 +93,11 @@ class RestoreJobOperator(_JobOperator):
     :param max_age: refuse a savepoint older than this (``12h``, ``7d``; templated)
     :param skip_missing_input: start even if input files a file source will read again are gone
         (templated; by default such a restore is refused, naming them)
-    :param target_checkpoint: where to restore (templated); default ``<checkpoint>-<UTC time>``
+    :param target_checkpoint: where to restore (templated): the job's checkpoint or
+        ``<checkpoint>-<suffix>``; default ``<checkpoint>-<UTC time>``
     :param wait_timeout: seconds to wait for the first committed batch
+    :param allow_foreign_savepoint: allow a ``pointer`` to a savepoint of another job, or outside the
+        job's folder of the savepoint root (off by default, and in the example DAGs and the console)
     """
 
     template_fields: Sequence[str] = savepoints_template_fields("job", "pointer", "fresh_start", "max_age",
@@ -99,8 +105,9 @@ class RestoreJobOperator(_JobOperator):
 
     def __init__(self, *, pointer: str | None = None, fresh_start: bool | str = False, max_age: str | None = None,
                  skip_missing_input: bool | str = False, target_checkpoint: str | None = None,
-                 wait_timeout: float = 300, **kwargs: Any) -> None:
+                 wait_timeout: float = 300, allow_foreign_savepoint: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.allow_foreign_savepoint = allow_foreign_savepoint
         self.pointer = pointer
         self.fresh_start = fresh_start
         self.max_age = max_age
@@ -114,7 +121,8 @@ class RestoreJobOperator(_JobOperator):
             ctx, submit_command=SparkStreamingJobHook(ctx.job).submit_command, log_dir=self.log_dir(),
             pointer=self.pointer or None, max_age=self.max_age or None,  # "" from a Param: not given
             fresh=rendered_flag(self.fresh_start), skip_missing_input=rendered_flag(self.skip_missing_input),
-            target_checkpoint=self.target_checkpoint or None, wait_timeout=self.wait_timeout)
+            target_checkpoint=self.target_checkpoint or None, wait_timeout=self.wait_timeout,
+            allow_foreign_savepoint=self.allow_foreign_savepoint)
 
 
 class StopJobWithSavepointOperator(_JobOperator, RemovesPartialSavepoint):

@@ -35,6 +35,7 @@ from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
 from airflow_savepoints.core.dispose import check_no_link
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.pointer import SAVEPOINT_NAME, list_jobs, list_savepoints, read_manifest
+from airflow_savepoints.core.redaction import redact_conf
 from airflow_savepoints.core.settings import DEFAULTS
 from airflow_savepoints.errors import (
     AtomicCreateUnavailableError,
@@ -88,7 +89,8 @@ def error_body(code: str, message: str, hint: str | None = None) -> dict[str, An
 
 
 class Scrubber:
-    """Removes credentials from what is sent: secret storage options and ``user:pass@`` in URLs."""
+    """Removes credentials from what is sent: secret storage options, ``user:pass@`` in URLs, and the
+    secret-looking Spark conf of a job version (``job_version`` of manifests an older release wrote)."""
 
     def __init__(self, storage_options: dict[str, Any] | None = None):
         self.secrets = sorted(
@@ -106,6 +108,8 @@ class Scrubber:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
+            if {"application", "hash"} <= value.keys() and isinstance(value.get("spark_conf"), dict):  # a job version
+                value = {**value, "spark_conf": redact_conf(value["spark_conf"])}
             return {self.text(str(k)): self(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return [self(v) for v in value]
