@@ -19,6 +19,7 @@ from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.jobs import lifecycle, load_jobs, watchdog
+from airflow_savepoints.jobs.check import check_upgrade
 from airflow_savepoints.jobs.launcher import spark_submit_command
 from airflow_savepoints.jobs.lifecycle import JobContext
 from airflow_savepoints.jobs.model import StreamingJob
@@ -260,6 +261,11 @@ class NewVersion:
         return new_version(job, self.application, self.args or None, _conf_pairs(self.conf or []))
 
 
+StatePartitions = Annotated[int | None, typer.Option("--state-partitions", min=1, help="Restore the state with N "
+                                                     "state partitions (a rescale).")]
+LogDir = Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the drivers' logs go.")]
+
+
 @option_group
 class UpgradePolicy:
     """How an upgrade carries the state over and judges the new version (see UpgradeRequest)."""
@@ -272,6 +278,11 @@ class UpgradePolicy:
                                                        "batch.")] = 300
     rollback: Annotated[bool, typer.Option(help="Start the previous version again if the new one is not "
                                                 "healthy.")] = True
+    check_first: Annotated[bool | None, typer.Option("--check-first/--no-check-first", help="Run the new version "
+                                                     "for one batch on a scratch copy of the state (noop sink) before "
+                                                     "anything stops (default: in savepoint mode).")] = None
+    check_timeout: Annotated[float, typer.Option(help="Seconds for the check's batch.")] = 300
+    state_partitions: StatePartitions = None
 
 
 @app.command("upgrade")
@@ -281,7 +292,7 @@ def upgrade_job(
     *,
     version: NewVersion,
     policy: UpgradePolicy,
-    log_dir: Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the drivers' logs go.")] = None,
+    log_dir: LogDir = None,
     target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
@@ -293,5 +304,29 @@ def upgrade_job(
                          log_dir=_log_dir(log_dir))
         return result, (f"[green]upgraded[/] job {job} to version {result['to_version']['hash']} ({result['mode']}): "
                         f"run {result['started']['run_id']}, batch {result['started']['first_batch']} committed")
+
+    _report(as_json, action)
+
+
+@app.command("check")
+@with_option_groups
+def check_job(
+    job: JobArgument,
+    *,
+    version: NewVersion,
+    timeout: Annotated[float, typer.Option(help="Seconds for the new version to start and commit its batch.")] = 300,
+    state_partitions: StatePartitions = None,
+    log_dir: LogDir = None,
+    target: JobTarget,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check a new version of running JOB before anything stops: one batch on a scratch copy of its state, noop sink."""
+    def action():
+        ctx = target.context(job)
+        result = check_upgrade(ctx, version.of(ctx.job), submit_for=lambda new: _submit_command(JobContext(new, ctx.root)),
+                               log_dir=_log_dir(log_dir), timeout=timeout, state_partitions=state_partitions)
+        return result, (f"[green]check passed[/]: version {result['to_version']['hash']} of job {job} committed batch "
+                        f"{result['checked_batch']} on a copy of savepoint {result['savepoint']} (batch "
+                        f"{result['restored_batch']}); run {result['run_id']} untouched")
 
     _report(as_json, action)
