@@ -103,7 +103,10 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
         status = lifecycle.status(ctx)
         assert status.state == "running" and status.version["hash"] == upgraded.version["hash"]
 
-        # a version whose application does not exist: its check (by default in savepoint mode) fails, nothing stops
+        # versions that do not fit, each refused by its check (by default in savepoint mode) on a scratch copy of
+        # the state while the running version goes on committing batches, nothing stopped: an application that
+        # does not exist, a changed key type (CLI `job check`), an added stateful operator, one that raises on
+        # its first batch
         capfd.readouterr()
         with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
             state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", application=str(tmp_path / "missing.py"),
@@ -113,8 +116,28 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
             assert "UpgradeCheckFailedError" in log and "exited before it checked a batch" in log, log[-3000:]
             assert "rolled back" not in log
             assert_untouched(ctx, upgraded, root)
+            result = CliRunner().invoke(cli_app, ["job", "check", JOB, "--jobs-file", str(ROOT / "dags" / "jobs.yaml"),
+                                                  "--json", "--conf", f"{demo.SKIP_BAD_RECORDS_CONF}=true", "--conf",
+                                                  f"{demo.ID_AS_STRING_CONF}=true", "--timeout", "120"])
+            assert result.exit_code == 1, result.output
+            error = json.loads(result.stdout)["error"]
+            assert error["code"] == "upgrade_check_failed" and "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in error["message"]
+            assert_untouched(ctx, upgraded, root)
+            for conf, words in ((demo.DEDUP_USERS_CONF, "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"),
+                                (demo.FAIL_EVERY_BATCH_CONF, "fails on every batch")):
+                capfd.readouterr()
+                state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", health_timeout=120,
+                                       spark_conf=json.dumps({**FIX, conf: "true"}))
+                assert state == "failed" and tasks == {"upgrade": "failed"}
+                log = capfd.readouterr().out
+                assert "UpgradeCheckFailedError" in log and words in log and "rolled back" not in log, log[-3000:]
+                assert_untouched(ctx, upgraded, root)
+        checks = [s for s in list_savepoints(root, JOB) if s.reason == "upgrade check"]
+        assert len(checks) == 4 and {s.type.value for s in checks} == {"manual"}
 
-            # the same with check_first off: it fails at start, the fixed version is rolled back
+        # the missing application with check_first off: it fails at start, the fixed version is rolled back
+        capfd.readouterr()
+        with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
             state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", application=str(tmp_path / "missing.py"),
                                    spark_conf=json.dumps(FIX), health_timeout=120, check_first="false")
         assert state == "failed" and tasks == {"upgrade": "failed"}
@@ -125,30 +148,6 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
         second_stop = list_savepoints(root, JOB)[-1]
         assert second_stop.type.value == "stop" and back.start_batch == second_stop.batch_id
         assert back.checkpoint.startswith(str(tmp_path / "checkpoint-"))  # restored from the stop savepoint
-
-        # versions whose state does not fit: a changed key type (CLI `job check`), an added stateful
-        # operator (the upgrade's check), and one that raises on its first batch; each refused by Spark on the
-        # scratch copy while the running version goes on committing batches
-        jobs_file = ROOT / "dags" / "jobs.yaml"
-        capfd.readouterr()
-        with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
-            result = CliRunner().invoke(cli_app, ["job", "check", JOB, "--jobs-file", str(jobs_file), "--json", "--conf",
-                                                  f"{demo.SKIP_BAD_RECORDS_CONF}=true", "--conf",
-                                                  f"{demo.ID_AS_STRING_CONF}=true", "--timeout", "120"])
-            assert result.exit_code == 1, result.output
-            error = json.loads(result.stdout)["error"]
-            assert error["code"] == "upgrade_check_failed" and "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in error["message"]
-            assert_untouched(ctx, back, root)
-            for conf, words in ((demo.DEDUP_USERS_CONF, "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"),
-                                (demo.FAIL_EVERY_BATCH_CONF, "fails on every batch")):
-                state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", health_timeout=120,
-                                       spark_conf=json.dumps({**FIX, conf: "true"}))
-                assert state == "failed" and tasks == {"upgrade": "failed"}
-                log = capfd.readouterr().out
-                assert "UpgradeCheckFailedError" in log and words in log and "rolled back" not in log, log[-3000:]
-                assert_untouched(ctx, back, root)
-        checks = [s for s in list_savepoints(root, JOB) if s.reason == "upgrade check"]
-        assert len(checks) == 4 and {s.type.value for s in checks} == {"manual"}
 
         # a compatible change of the output, a new column, by savepoint: the check passes, then the upgrade
         # proceeds; the column from the stop batch + 1 on

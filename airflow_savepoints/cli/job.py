@@ -114,6 +114,11 @@ def _submit_command(ctx: JobContext):
     return lambda checkpoint, conf: spark_submit_command(ctx.job, checkpoint, conf)
 
 
+def _submit_for(ctx: JobContext):
+    """The submit command builder of any version of ``ctx``'s job (an upgrade's or a check's new version)."""
+    return lambda version: _submit_command(JobContext(version, ctx.root))
+
+
 @option_group
 class StartFrom:
     """What a started run's checkpoint comes from."""
@@ -300,8 +305,7 @@ def upgrade_job(
     def action():
         ctx = target.context(job)
         request = UpgradeRequest(version=version.of(ctx.job), **dataclasses.asdict(policy))
-        result = upgrade(ctx, request, submit_for=lambda new: _submit_command(JobContext(new, ctx.root)),
-                         log_dir=_log_dir(log_dir))
+        result = upgrade(ctx, request, submit_for=_submit_for(ctx), log_dir=_log_dir(log_dir))
         return result, (f"[green]upgraded[/] job {job} to version {result['to_version']['hash']} ({result['mode']}): "
                         f"run {result['started']['run_id']}, batch {result['started']['first_batch']} committed")
 
@@ -323,8 +327,8 @@ def check_job(
     """Check a new version of running JOB before anything stops: one batch on a scratch copy of its state, noop sink."""
     def action():
         ctx = target.context(job)
-        result = check_upgrade(ctx, version.of(ctx.job), submit_for=lambda new: _submit_command(JobContext(new, ctx.root)),
-                               log_dir=_log_dir(log_dir), timeout=timeout, state_partitions=state_partitions)
+        result = check_upgrade(ctx, version.of(ctx.job), submit_for=_submit_for(ctx), log_dir=_log_dir(log_dir),
+                               timeout=timeout, state_partitions=state_partitions)
         return result, (f"[green]check passed[/]: version {result['to_version']['hash']} of job {job} committed batch "
                         f"{result['checked_batch']} on a copy of savepoint {result['savepoint']} (batch "
                         f"{result['restored_batch']}); run {result['run_id']} untouched")
