@@ -318,7 +318,8 @@ def check_job(
     job: JobArgument,
     *,
     version: NewVersion,
-    timeout: Annotated[float, typer.Option(help="Seconds for the new version to start and commit its batch.")] = 300,
+    timeout: Annotated[float, typer.Option(help="Seconds for the new version's driver to commit its batch (it gets "
+                                                "60 s more to start).")] = 300,
     state_partitions: StatePartitions = None,
     log_dir: LogDir = None,
     target: JobTarget,

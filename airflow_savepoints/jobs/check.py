@@ -48,6 +48,7 @@ from airflow_savepoints.storage import Store
 CHECK_AFTER_CONF = "spark.savepoints.check.afterBatch"  # the restored batch: the check waits for one past it
 CHECK_TIMEOUT_CONF = "spark.savepoints.check.timeout"  # seconds the driver waits for that batch
 CHECK_REASON = "upgrade check"
+DRIVER_START_ALLOWANCE = 60.0  # seconds the check's driver may take to start, on top of its timeout
 SPARK_PLAN_MARKER = "\n=== Streaming Query ==="  # Spark's message ends with the query's plan: left out
 
 SubmitCommand = Callable[[str, dict[str, str]], list[str]]
@@ -125,9 +126,10 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
     module's description). Returns what was checked; raises :class:`UpgradeRefusedError` before
     anything is written, :class:`UpgradeCheckFailedError` (Spark's message) when the version fails.
 
-    ``timeout``: seconds for the new version to start and commit its batch (it needs input past the
-    savepoint's batch). ``state_partitions``: the check runs on the copy rescaled to that many state
-    partitions (passed to the restore only when given)."""
+    ``timeout``: seconds for the new version's driver to commit its batch (it needs input past the
+    savepoint's batch); the driver gets :data:`DRIVER_START_ALLOWANCE` seconds more to start.
+    ``state_partitions``: the check runs on the copy rescaled to that many state partitions (passed
+    to the restore only when given)."""
     job = ctx.job
     state = lifecycle.status(ctx)
     if not state.live or not state.checkpoint:
@@ -137,12 +139,7 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
         raise UpgradeRefusedError(
             f"job '{job.name}' runs without the in-job helper (no heartbeats): its check could not swap the sink",
             "call airflow_savepoints.jobs.control.run_until_stopped in the job, or upgrade without the check")
-    restore_options: dict[str, Any] = {}
-    if state_partitions is not None:
-        if "state_partitions" not in RestoreRequest.model_fields:
-            raise UpgradeRefusedError("this version of airflow-savepoints cannot restore with state_partitions",
-                                      "check without --state-partitions, or upgrade airflow-savepoints")
-        restore_options["state_partitions"] = state_partitions
+    restore_options = rescale_options(state_partitions)
     started = time.monotonic()
     saved = _take_check_savepoint(ctx, state, inflight_wait)
     scratch = ctx.folder.child(CHECK_FOLDER).child(new_run_id())
@@ -159,7 +156,7 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
         run = start_detached(f"{job.name}-check", submit_for(new_job)(checkpoint.url, conf), checkpoint, scratch,
                              log_dir, env={CHECK_ENV: scratch.url}, master=new_job.master, master_ui=new_job.master_ui,
                              version=version.model_dump())
-        result = _wait_for_result(scratch, run, timeout + 60)
+        result = _wait_for_result(scratch, run, timeout + DRIVER_START_ALLOWANCE)
     finally:
         if run is not None:
             _end_check_run(run, grace)
@@ -182,6 +179,16 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
         f"version {version.hash} of job '{job.name}' fails on the state of batch {restored.batch_id} (savepoint "
         f"{saved.pointer}): {result['error']}\n{kept}",
         "fix the new version (Spark's message says what does not match), then check or upgrade again")
+
+
+def rescale_options(state_partitions: int | None) -> dict[str, Any]:
+    """The restore's keyword for ``state_partitions`` (none when not given); refused where restore cannot rescale."""
+    if state_partitions is None:
+        return {}
+    if "state_partitions" not in RestoreRequest.model_fields:
+        raise UpgradeRefusedError("this version of airflow-savepoints cannot restore with state_partitions",
+                                  "leave state_partitions (--state-partitions) out, or upgrade airflow-savepoints")
+    return {"state_partitions": state_partitions}
 
 
 def _take_check_savepoint(ctx: lifecycle.JobContext, state: lifecycle.JobState, inflight_wait: float):

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
 from airflow_savepoints.errors import SavepointError, UpgradeRefusedError
 from airflow_savepoints.jobs import lifecycle
-from airflow_savepoints.jobs.check import check_upgrade
+from airflow_savepoints.jobs.check import check_upgrade, rescale_options
 from airflow_savepoints.jobs.lifecycle import JobContext
 from airflow_savepoints.jobs.model import JobVersion, StreamingJob
 
@@ -169,6 +169,10 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
     previous = JobVersion.model_validate(state.version) if state.version else ctx.job.version()
     old_ctx = replace(ctx, job=ctx.job.with_version(previous))
     new_ctx = replace(ctx, job=ctx.job.with_version(request.version))
+    rescale = rescale_options(request.state_partitions)
+    if rescale and mode != "savepoint":
+        raise UpgradeRefusedError(f"state_partitions needs a savepoint upgrade, not {mode}",
+                                  "use mode savepoint (--mode savepoint), or leave state_partitions out")
     checked = _check_first(ctx, request, mode, submit_for, log_dir)
     ctx.log(f"upgrading job {ctx.job.name} from version {previous.hash} to {request.version.hash} ({mode})")
     stopped = lifecycle.stop(old_ctx, grace=request.grace, inflight_wait=request.inflight_wait)
@@ -176,8 +180,8 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
         ctx.log(f"the stop was not clean ({stopped['stop_method']}, {stopped['consistency']}): using its savepoint")
         mode = "savepoint"
     kwargs = _start_kwargs(ctx, mode, stopped)
-    if request.state_partitions is not None and "pointer" in kwargs:  # restored as the check's copy was
-        kwargs["state_partitions"] = request.state_partitions
+    if "pointer" in kwargs:  # restored (rescaled if asked) as the check's copy was
+        kwargs.update(rescale)
     summary = {"job": ctx.job.name, "mode": mode, "from_version": previous.model_dump(),
                "to_version": request.version.model_dump(), "stop_savepoint": stopped["pointer"],
                "stop_batch": stopped["batch_id"], "check": checked}

@@ -31,3 +31,17 @@ def test_spark_message_leaves_the_plan_out():
                                                  (True, True), ("true", True), ("False", False), (False, False)])
 def test_check_first_auto_or_a_flag(value, expected):
     assert _automatic_or_flag(value) is expected
+
+
+def test_state_partitions_go_to_the_restore_only_when_given():
+    """Without state_partitions the restore gets no such keyword; with it, the restore's own field
+    (or, where restore cannot rescale yet, a refusal before anything is written)."""
+    from airflow_savepoints.core.restore import RestoreRequest
+    from airflow_savepoints.jobs.check import rescale_options
+
+    assert rescale_options(None) == {}
+    if "state_partitions" in RestoreRequest.model_fields:
+        assert rescale_options(4) == {"state_partitions": 4}
+    else:
+        with pytest.raises(UpgradeRefusedError, match="cannot restore with state_partitions"):
+            rescale_options(4)
