@@ -1,9 +1,9 @@
 """Upgrades of a real streaming job (the demo job under spark-submit), through the upgrade_job DAG
 on a real Airflow (dag.test(), SQLite): a last-state upgrade that copies no state; versions that cannot
-start, raise on their first batch, change a state key's type or add a stateful operator, each refused
-by the check on a scratch copy while the running version goes on (and, with the check off, rolled back
-after it fails); a checked savepoint upgrade that adds an output column. The sink holds every event
-exactly once."""
+start, change a state key's type or add a stateful operator, each refused by the check on a scratch
+copy while the running version goes on (and, with the check off, rolled back after it fails); a checked
+savepoint upgrade that adds an output column. The sink holds every event exactly once. In-process: a
+check-mode driver's sink swap, and a query raising in its batch reported with Spark's message."""
 
 from __future__ import annotations
 
@@ -105,8 +105,7 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
 
         # versions that do not fit, each refused by its check (by default in savepoint mode) on a scratch copy of
         # the state while the running version goes on committing batches, nothing stopped: an application that
-        # does not exist, a changed key type (CLI `job check`), an added stateful operator, one that raises on
-        # its first batch
+        # does not exist, a changed key type (CLI `job check`), an added stateful operator
         capfd.readouterr()
         with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
             state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", application=str(tmp_path / "missing.py"),
@@ -123,17 +122,16 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
             error = json.loads(result.stdout)["error"]
             assert error["code"] == "upgrade_check_failed" and "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in error["message"]
             assert_untouched(ctx, upgraded, root)
-            for conf, words in ((demo.DEDUP_USERS_CONF, "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"),
-                                (demo.FAIL_EVERY_BATCH_CONF, "fails on every batch")):
-                capfd.readouterr()
-                state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", health_timeout=120,
-                                       spark_conf=json.dumps({**FIX, conf: "true"}))
-                assert state == "failed" and tasks == {"upgrade": "failed"}
-                log = capfd.readouterr().out
-                assert "UpgradeCheckFailedError" in log and words in log and "rolled back" not in log, log[-3000:]
-                assert_untouched(ctx, upgraded, root)
+            capfd.readouterr()
+            state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", health_timeout=120,
+                                   spark_conf=json.dumps({**FIX, demo.DEDUP_USERS_CONF: "true"}))
+            assert state == "failed" and tasks == {"upgrade": "failed"}
+            log = capfd.readouterr().out
+            assert "UpgradeCheckFailedError" in log and "rolled back" not in log, log[-3000:]
+            assert "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA" in log, log[-3000:]
+            assert_untouched(ctx, upgraded, root)
         checks = [s for s in list_savepoints(root, JOB) if s.reason == "upgrade check"]
-        assert len(checks) == 4 and {s.type.value for s in checks} == {"manual"}
+        assert len(checks) == 3 and {s.type.value for s in checks} == {"manual"}
 
         # the missing application with check_first off: it fails at start, the fixed version is rolled back
         capfd.readouterr()
@@ -218,7 +216,9 @@ def test_a_start_refuses_a_savepoint_older_than_max_age_and_changes_nothing(chec
 
 def test_a_check_run_swaps_a_foreach_batch_sink_for_noop_and_takes_no_lease(spark, tmp_path, monkeypatch):
     """In check mode the driver's query commits its batch, but the user's sink function is never
-    called and no run lease or control folder appears; the result says passed."""
+    called and no run lease or control folder appears; the result says passed. A query that raises
+    in its batch is a failed check with Spark's message."""
+    from pyspark.sql import functions as F
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
     monkeypatch.setattr(DataStreamWriter, "start", DataStreamWriter.start)  # undone after the test
@@ -234,6 +234,12 @@ def test_a_check_run_swaps_a_foreach_batch_sink_for_noop_and_takes_no_lease(spar
                  .foreachBatch(lambda frame, batch: called.append(batch)).option("checkpointLocation", str(checkpoint))
                  .trigger(processingTime="200 milliseconds").start())
         result = run_check(query, spark, str(scratch))
+        demo.write_events(tmp_path / "input", 0)
+        spark.conf.set(CHECKPOINT_CONF, str(tmp_path / "other"))  # the next check's copy, whatever the query says
+        failing = (spark.readStream.schema(demo.EVENT_SCHEMA).json(str(tmp_path / "input"))
+                   .select(F.raise_error(F.lit("v3 fails on every batch")))
+                   .writeStream.format("console").option("checkpointLocation", str(tmp_path / "live")).start())
+        failed = run_check(failing, spark, str(tmp_path / "other-check"))
     finally:
         for key in settings:
             spark.conf.unset(key)
@@ -241,3 +247,6 @@ def test_a_check_run_swaps_a_foreach_batch_sink_for_noop_and_takes_no_lease(spar
     assert json.loads((scratch / "result.json").read_text())["outcome"] == "passed"
     assert called == [] and not query.isActive
     assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["_check"]  # no _lease.json, no _control
+    assert failed["outcome"] == "failed" and "v3 fails on every batch" in failed["error"], failed
+    assert "=== Streaming Query ===" not in failed["error"]  # Spark's message, without the plan
+    assert (tmp_path / "other" / "offsets").is_dir() and not (tmp_path / "live").exists()

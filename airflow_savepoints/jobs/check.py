@@ -61,7 +61,10 @@ _SWAPPED: set[str] = set()  # ids of the queries this driver started with the no
 def install_noop_sink() -> None:
     """From now on every ``writeStream.start()`` / ``toTable()`` of this driver writes to Spark's
     ``noop`` sink (a foreach, foreachBatch, file or table sink alike: ``format`` is the last word on
-    the JVM writer), keeping the query's checkpoint, trigger, output mode and name."""
+    the JVM writer), keeping its trigger, output mode and name. Its checkpoint location becomes the
+    check's scratch copy (``spark.savepoints.checkpoint``) whatever the application passes, so a
+    check never runs on the live checkpoint (a second query of the driver then finds the copy in use
+    and fails)."""
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
     if getattr(DataStreamWriter.start, "_savepoints_check", False):
@@ -70,6 +73,8 @@ def install_noop_sink() -> None:
 
     def start(self, path=None, format=None, outputMode=None, partitionBy=None, queryName=None, **options):
         self.partitionBy()  # the noop sink takes no partitioning
+        if scratch := self._spark.conf.get(CHECKPOINT_CONF, None):
+            options["checkpointLocation"] = scratch
         query = original(self, None, "noop", outputMode, None, queryName, **options)
         _SWAPPED.add(str(query.id))
         return query
