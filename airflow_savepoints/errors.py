@@ -233,6 +233,25 @@ class JobFencedError(SavepointError):
     code = "job_fenced"
 
 
+class UpgradeRefusedError(InvalidInputError):
+    """An upgrade (or its check) refused before anything was stopped or written."""
+
+    code = "upgrade_refused"
+
+
+class UpgradeCheckFailedError(SavepointError):
+    """The new version failed its check on a scratch copy of the running version's state (Spark's
+    own message); the running version was left untouched."""
+
+    code = "upgrade_check_failed"
+
+
+class UpgradeCheckTimeoutError(UpgradeCheckFailedError):
+    """The new version's check committed no batch in time (no new input, or a slow start)."""
+
+    code = "upgrade_check_timeout"
+
+
 # --- retention and the API -------------------------------------------------------------------------
 class RetentionFailedError(SavepointError):
     code = "retention_failed"

@@ -6,6 +6,9 @@ each empty to keep the job's, and ``mode`` (``savepoint``, ``last-state`` or ``s
 the job's ``upgrade_mode``). The task stops the job (with a stop savepoint), starts the new
 version, and waits until it commits a batch past the stop batch; otherwise it stops the new run,
 starts the previous version again from the same state, and fails with the new version's error.
+Before anything stops (``check_first``; ``auto``: in savepoint mode), the new version runs one batch
+on a scratch copy of the job's state with a noop sink; if Spark refuses it, the upgrade is refused
+and the running version is left as it is.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ with DAG(
         "allow_stateless": Param(False, type="boolean", description="Allow mode stateless (EMPTY state)"),
         "health_timeout": Param(300, type="integer", minimum=1,
                                 description="Seconds for the new version to commit a batch past the stop batch"),
+        "check_first": Param("auto", type="string", enum=["auto", "true", "false"],
+                             description="Run the new version for one batch on a scratch copy of the state (noop "
+                                         "sink) before anything stops; auto: in savepoint mode"),
+        "state_partitions": Param(None, type=["null", "integer"], minimum=1,
+                                  description="Restore the state with this many state partitions; empty: as saved"),
     },
 ) as dag:
     UpgradeJobOperator(
@@ -51,4 +59,6 @@ with DAG(
         fallback_to_savepoint="{{ params.fallback_to_savepoint }}",
         allow_stateless="{{ params.allow_stateless }}",
         health_timeout="{{ params.health_timeout }}",
+        check_first="{{ params.check_first }}",
+        state_partitions="{{ params.state_partitions }}",
     )

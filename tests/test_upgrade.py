@@ -1,7 +1,9 @@
 """Upgrades of a real streaming job (the demo job under spark-submit), through the upgrade_job DAG
-on a real Airflow (dag.test(), SQLite): a last-state upgrade that copies no state; upgrades to a
-version that cannot start and to one that raises on its first batch, each rolled back automatically;
-a savepoint upgrade that adds an output column. The sink holds every event exactly once."""
+on a real Airflow (dag.test(), SQLite): a last-state upgrade that copies no state; versions that cannot
+start, change a state key's type or add a stateful operator, each refused by the check on a scratch
+copy while the running version goes on (and, with the check off, rolled back after it fails); a checked
+savepoint upgrade that adds an output column. The sink holds every event exactly once. In-process: a
+check-mode driver's sink swap, and a query raising in its batch reported with Spark's message."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints, resolve_pointer, take_savepoint
 from airflow_savepoints.errors import SavepointTooOldError
 from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
+from airflow_savepoints.jobs.check import run_check
+from airflow_savepoints.jobs.control import CHECK_CONF, CHECKPOINT_CONF, JobControl, claim_run
 from airflow_savepoints.jobs.launcher import read_run, spark_submit_command, stop_process
 from airflow_savepoints.jobs.lifecycle import JobContext
 from airflow_savepoints.jobs.upgrade import UpgradeRefusedError, UpgradeRequest, new_version, upgrade
@@ -99,11 +103,41 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
         status = lifecycle.status(ctx)
         assert status.state == "running" and status.version["hash"] == upgraded.version["hash"]
 
-        # a version whose application does not exist: it fails at start, the fixed version is rolled back
+        # versions that do not fit, each refused by its check (by default in savepoint mode) on a scratch copy of
+        # the state while the running version goes on committing batches, nothing stopped: an application that
+        # does not exist, a changed key type (CLI `job check`), an added stateful operator
         capfd.readouterr()
         with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
             state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", application=str(tmp_path / "missing.py"),
                                    spark_conf=json.dumps(FIX), health_timeout=120)
+            assert state == "failed" and tasks == {"upgrade": "failed"}
+            log = capfd.readouterr().out  # the task's log: the check's error; no stop, no rollback
+            assert "UpgradeCheckFailedError" in log and "exited before it checked a batch" in log, log[-3000:]
+            assert "rolled back" not in log
+            assert_untouched(ctx, upgraded, root)
+            result = CliRunner().invoke(cli_app, ["job", "check", JOB, "--jobs-file", str(ROOT / "dags" / "jobs.yaml"),
+                                                  "--json", "--conf", f"{demo.SKIP_BAD_RECORDS_CONF}=true", "--conf",
+                                                  f"{demo.ID_AS_STRING_CONF}=true", "--timeout", "120"])
+            assert result.exit_code == 1, result.output
+            error = json.loads(result.stdout)["error"]
+            assert error["code"] == "upgrade_check_failed" and "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in error["message"]
+            assert_untouched(ctx, upgraded, root)
+            capfd.readouterr()
+            state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", health_timeout=120,
+                                   spark_conf=json.dumps({**FIX, demo.DEDUP_USERS_CONF: "true"}))
+            assert state == "failed" and tasks == {"upgrade": "failed"}
+            log = capfd.readouterr().out
+            assert "UpgradeCheckFailedError" in log and "rolled back" not in log, log[-3000:]
+            assert "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA" in log, log[-3000:]
+            assert_untouched(ctx, upgraded, root)
+        checks = [s for s in list_savepoints(root, JOB) if s.reason == "upgrade check"]
+        assert len(checks) == 3 and {s.type.value for s in checks} == {"manual"}
+
+        # the missing application with check_first off: it fails at start, the fixed version is rolled back
+        capfd.readouterr()
+        with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
+            state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", application=str(tmp_path / "missing.py"),
+                                   spark_conf=json.dumps(FIX), health_timeout=120, check_first="false")
         assert state == "failed" and tasks == {"upgrade": "failed"}
         log = capfd.readouterr().out  # the task's log: the new version's error, then the rollback
         assert "UpgradeFailedError" in log and "exited before committing a batch" in log and "rolled back" in log, log[-3000:]
@@ -113,23 +147,16 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
         assert second_stop.type.value == "stop" and back.start_batch == second_stop.batch_id
         assert back.checkpoint.startswith(str(tmp_path / "checkpoint-"))  # restored from the stop savepoint
 
-        # a version that starts but raises on its first batch: rolled back from the same stop savepoint
-        capfd.readouterr()
-        with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
-            state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", health_timeout=120,
-                                   spark_conf=json.dumps({**FIX, demo.FAIL_EVERY_BATCH_CONF: "true"}))
-        assert state == "failed" and tasks == {"upgrade": "failed"}
-        log = capfd.readouterr().out
-        assert "UpgradeFailedError" in log and "fails on every batch" in log and "rolled back" in log, log[-3000:]
-        again, third_stop = read_run(job_folder), list_savepoints(root, JOB)[-1]
-        assert again.version == upgraded.version and again.ended is None and again.start_batch == third_stop.batch_id
-
-        # a compatible change of the output, a new column, by savepoint: the column from the stop batch + 1 on
+        # a compatible change of the output, a new column, by savepoint: the check passes, then the upgrade
+        # proceeds; the column from the stop batch + 1 on
         with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
             state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", health_timeout=120,
                                    spark_conf=json.dumps({**FIX, demo.VERSION_COLUMN_CONF: "v2"}))
         assert state == "success", tasks
         v2, last_stop = read_run(job_folder), list_savepoints(root, JOB)[-1]
+        last_check = list_savepoints(root, JOB)[-2]
+        assert last_check.reason == "upgrade check" and last_check.batch_id <= last_stop.batch_id
+        assert not list(Path(job_folder.path_of("_check")).iterdir())
         assert v2.start_batch == last_stop.batch_id and v2.version["spark_conf"][demo.VERSION_COLUMN_CONF] == "v2"
         got = wait_for_sink(tmp_path / "output", sorted(sent))
         rows = demo.committed_rows(tmp_path / "output")
@@ -148,6 +175,21 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
         if last is not None:
             stop_process(last, grace=30)
     assert got == sorted(sent)  # every event once: nothing lost or repeated across the upgrade and the rollback
+
+
+def assert_untouched(ctx: JobContext, run, root: Store, timeout: float = 90) -> None:
+    """The run ``run`` still runs as it was (same run id, no stop request, the lease its own), commits a
+    batch after the refusal, and no check's scratch is left."""
+    state = lifecycle.status(ctx)
+    assert state.state == "running" and state.run_id == run.run_id, state
+    assert ctx.lease.holder().run_id == run.run_id
+    assert JobControl(Store(run.control)).stop_requested() is None
+    assert not list(Path(root.child(JOB).path_of("_check")).iterdir())  # the scratch copies are gone
+    before = state.last_batch
+    deadline = time.monotonic() + timeout
+    while (batch := lifecycle.status(ctx).last_batch) == before and time.monotonic() < deadline:
+        time.sleep(1)
+    assert batch is not None and before is not None and batch > before, (before, batch)
 
 
 def test_new_version_keeps_unset_fields(tmp_path):
@@ -170,3 +212,41 @@ def test_a_start_refuses_a_savepoint_older_than_max_age_and_changes_nothing(chec
         lifecycle.start(ctx, submit_command=submit(job), log_dir=tmp_path / "logs", pointer=saved.pointer, max_age="1s")
     assert sorted(p.name for p in (tmp_path / "savepoints" / JOB).iterdir()) == before  # no run, no lease
     assert not (tmp_path / "logs").exists() and not list(tmp_path.glob("live*"))  # nothing restored
+
+
+def test_a_check_run_swaps_a_foreach_batch_sink_for_noop_and_takes_no_lease(spark, tmp_path, monkeypatch):
+    """In check mode the driver's query commits its batch, but the user's sink function is never
+    called and no run lease or control folder appears; the result says passed. A query that raises
+    in its batch is a failed check with Spark's message."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    monkeypatch.setattr(DataStreamWriter, "start", DataStreamWriter.start)  # undone after the test
+    monkeypatch.setattr(DataStreamWriter, "toTable", DataStreamWriter.toTable)
+    scratch, checkpoint = tmp_path / "job" / "_check" / "c1", tmp_path / "job" / "_check" / "c1" / "checkpoint"
+    settings = {CHECK_CONF: str(scratch), CHECKPOINT_CONF: str(checkpoint), "spark.savepoints.jobFolder": str(tmp_path / "job")}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        assert claim_run(spark) is None  # check mode: no lease taken, the sink swap installed
+        called = []
+        query = (spark.readStream.format("rate").option("rowsPerSecond", 5).load().writeStream
+                 .foreachBatch(lambda frame, batch: called.append(batch)).option("checkpointLocation", str(checkpoint))
+                 .trigger(processingTime="200 milliseconds").start())
+        result = run_check(query, spark, str(scratch))
+        demo.write_events(tmp_path / "input", 0)
+        spark.conf.set(CHECKPOINT_CONF, str(tmp_path / "other"))  # the next check's copy, whatever the query says
+        failing = (spark.readStream.schema(demo.EVENT_SCHEMA).json(str(tmp_path / "input"))
+                   .select(F.raise_error(F.lit("v3 fails on every batch")))
+                   .writeStream.format("console").option("checkpointLocation", str(tmp_path / "live")).start())
+        failed = run_check(failing, spark, str(tmp_path / "other-check"))
+    finally:
+        for key in settings:
+            spark.conf.unset(key)
+    assert result["outcome"] == "passed" and result["batch_id"] >= 0, result
+    assert json.loads((scratch / "result.json").read_text())["outcome"] == "passed"
+    assert called == [] and not query.isActive
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["_check"]  # no _lease.json, no _control
+    assert failed["outcome"] == "failed" and "v3 fails on every batch" in failed["error"], failed
+    assert "=== Streaming Query ===" not in failed["error"]  # Spark's message, without the plan
+    assert (tmp_path / "other" / "offsets").is_dir() and not (tmp_path / "live").exists()

@@ -117,6 +117,11 @@ def _submit_command(ctx: JobContext):
     return lambda checkpoint, conf: spark_submit_command(ctx.job, checkpoint, conf)
 
 
+def _submit_for(ctx: JobContext):
+    """The submit command builder of any version of ``ctx``'s job (an upgrade's or a check's new version)."""
+    return lambda version: _submit_command(JobContext(version, ctx.root))
+
+
 @option_group
 class StartFrom:
     """What a started run's checkpoint comes from."""
@@ -278,6 +283,11 @@ class NewVersion:
         return new_version(job, self.application, self.args or None, _conf_pairs(self.conf or []))
 
 
+StatePartitions = Annotated[int | None, typer.Option("--state-partitions", min=1, help="Restore the state with N "
+                                                     "state partitions (a rescale).")]
+LogDir = Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the drivers' logs go.")]
+
+
 @option_group
 class UpgradePolicy:
     """How an upgrade carries the state over and judges the new version (see UpgradeRequest)."""
@@ -290,6 +300,11 @@ class UpgradePolicy:
                                                        "batch.")] = 300
     rollback: Annotated[bool, typer.Option(help="Start the previous version again if the new one is not "
                                                 "healthy.")] = True
+    check_first: Annotated[bool | None, typer.Option("--check-first/--no-check-first", help="Run the new version "
+                                                     "for one batch on a scratch copy of the state (noop sink) before "
+                                                     "anything stops (default: in savepoint mode).")] = None
+    check_timeout: Annotated[float, typer.Option(help="Seconds for the check's batch.")] = 300
+    state_partitions: StatePartitions = None
 
 
 @app.command("upgrade")
@@ -299,7 +314,7 @@ def upgrade_job(
     *,
     version: NewVersion,
     policy: UpgradePolicy,
-    log_dir: Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the drivers' logs go.")] = None,
+    log_dir: LogDir = None,
     target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
@@ -310,9 +325,35 @@ def upgrade_job(
 
         ctx = target.context(job)
         request = UpgradeRequest(version=version.of(ctx.job), **dataclasses.asdict(policy))
-        result = upgrade(ctx, request, submit_for=lambda new: _submit_command(JobContext(new, ctx.root)),
-                         log_dir=_log_dir(log_dir))
+        result = upgrade(ctx, request, submit_for=_submit_for(ctx), log_dir=_log_dir(log_dir))
         return result, (f"[green]upgraded[/] job {job} to version {result['to_version']['hash']} ({result['mode']}): "
                         f"run {result['started']['run_id']}, batch {result['started']['first_batch']} committed")
+
+    _report(as_json, action)
+
+
+@app.command("check")
+@with_option_groups
+def check_job(
+    job: JobArgument,
+    *,
+    version: NewVersion,
+    timeout: Annotated[float, typer.Option(help="Seconds for the new version's driver to commit its batch (it gets "
+                                                "60 s more to start).")] = 300,
+    state_partitions: StatePartitions = None,
+    log_dir: LogDir = None,
+    target: JobTarget,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check a new version of running JOB before anything stops: one batch on a scratch copy of its state, noop sink."""
+    def action():
+        from airflow_savepoints.jobs.check import check_upgrade
+
+        ctx = target.context(job)
+        result = check_upgrade(ctx, version.of(ctx.job), submit_for=_submit_for(ctx), log_dir=_log_dir(log_dir),
+                               timeout=timeout, state_partitions=state_partitions)
+        return result, (f"[green]check passed[/]: version {result['to_version']['hash']} of job {job} committed batch "
+                        f"{result['checked_batch']} on a copy of savepoint {result['savepoint']} (batch "
+                        f"{result['restored_batch']}); run {result['run_id']} untouched")
 
     _report(as_json, action)

@@ -9,6 +9,7 @@ Layout of a savepoint directory::
         _watchdog.json                   the watchdog's restarts and last decision
         _control/<run id>/*.json         a run's control folder
         _state_summaries/<id>.json       a savepoint's state summary (InspectSavepointOperator)
+        _check/<check id>/               an upgrade check's scratch copy and result, removed after the check
         savepoint-<id6>-<random>/_metadata  a savepoint, complete once _metadata exists
 """
 
@@ -34,6 +35,9 @@ STOP_REQUEST_FILE = "stop-request.json"
 STOPPED_FILE = "stopped.json"
 FAILED_FILE = "failed.json"
 FENCED_FILE = "fenced.json"
+
+CHECK_FOLDER = "_check"  # <job>/_check/<check id>/: an upgrade check's scratch (jobs/check.py)
+CHECK_RESULT_FILE = "result.json"  # what the checked version's driver found, beside its scratch checkpoint
 
 LEASE_BREAK_SUFFIX = ".break"  # ``<lease>.break``: held while a stale lease is broken
 CLOCK_PROBE_PREFIX = "._clock."  # ``._clock.<hex>.tmp``: a probe of the store's clock

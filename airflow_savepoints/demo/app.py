@@ -109,6 +109,8 @@ SKIP_BAD_RECORDS_CONF = "spark.savepoints.demo.skipBadRecords"
 VERSION_COLUMN_CONF = "spark.savepoints.demo.versionColumn"
 FAIL_EVERY_BATCH_CONF = "spark.savepoints.demo.failEveryBatch"
 STALL_WHILE_CONF = "spark.savepoints.demo.stallWhile"
+ID_AS_STRING_CONF = "spark.savepoints.demo.idAsString"
+DEDUP_USERS_CONF = "spark.savepoints.demo.dedupUsers"
 
 
 def _held_while(marker: str):
@@ -136,7 +138,10 @@ def build_query(spark, input_dir: str, checkpoint: str, output: str, trigger_ms:
     ``spark.savepoints.demo.versionColumn=V`` adds an output column ``version`` holding V (a compatible
     change: the state is untouched), ``spark.savepoints.demo.failEveryBatch=true`` raises on every record.
     ``spark.savepoints.demo.stallWhile=PATH`` holds each record while the file PATH exists: a batch
-    that hangs, input waiting and nothing committed (a stalled job, for the watchdog)."""
+    that hangs, input waiting and nothing committed (a stalled job, for the watchdog). Two versions whose
+    state does not fit the running one's (an upgrade check refuses them): ``spark.savepoints.demo.idAsString=true``
+    de-duplicates on ``id`` as a string (a changed key type), ``spark.savepoints.demo.dedupUsers=true`` adds a
+    second de-duplication, by user (an added stateful operator)."""
     from pyspark.sql import functions as F
 
     events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", 1).json(input_dir)
@@ -150,7 +155,11 @@ def build_query(spark, input_dir: str, checkpoint: str, output: str, trigger_ms:
         events = events.withColumn(
             "id", F.when(F.col("id") < 0, F.raise_error(F.concat(F.lit("bad record: negative id "), F.col("id").cast("string"))))
             .otherwise(F.col("id")))
+    if spark.conf.get(ID_AS_STRING_CONF, "false").lower() == "true":
+        events = events.withColumn("id", F.col("id").cast("string"))
     unique = events.withWatermark("ts", "1 hour").dropDuplicatesWithinWatermark(["id"])
+    if spark.conf.get(DEDUP_USERS_CONF, "false").lower() == "true":
+        unique = unique.dropDuplicatesWithinWatermark(["user"])
     if version := spark.conf.get(VERSION_COLUMN_CONF, ""):
         unique = unique.withColumn("version", F.lit(version))
     return (unique.writeStream.format("json").option("path", output).option("checkpointLocation", checkpoint)

@@ -60,6 +60,8 @@ LEASE_CONF = "spark.savepoints.lease"  # the run lease URL; default: _lease.json
 HEARTBEAT_CONF = "spark.savepoints.heartbeatInterval"  # seconds between heartbeats (default 5)
 LEASE_TIMEOUT_CONF = "spark.savepoints.leaseTimeout"  # seconds without a heartbeat before the run counts as lost (30)
 CHECKPOINT_CONF = "spark.savepoints.checkpoint"  # the run's checkpoint location, recorded in its lease
+CHECK_CONF = "spark.savepoints.check"  # an upgrade check's scratch folder: the run is a check (jobs/check.py)
+CHECK_ENV = "SAVEPOINTS_CHECK"  # the same, for a driver on the launcher's host: the sink is swapped on import
 DEFAULT_HEARTBEAT_INTERVAL = 5.0
 
 
@@ -394,6 +396,8 @@ def claim_run(spark=None) -> RunHandle | None:
     claims it too). Raises :class:`JobFencedError` when another live run holds it, so a stale
     driver writes nothing at all. None when the job was not started with a control folder."""
     spark = spark or _active_session()
+    if _check_run(spark):  # an upgrade check (jobs/check.py): noop sink, no lease, no heartbeat
+        return None
     handle = RunHandle.from_conf(lambda key: spark.conf.get(key, None), _driver_facts(spark))
     if handle is not None:
         handle.claim()
@@ -407,6 +411,18 @@ def _driver_facts(spark) -> dict[str, Any]:
     manifests of savepoints taken of its checkpoint (a checkpoint does not record which Spark wrote it)."""
     return {"application_id": spark.sparkContext.applicationId, "master": spark.sparkContext.master,
             "spark_version": spark.version}
+
+
+def _check_run(spark) -> str | None:
+    """The scratch folder when this driver runs an upgrade check (:mod:`airflow_savepoints.jobs.check`),
+    with the noop sink installed for its queries; None for an ordinary run."""
+    folder = (spark.conf.get(CHECK_CONF, None) if spark is not None else None) or os.environ.get(CHECK_ENV)
+    if not folder:
+        return None
+    from airflow_savepoints.jobs.check import install_noop_sink
+
+    install_noop_sink()
+    return folder
 
 
 def _active_session():
@@ -429,6 +445,11 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
     run raises :class:`JobFencedError` once its query has stopped.
     """
     spark = spark or _active_session()
+    if (check_folder := _check_run(spark)) is not None:  # an upgrade check: one batch on a scratch copy, then stop
+        from airflow_savepoints.jobs.check import run_check
+
+        run_check(query, spark, check_folder)
+        return
     handle = RunHandle.from_conf(lambda key: spark.conf.get(key, None),
                                  {**_driver_facts(spark), "query_id": str(query.id),
                                   "driver_pod": spark.conf.get("spark.kubernetes.driver.pod.name", None)})
@@ -483,3 +504,7 @@ def _failure_reported(handle: RunHandle) -> Iterator[None]:
         handle.control.report_failure(exc)
         handle.end("failed", error=f"{type(exc).__name__}: {str(exc)[:500]}")
         raise
+
+
+if os.environ.get(CHECK_ENV):  # an upgrade check's driver: the sink is swapped before any query starts
+    _check_run(None)

@@ -12,6 +12,10 @@ Structured Streaming jobs started by :mod:`airflow_savepoints.jobs.lifecycle`:
 * ``stateless``: the new version starts with EMPTY state in a new checkpoint; only with
   ``allow_stateless``.
 
+Before anything stops (by default in ``savepoint`` mode, ``check_first``), the new version runs one
+batch on a scratch copy of the running version's state with a ``noop`` sink
+(:mod:`airflow_savepoints.jobs.check`); a version Spark refuses is refused there, the old one untouched.
+
 Healthy: the new version commits a batch past the stop batch within ``health_timeout`` and has
 not failed. Otherwise (with ``rollback``, the default) the new run is ended and marked failed, its
 checkpoint left as it is, and the previous version starts again from the same stop savepoint (or,
@@ -31,19 +35,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
-from airflow_savepoints.errors import InvalidInputError, SavepointError
+from airflow_savepoints.errors import SavepointError, UpgradeRefusedError
 from airflow_savepoints.jobs import lifecycle
+from airflow_savepoints.jobs.check import check_upgrade, rescale_options
 from airflow_savepoints.jobs.lifecycle import JobContext
 from airflow_savepoints.jobs.model import JobVersion, StreamingJob
 
 SubmitFor = Callable[[StreamingJob], Callable[[str, dict[str, str]], list[str]]]
 UPGRADE_MODES = ("savepoint", "last-state", "stateless")
-
-
-class UpgradeRefusedError(InvalidInputError):
-    """The upgrade was refused before anything was stopped."""
-
-    code = "upgrade_refused"
 
 
 class UpgradeFailedError(SavepointError):
@@ -65,6 +64,9 @@ class UpgradeRequest(BaseModel):
     rollback: bool = True
     grace: float = Field(default=60, gt=0)  # seconds for a run to stop between batches before it is forced
     inflight_wait: float = Field(default=300, ge=0)
+    check_first: bool | None = None  # run the new version on a scratch copy first (jobs/check.py); None: in savepoint mode
+    check_timeout: float = Field(default=300, gt=0)  # seconds for the check's batch
+    state_partitions: int | None = Field(default=None, ge=1)  # the check's copy rescaled (passed on only when set)
 
 
 def new_version(job: StreamingJob, application: str | None = None, application_args: list[str] | None = None,
@@ -111,6 +113,19 @@ def _mode(ctx: JobContext, request: UpgradeRequest, state: lifecycle.JobState) -
     return mode
 
 
+def _check_first(ctx: JobContext, request: UpgradeRequest, mode: str, submit_for: SubmitFor,
+                 log_dir: Path) -> dict[str, Any] | None:
+    """The check of the new version before anything stops (by default in savepoint mode); raises
+    :class:`UpgradeCheckFailedError` (the running version untouched) when it fails."""
+    if not (request.check_first if request.check_first is not None else mode == "savepoint"):
+        return None
+    if mode == "stateless":
+        raise UpgradeRefusedError(f"a stateless upgrade of job '{ctx.job.name}' carries no state: nothing to check",
+                                  "drop check_first (--no-check-first) for a stateless upgrade")
+    return check_upgrade(ctx, request.version, submit_for=submit_for, log_dir=log_dir, timeout=request.check_timeout,
+                         state_partitions=request.state_partitions, inflight_wait=request.inflight_wait)
+
+
 def _start_kwargs(ctx: JobContext, mode: str, stopped: dict[str, Any]) -> dict[str, Any]:
     """How a version starts after the stop: on the live checkpoint, from the stop savepoint, or empty."""
     if mode == "last-state":
@@ -152,15 +167,22 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
     previous = JobVersion.model_validate(state.version) if state.version else ctx.job.version()
     old_ctx = replace(ctx, job=ctx.job.with_version(previous))
     new_ctx = replace(ctx, job=ctx.job.with_version(request.version))
+    rescale = rescale_options(request.state_partitions)
+    if rescale and mode != "savepoint":
+        raise UpgradeRefusedError(f"state_partitions needs a savepoint upgrade, not {mode}",
+                                  "use mode savepoint (--mode savepoint), or leave state_partitions out")
+    checked = _check_first(ctx, request, mode, submit_for, log_dir)
     ctx.log(f"upgrading job {ctx.job.name} from version {previous.hash} to {request.version.hash} ({mode})")
     stopped = lifecycle.stop(old_ctx, grace=request.grace, inflight_wait=request.inflight_wait)
     if mode == "last-state" and (stopped["consistency"] != "clean" or stopped["stop_method"] != "cooperative"):
         ctx.log(f"the stop was not clean ({stopped['stop_method']}, {stopped['consistency']}): using its savepoint")
         mode = "savepoint"
     kwargs = _start_kwargs(ctx, mode, stopped)
+    if "pointer" in kwargs:  # restored (rescaled if asked) as the check's copy was
+        kwargs.update(rescale)
     summary = {"job": ctx.job.name, "mode": mode, "from_version": previous.model_dump(),
                "to_version": request.version.model_dump(), "stop_savepoint": stopped["pointer"],
-               "stop_batch": stopped["batch_id"]}
+               "stop_batch": stopped["batch_id"], "check": checked}
     try:
         started = _start_healthy(new_ctx, kwargs, request, submit_for, log_dir,
                                  None if mode == "stateless" else stopped["batch_id"])

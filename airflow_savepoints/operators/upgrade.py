@@ -37,6 +37,21 @@ def _parsed(value: Any, kind: type, what: str) -> Any:
     return value or None
 
 
+def _automatic_or_flag(value: Any) -> bool | None:
+    """None for "automatic" (None, empty, "auto", a rendered None), else the flag's value."""
+    return None if str(value).strip().lower() in ("", "none", "auto") else rendered_flag(value)
+
+
+def _count_or_none(value: Any, what: str) -> int | None:
+    """A whole number given as such or rendered from a Param; None when empty."""
+    if value in (None, "", "None"):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} must be a whole number, not {value!r}", f"e.g. {what}=4") from exc
+
+
 class UpgradeJobOperator(_JobOperator):
     """Stop the job, start its new version, wait until it is healthy, else roll back and fail.
 
@@ -49,16 +64,23 @@ class UpgradeJobOperator(_JobOperator):
     :param health_timeout: seconds for the new version to commit a batch past the stop batch
     :param rollback: start the previous version again when the new one is not healthy (default)
     :param grace: seconds for a run to stop between batches before it is forced
+    :param check_first: before anything stops, run the new version for one batch on a scratch copy of the
+        state with a noop sink and refuse the upgrade if it fails (``jobs/check.py``); None (or "auto"):
+        only in savepoint mode (templated)
+    :param check_timeout: seconds for the check's batch
+    :param state_partitions: restore the state with this many state partitions (the check's copy too) (templated)
     """
 
     template_fields: Sequence[str] = savepoints_template_fields(
         "job", "application", "application_args", "spark_conf", "mode", "fallback_to_savepoint", "allow_stateless",
-        "health_timeout")
+        "health_timeout", "check_first", "state_partitions")
 
     def __init__(self, *, application: str | None = None, application_args: list[str] | str | None = None,
                  spark_conf: dict[str, str] | str | None = None, mode: str | None = None,
                  fallback_to_savepoint: bool | str = False, allow_stateless: bool | str = False,
-                 health_timeout: float | str = 300, rollback: bool = True, grace: float = 60, **kwargs: Any) -> None:
+                 health_timeout: float | str = 300, rollback: bool = True, grace: float = 60,
+                 check_first: bool | str | None = None, check_timeout: float = 300,
+                 state_partitions: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.application = application
         self.application_args = application_args
@@ -69,6 +91,9 @@ class UpgradeJobOperator(_JobOperator):
         self.health_timeout = health_timeout
         self.rollback = rollback
         self.grace = grace
+        self.check_first = check_first
+        self.check_timeout = check_timeout
+        self.state_partitions = state_partitions
 
     def execute(self, context: Context) -> dict[str, Any]:
         ctx = self.job_context()
@@ -77,6 +102,8 @@ class UpgradeJobOperator(_JobOperator):
                               _parsed(self.spark_conf, dict, "spark_conf"))
         request = UpgradeRequest(version=version, mode=self.mode or None, health_timeout=float(self.health_timeout),
                                  fallback_to_savepoint=rendered_flag(self.fallback_to_savepoint),
-                                 allow_stateless=rendered_flag(self.allow_stateless), rollback=self.rollback, grace=self.grace)
+                                 allow_stateless=rendered_flag(self.allow_stateless), rollback=self.rollback, grace=self.grace,
+                                 check_first=_automatic_or_flag(self.check_first), check_timeout=self.check_timeout,
+                                 state_partitions=_count_or_none(self.state_partitions, "state_partitions"))
         return upgrade(ctx, request, submit_for=lambda job: SparkStreamingJobHook(job).submit_command,
                        log_dir=self.log_dir())

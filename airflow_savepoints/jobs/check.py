@@ -1,0 +1,245 @@
+"""Check an upgrade before anything stops: the new version runs one batch on a scratch copy of the
+running version's state, with its sink replaced by Spark's ``noop`` sink.
+
+:func:`check_upgrade` (Airflow's side; the CLI's ``job check`` and ``UpgradeJobOperator(check_first=...)``):
+
+1. takes a ``manual`` savepoint (reason ``upgrade check``) of the running version's live checkpoint,
+   as any trigger does (retention treats it as any manual savepoint: ``max_manual`` bounds them);
+2. restores it (hard links where the store allows) into ``<savepoint dir>/<job>/_check/<check id>/checkpoint``,
+   a scratch folder of its own: never inside a savepoint, never the live checkpoint;
+3. submits the new version on that copy in *check mode*: the Spark conf ``spark.savepoints.check``
+   (and, for a driver on this host, the environment variable ``SAVEPOINTS_CHECK``) names the scratch
+   folder. The in-job helper (:mod:`airflow_savepoints.jobs.control`) then swaps every streaming
+   sink the driver starts for ``noop``, takes no run lease and writes no heartbeat (the check never
+   looks like a second run), waits for the first batch past the savepoint's to commit or fail, and
+   writes ``result.json`` beside the copy;
+4. ends the check's driver and deletes the scratch folder, and only it.
+
+A failure (incompatible state schema, a stateful operator added or removed, a partition count
+mismatch, an exception in the batch) raises :class:`UpgradeCheckFailedError` with Spark's own
+message. The running version is never touched: same run, no stop request, its lease untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
+from airflow_savepoints.core.names import CHECK_FOLDER, CHECK_RESULT_FILE
+from airflow_savepoints.core.restore import RestoreRequest
+from airflow_savepoints.errors import (
+    SavepointInFlightError,
+    UpgradeCheckFailedError,
+    UpgradeCheckTimeoutError,
+    UpgradeRefusedError,
+)
+from airflow_savepoints.jobs import lifecycle
+from airflow_savepoints.jobs.control import CHECK_CONF, CHECK_ENV, CHECKPOINT_CONF, new_run_id
+from airflow_savepoints.jobs.launcher import JobRun, checkpoint_progress, log_tail, start_detached
+from airflow_savepoints.jobs.model import JobVersion, StreamingJob
+from airflow_savepoints.jobs.runners import LocalRunner, runner_for
+from airflow_savepoints.storage import Store
+
+CHECK_AFTER_CONF = "spark.savepoints.check.afterBatch"  # the restored batch: the check waits for one past it
+CHECK_TIMEOUT_CONF = "spark.savepoints.check.timeout"  # seconds the driver waits for that batch
+CHECK_REASON = "upgrade check"
+DRIVER_START_ALLOWANCE = 60.0  # seconds the check's driver may take to start, on top of its timeout
+SPARK_PLAN_MARKER = "\n=== Streaming Query ==="  # Spark's message ends with the query's plan: left out
+
+SubmitCommand = Callable[[str, dict[str, str]], list[str]]
+
+
+# --- the driver's side (imported by jobs/control.py in a check run) -----------------------------------
+_SWAPPED: set[str] = set()  # ids of the queries this driver started with the noop sink
+
+
+def install_noop_sink() -> None:
+    """From now on every ``writeStream.start()`` / ``toTable()`` of this driver writes to Spark's
+    ``noop`` sink (a foreach, foreachBatch, file or table sink alike: ``format`` is the last word on
+    the JVM writer), keeping its trigger, output mode and name. Its checkpoint location becomes the
+    check's scratch copy (``spark.savepoints.checkpoint``) whatever the application passes, so a
+    check never runs on the live checkpoint (a second query of the driver then finds the copy in use
+    and fails)."""
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    if getattr(DataStreamWriter.start, "_savepoints_check", False):
+        return
+    original = DataStreamWriter.start
+
+    def start(self, path=None, format=None, outputMode=None, partitionBy=None, queryName=None, **options):
+        self.partitionBy()  # the noop sink takes no partitioning
+        if scratch := self._spark.conf.get(CHECKPOINT_CONF, None):
+            options["checkpointLocation"] = scratch
+        query = original(self, None, "noop", outputMode, None, queryName, **options)
+        _SWAPPED.add(str(query.id))
+        return query
+
+    def to_table(self, tableName, format=None, outputMode=None, partitionBy=None, queryName=None, **options):
+        return start(self, None, None, outputMode, None, queryName, **options)
+
+    start._savepoints_check = True
+    DataStreamWriter.start = start
+    DataStreamWriter.toTable = to_table
+
+
+def spark_message(error: BaseException) -> str:
+    """Spark's message of a failed query, without the plan it appends."""
+    return str(error).split(SPARK_PLAN_MARKER, 1)[0].strip()[:4000]
+
+
+def run_check(query, spark, folder_url: str, poll: float = 0.5) -> dict[str, Any]:
+    """In a check run, instead of waiting for ``query`` forever: wait until it commits a batch past
+    the restored one, fails, or the check's timeout passes; stop it and write the outcome to
+    ``result.json`` in the scratch folder. Never raises for the query's failure: it is the result."""
+    after = int(spark.conf.get(CHECK_AFTER_CONF, "-1"))
+    deadline = time.monotonic() + float(spark.conf.get(CHECK_TIMEOUT_CONF, "300"))
+    checkpoint = Store(spark.conf.get(CHECKPOINT_CONF))
+    result: dict[str, Any] | None = None
+    if str(query.id) not in _SWAPPED:
+        result = {"outcome": "failed", "error": "the query was started before its sink could be swapped for noop: "
+                  "import airflow_savepoints.jobs.control (or call claim_run) before starting it"}
+    while result is None:
+        try:
+            ended = query.awaitTermination(poll)
+        except Exception as exc:  # noqa: BLE001 - the query's failure is what the check reports
+            result = {"outcome": "failed", "error": spark_message(exc)}
+            break
+        batch, _ = checkpoint_progress(checkpoint)
+        if batch is not None and batch > after:
+            result = {"outcome": "passed", "batch_id": batch}
+        elif ended:
+            result = {"outcome": "failed", "error": "the query ended before it committed a batch"}
+        elif time.monotonic() >= deadline:
+            result = {"outcome": "no_batch", "error": f"no batch past {after} was committed in time"}
+    query.stop()
+    result = {**result, "query_id": str(query.id), "application_id": spark.sparkContext.applicationId,
+              "spark_version": spark.version, "finished_at": datetime.now(UTC).isoformat()}
+    Store(folder_url).write_bytes_atomic(CHECK_RESULT_FILE, json.dumps(result, indent=1).encode())
+    return result
+
+
+# --- Airflow's side ---------------------------------------------------------------------------------
+def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for: Callable[[StreamingJob], SubmitCommand],
+                  log_dir: Path, timeout: float = 300, state_partitions: int | None = None,
+                  inflight_wait: float = 300, grace: float = 30) -> dict[str, Any]:
+    """Run ``version`` of the running job for one batch on a scratch copy of its state (see the
+    module's description). Returns what was checked; raises :class:`UpgradeRefusedError` before
+    anything is written, :class:`UpgradeCheckFailedError` (Spark's message) when the version fails.
+
+    ``timeout``: seconds for the new version's driver to commit its batch (it needs input past the
+    savepoint's batch); the driver gets :data:`DRIVER_START_ALLOWANCE` seconds more to start.
+    ``state_partitions``: the check runs on the copy rescaled to that many state partitions (passed
+    to the restore only when given)."""
+    job = ctx.job
+    state = lifecycle.status(ctx)
+    if not state.live or not state.checkpoint:
+        raise UpgradeRefusedError(f"job '{job.name}' is {state.state}, not running: nothing to check",
+                                  "start it first; a stopped job is upgraded by starting the new version")
+    if not state.helper:
+        raise UpgradeRefusedError(
+            f"job '{job.name}' runs without the in-job helper (no heartbeats): its check could not swap the sink",
+            "call airflow_savepoints.jobs.control.run_until_stopped in the job, or upgrade without the check")
+    restore_options = rescale_options(state_partitions)
+    started = time.monotonic()
+    saved = _take_check_savepoint(ctx, state, inflight_wait)
+    scratch = ctx.folder.child(CHECK_FOLDER).child(new_run_id())
+    checkpoint = scratch.child("checkpoint")
+    new_job = job.with_version(version)
+    run: JobRun | None = None
+    ctx.log(f"checking version {version.hash} of job {job.name} on savepoint {saved.pointer} "
+            f"(batch {saved.manifest.batch_id}) in {scratch.url}")
+    try:
+        restored = restore_savepoint(saved.pointer, checkpoint.url, storage_options=ctx.root.storage_options,
+                                     target_storage_options=ctx.root.storage_options, **restore_options)
+        conf = {**restored.spark_conf_to_set, CHECK_CONF: scratch.url, CHECK_AFTER_CONF: str(restored.batch_id),
+                CHECK_TIMEOUT_CONF: str(timeout), CHECKPOINT_CONF: checkpoint.url}
+        run = start_detached(f"{job.name}-check", submit_for(new_job)(checkpoint.url, conf), checkpoint, scratch,
+                             log_dir, env={CHECK_ENV: scratch.url}, master=new_job.master, master_ui=new_job.master_ui,
+                             version=version.model_dump())
+        result = _wait_for_result(scratch, run, timeout + DRIVER_START_ALLOWANCE)
+    finally:
+        if run is not None:
+            _end_check_run(run, grace)
+        ctx.folder.child(CHECK_FOLDER).remove_tree(scratch.name)
+    summary = {"job": job.name, "outcome": result["outcome"], "run_id": state.run_id,
+               "from_version": state.version, "to_version": version.model_dump(), "savepoint": saved.pointer,
+               "savepoint_batch": saved.manifest.batch_id, "restored_batch": restored.batch_id,
+               "checked_batch": result.get("batch_id"), "state_partitions": state_partitions,
+               "scratch": scratch.url, "log_file": run.log_file, "duration_s": round(time.monotonic() - started, 1)}
+    if result["outcome"] == "passed":
+        ctx.log(f"version {version.hash} of job {job.name} committed batch {result['batch_id']} on the copy: check passed")
+        return summary
+    kept = f"the running version (run {state.run_id}) was left untouched; the check's log: {run.log_file}"
+    if result["outcome"] == "no_batch":
+        raise UpgradeCheckTimeoutError(
+            f"version {version.hash} of job '{job.name}' committed no batch past {restored.batch_id} within "
+            f"{timeout:.0f}s on the state of savepoint {saved.pointer}: {result['error']}; {kept}",
+            "give the check more time (check_timeout, --timeout); it needs input that arrived after the savepoint")
+    raise UpgradeCheckFailedError(
+        f"version {version.hash} of job '{job.name}' fails on the state of batch {restored.batch_id} (savepoint "
+        f"{saved.pointer}): {result['error']}\n{kept}",
+        "fix the new version (Spark's message says what does not match), then check or upgrade again")
+
+
+def rescale_options(state_partitions: int | None) -> dict[str, Any]:
+    """The restore's keyword for ``state_partitions`` (none when not given); refused where restore cannot rescale."""
+    if state_partitions is None:
+        return {}
+    if "state_partitions" not in RestoreRequest.model_fields:
+        raise UpgradeRefusedError("this version of airflow-savepoints cannot restore with state_partitions",
+                                  "leave state_partitions (--state-partitions) out, or upgrade airflow-savepoints")
+    return {"state_partitions": state_partitions}
+
+
+def _take_check_savepoint(ctx: lifecycle.JobContext, state: lifecycle.JobState, inflight_wait: float):
+    """A manual savepoint of the running version's live checkpoint; one in flight is waited for."""
+    deadline = time.monotonic() + inflight_wait
+    while True:
+        try:
+            return take_savepoint(ctx.checkpoint(state.checkpoint), ctx.job.name, savepoint_dir=ctx.root,
+                                  savepoint_type=SavepointType.MANUAL, reason=CHECK_REASON,
+                                  spark_version=state.spark_version,
+                                  job_version=state.version or ctx.job.version().model_dump())
+        except SavepointInFlightError:
+            if time.monotonic() >= deadline:
+                raise
+            lifecycle.wait_for_savepoint_in_flight(ctx, max(deadline - time.monotonic(), 1))
+
+
+def _read_result(scratch: Store) -> dict[str, Any] | None:
+    try:
+        value = json.loads(scratch.read_bytes(CHECK_RESULT_FILE))
+    except (FileNotFoundError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 0.5) -> dict[str, Any]:
+    """The check driver's ``result.json``; a failure when it exits without one or is not done in time."""
+    deadline = time.monotonic() + timeout
+    while (result := _read_result(scratch)) is None:
+        if LocalRunner().status(run.target()).state == "ended":
+            return _read_result(scratch) or {
+                "outcome": "failed", "error": f"its driver exited before it checked a batch; last log lines:\n"
+                                              f"{log_tail(run.log_file)}"}
+        if time.monotonic() >= deadline:
+            return {"outcome": "no_batch", "error": f"its driver gave no answer within {timeout:.0f}s"}
+        time.sleep(poll)
+    return result
+
+
+def _end_check_run(run: JobRun, grace: float) -> None:
+    """Let the check's driver exit by itself (it stops its query after the check), else end it through its runner."""
+    target = run.target()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and LocalRunner().status(target).state == "running":
+        time.sleep(0.2)
+    runner = runner_for(run.master)
+    runner.kill(target, grace)
+    if not isinstance(runner, LocalRunner) and target.pid:
+        LocalRunner().kill(target, grace)

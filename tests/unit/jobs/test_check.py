@@ -1,0 +1,47 @@
+"""The upgrade check's parts without Spark: its refusals (nothing written), Spark's message, check_first."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_savepoints.errors import UpgradeRefusedError
+from airflow_savepoints.jobs import StreamingJob
+from airflow_savepoints.jobs.check import check_upgrade, spark_message
+from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.operators.upgrade import _automatic_or_flag
+from airflow_savepoints.storage import Store
+
+
+def test_a_job_that_does_not_run_is_refused_and_nothing_is_written(tmp_path):
+    job = StreamingJob(name="j", application="app.py", checkpoint=str(tmp_path / "cp"),
+                       savepoint_dir=str(tmp_path / "savepoints"))
+    with pytest.raises(UpgradeRefusedError, match="not_started, not running: nothing to check"):
+        check_upgrade(JobContext(job, Store(job.savepoint_dir)), job.version(), submit_for=lambda j: None,
+                      log_dir=tmp_path / "logs")
+    assert not (tmp_path / "savepoints").exists() and not (tmp_path / "logs").exists()
+
+
+def test_spark_message_leaves_the_plan_out():
+    error = RuntimeError("[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match.\n"
+                         "=== Streaming Query ===\nIdentifier: [id = 1]\nLogical Plan: ...")
+    assert spark_message(error) == "[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match."
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, None), ("", None), ("auto", None), ("None", None),
+                                                 (True, True), ("true", True), ("False", False), (False, False)])
+def test_check_first_auto_or_a_flag(value, expected):
+    assert _automatic_or_flag(value) is expected
+
+
+def test_state_partitions_go_to_the_restore_only_when_given():
+    """Without state_partitions the restore gets no such keyword; with it, the restore's own field
+    (or, where restore cannot rescale yet, a refusal before anything is written)."""
+    from airflow_savepoints.core.restore import RestoreRequest
+    from airflow_savepoints.jobs.check import rescale_options
+
+    assert rescale_options(None) == {}
+    if "state_partitions" in RestoreRequest.model_fields:
+        assert rescale_options(4) == {"state_partitions": 4}
+    else:
+        with pytest.raises(UpgradeRefusedError, match="cannot restore with state_partitions"):
+            rescale_options(4)
