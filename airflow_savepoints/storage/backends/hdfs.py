@@ -38,7 +38,8 @@ class HdfsBackend(FsspecBackend):
 
     credentials_hint: ClassVar[str] = "run kinit (Kerberos), or set HADOOP_USER_NAME (simple authentication)"
     error_hint: ClassVar[str] = ("check the NameNode in the URL (hdfs://namenode:8020/path) or the Hadoop configuration "
-                                 "(HADOOP_CONF_DIR), and that the NameNode and DataNodes are up")
+                                 "(HADOOP_CONF_DIR), and that the NameNode and DataNodes are up; pyarrow's client "
+                                 "(without hdfs-native) needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)")
 
     @classmethod
     def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +91,13 @@ class HdfsBackend(FsspecBackend):
                     if not status.isdir and status.path.startswith(prefix)}
         except FileNotFoundError:
             return {}
+
+    def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
+        """hdfs-native's reader reads the sizes asked for (with ``block_size`` it wraps itself in an
+        ``io.BufferedReader``, which its reader cannot serve)."""
+        if self.native is None:
+            return super().open_read(path, block_size)
+        return self.fs.open(path, "rb"), None
 
     def open_write(self, path: str) -> IO[bytes]:
         """A writer of ``path`` with the cluster's block size (hdfs-native takes ``block_size`` as the HDFS block's)."""
@@ -149,6 +157,10 @@ class HdfsBackend(FsspecBackend):
         try:
             self._rename(tmp, path, False)
             return True
+        except FileExistsError:  # the NameNode's refusal (hdfs-native): taken, even if released since
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(tmp)
+            return False
         except Exception:
             if not self.fs.exists(tmp):  # renamed, and the answer was lost: ours if it holds our bytes
                 with contextlib.suppress(FileNotFoundError):
@@ -166,7 +178,6 @@ def _native_stat(millis: int, size: int) -> FileStat:
     return FileStat(size=size, version=f"{millis}:{size}", modified=millis / 1000)
 
 
-@functools.cache
 def _native_class() -> bool:
     """Whether fsspec serves ``hdfs://`` with hdfs-native (it registers itself through its entry point)."""
     try:
