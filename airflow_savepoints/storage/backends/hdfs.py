@@ -36,7 +36,7 @@ WEBHDFS_PORT = 9870  # dfs.namenode.http-address's default port since Hadoop 3
 class HdfsBackend(FsspecBackend):
     """HDFS: hdfs-native's client (data, listings, the atomic renames); else pyarrow's, with WebHDFS for the renames."""
 
-    credentials_hint: ClassVar[str] = "run kinit (Kerberos), or set HADOOP_USER_NAME (simple authentication)"
+    credentials_hint: ClassVar[str] = "run kinit (Kerberos), or check the user the NameNode sees and its permissions"
     error_hint: ClassVar[str] = ("check the NameNode in the URL (hdfs://namenode:8020/path) or the Hadoop configuration "
                                  "(HADOOP_CONF_DIR), and that the NameNode and DataNodes are up; pyarrow's client "
                                  "(without hdfs-native) needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)")
