@@ -68,15 +68,16 @@ node-deps:
 azurite:
 	npm install --prefix .tools/azurite --no-audit --no-fund --no-save --silent azurite@$(AZURITE_VERSION)
 
-# Jars from Maven Central for the tests on real production parts (tests/support/kafka.py, tests/test_s3a.py): a Kafka
-# broker (KRaft), Spark's Kafka connector at the installed pyspark's version, hadoop-aws with the AWS SDK modules s3a uses. Each set is fetched once with `mvn dependency:copy-dependencies`
+# Jars from Maven Central for the tests on real production parts (tests/support/kafka.py, tests/test_s3a.py,
+# tests/support/hdfs.py): a Kafka broker (KRaft), Spark's Kafka connector at the installed pyspark's version, hadoop-aws
+# with the AWS SDK modules s3a uses, Hadoop's NameNode and DataNode (hadoop-hdfs, 68 MB). Each set is fetched once with `mvn dependency:copy-dependencies`
 # (its pom in tests/support/jars/) into .tools/jars/<set>, Maven's own cache in .tools/m2; a set already there is
 # skipped. Without Maven those tests are skipped with the reason.
-JAR_SETS := kafka-broker spark-kafka s3a
+JAR_SETS := kafka-broker spark-kafka s3a hdfs
 MVN := mvn -q -B -Dmaven.repo.local=$(CURDIR)/.tools/m2
 
 jars:
-	@if ! command -v mvn >/dev/null; then echo "note: no Maven: the Kafka and s3a tests will be skipped"; exit 0; fi; \
+	@if ! command -v mvn >/dev/null; then echo "note: no Maven: the Kafka, s3a and HDFS tests will be skipped"; exit 0; fi; \
 	for set in $(JAR_SETS); do \
 		[ -f .tools/jars/$$set/.complete ] && continue; \
 		rm -rf .tools/jars/$$set && \

@@ -220,5 +220,7 @@ def without_cloud_backends(monkeypatch):
             monkeypatch.delitem(registry, protocol)
 
 
-# One Kafka broker (KRaft) per session and a fresh topic per test (tests/support/kafka.py).
+# One NameNode and DataNode per session and a fresh folder per test (tests/support/hdfs.py);
+# one Kafka broker (KRaft) per session and a fresh topic per test (tests/support/kafka.py).
+from tests.support.hdfs import hdfs_namenode, hdfs_root  # noqa: E402, F401
 from tests.support.kafka import kafka_broker, kafka_topic  # noqa: E402, F401

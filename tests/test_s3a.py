@@ -37,7 +37,16 @@ def s3a(spark, s3_endpoint, s3):
 
 @pytest.mark.parametrize("name", ["aggregation_hdfs", "rocksdb_v2"])
 def test_a_query_running_on_s3a_is_savepointed_restored_to_new_s3_and_continued(spark, s3a, name, tmp_path):
-    shape, bucket = SHAPES[name], f"s3a://{s3a}"
+    savepointed_while_running_restored_and_continued(spark, name, f"s3a://{s3a}", tmp_path)
+
+
+def savepointed_while_running_restored_and_continued(spark, name: str, base: str, tmp_path, batches_savepointed: int = 2) \
+        -> None:
+    """A query of shape ``name`` with its checkpoint below ``base`` (a URL Spark and the store both
+    reach): savepoints taken while it commits (of at least ``batches_savepointed`` different batches),
+    the last restored below ``base`` and continued there; its sink equals an uninterrupted run's.
+    Shared by tests/test_hdfs.py."""
+    shape, bucket = SHAPES[name], base
     reference_sink = tmp_path / "reference-sink"
     shape.write_input(tmp_path / "reference-input", 0, ALL_FILES)
     reference = shape.start(spark, tmp_path / "reference-input", str(tmp_path / "reference-checkpoint"), reference_sink)
@@ -55,8 +64,8 @@ def test_a_query_running_on_s3a_is_savepointed_restored_to_new_s3_and_continued(
         wait_for_batch(query, FIRST_FILES - 1)
     finally:
         query.stop()
-    assert Store(checkpoint).isfile("commits/0")  # the checkpoint really is on S3
-    assert len(taken) >= 2 and len({info.manifest.batch_id for info in taken}) >= 2
+    assert Store(checkpoint).isfile("commits/0")  # the checkpoint really is on the store
+    assert len({info.manifest.batch_id for info in taken}) >= batches_savepointed
     for info in taken:
         verify_savepoint(info.pointer)
     info = taken[-1]
@@ -74,4 +83,4 @@ def test_a_query_running_on_s3a_is_savepointed_restored_to_new_s3_and_continued(
     restored = shape.read_sink(restored_sink)
     assert min(restored) == n + 1
     assert {b: rows for b, rows in shape.read_sink(sink).items() if b <= n} | restored == shape.read_sink(reference_sink)
-    assert Store(restored_checkpoint).isfile(f"commits/{max(restored)}")  # it went on committing on S3
+    assert Store(restored_checkpoint).isfile(f"commits/{max(restored)}")  # it went on committing there

@@ -2,7 +2,7 @@
 own client, race for one job's lease; exactly one wins and the lease holds its bytes. The same 10
 then each record a savepoint in the job's catalog at once (read-modify-write under the catalog
 lock): all 10 records are there, none lost (local disk, moto's S3 server, fake-gcs-server,
-Azurite; a process spawns in seconds, hence slow)."""
+Azurite, a NameNode through hdfs-native; a process spawns in seconds, hence slow)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from airflow_savepoints.core.catalog import Catalog, SavepointState
 from airflow_savepoints.core.models import SavepointType
 from airflow_savepoints.core.names import CATALOG_LOCK
 from airflow_savepoints.storage import Store
-from tests.unit.storage.test_backends import AZURE, EMULATED, GCS, S3
+from tests.unit.storage.test_backends import AZURE, EMULATED, GCS, HDFS, S3
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def _race_for_lease(url: str, racer: int, barrier, wins) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("folder", ["local", S3, GCS, AZURE], indirect=True)
+@pytest.mark.parametrize("folder", ["local", S3, GCS, AZURE, HDFS], indirect=True)
 def test_ten_processes_racing_for_a_lease_have_one_winner_and_lose_no_catalog_update(folder):
     context = multiprocessing.get_context("spawn")  # each racer its own client and connections
     barrier, wins = context.Barrier(10), context.Queue()

@@ -1,39 +1,52 @@
-"""HDFS (``hdfs://``) through pyarrow's HadoopFileSystem, as fsspec serves it.
+"""HDFS (``hdfs://``) through hdfs-native's fsspec filesystem (the ``hdfs`` extra), or pyarrow's.
 
-pyarrow offers no create-if-absent: its output streams overwrite, and its ``move`` deletes an
-existing target and renames again. So an exclusive create (the lease, the catalog) writes the file
-complete under a temporary name and renames it with the NameNode's own rename that refuses an
-existing target: WebHDFS ``op=RENAME&renameoptions=NONE`` (``FileContext.rename`` with
-``Options.Rename.NONE``, as Spark's checkpoint file manager commits its files). One NameNode
-operation decides it, so two workers never both win, and a reader never sees a half-written file.
-An atomic write (the catalog, a renewed lease) renames the same way with ``OVERWRITE``: the file
-is replaced in one operation, never missing in between.
+hdfs-native speaks the NameNode's RPC protocol itself (Rust: no JVM, no libhdfs). An exclusive create
+(the lease, the catalog) writes the file complete under a temporary name and renames it with the
+NameNode's ``rename2`` without ``OVERWRITE``, which refuses an existing target (as Spark's checkpoint
+file manager commits its files through ``FileContext.rename``): one NameNode operation decides it, so
+two workers never both win, and a reader never sees a half-written file. An atomic write (the catalog,
+a renewed lease) is the same rename with ``OVERWRITE``: replaced in one operation, never missing in
+between. A listing is one recursive ``getListing`` walk on the NameNode; HDFS has no server-side copy,
+so savepoints stream their files (read from the DataNodes, written back).
 
-The WebHDFS address of an ``hdfs://`` store is its storage option ``webhdfs`` (the keyword arguments
-of fsspec's ``WebHDFS``: ``host``, ``port``, ``use_https``, ``kerberos``, ...); without it, the
-``host`` option with port 9870, Hadoop 3's default NameNode HTTP port. Not tested here: this
-machine has no Hadoop (docs/reliability.md).
+Where only pyarrow's client is installed (it needs Hadoop's native libhdfs), the data goes through
+it and the two renames through WebHDFS (``op=RENAME&renameoptions=NONE|OVERWRITE``): the storage
+option ``webhdfs`` (the keyword arguments of fsspec's ``WebHDFS``: ``host``, ``port``, ``use_https``,
+``kerberos``, ...), else the ``host`` option with port 9870, Hadoop 3's default NameNode HTTP port.
+
+Tested against a real NameNode and DataNode (Hadoop 3.5.0, the version in pyspark's jars) with
+hdfs-native 0.14 (tests/test_hdfs.py); pyarrow's client is not (no libhdfs here: docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 import fsspec
 
 from airflow_savepoints.errors import AtomicCreateUnavailableError, InvalidPathError
+from airflow_savepoints.storage.backends.base import FileStat
 from airflow_savepoints.storage.backends.generic import FsspecBackend, temporary_name
 
 WEBHDFS_PORT = 9870  # dfs.namenode.http-address's default port since Hadoop 3
 
 
 class HdfsBackend(FsspecBackend):
-    """HDFS: data through pyarrow; the renames that must be atomic through WebHDFS."""
+    """HDFS: hdfs-native's client (data, listings, the atomic renames); else pyarrow's, with WebHDFS for the renames."""
 
-    credentials_hint: ClassVar[str] = "run kinit (Kerberos) or set the 'user' storage option"
-    error_hint: ClassVar[str] = "pyarrow's HDFS client needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)"
+    credentials_hint: ClassVar[str] = "run kinit (Kerberos), or check the user the NameNode sees and its permissions"
+    error_hint: ClassVar[str] = ("check the NameNode in the URL (hdfs://namenode:8020/path) or the Hadoop configuration "
+                                 "(HADOOP_CONF_DIR), and that the NameNode and DataNodes are up; pyarrow's client "
+                                 "(without hdfs-native) needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)")
+
+    @classmethod
+    def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """hdfs-native takes its options as Hadoop configuration (strings): the WebHDFS address is pyarrow's only."""
+        if _native_class():
+            return {k: v for k, v in options.items() if k != "webhdfs"}
+        return options
 
     @classmethod
     def location(cls, path: str) -> tuple[str, dict[str, Any]]:
@@ -55,6 +68,41 @@ class HdfsBackend(FsspecBackend):
         authority = "" if not host or host == "default" else f"{host}:{port}" if port else host
         return f"{scheme}://{authority}{path}"
 
+    @property
+    def native(self) -> Any:
+        """hdfs-native's client of the filesystem (None for pyarrow's)."""
+        return getattr(self.fs, "client", None) if type(self.fs).__module__.startswith("hdfs_native") else None
+
+    def file_stat(self, info: dict[str, Any]) -> FileStat:
+        """hdfs-native's entries: ``modification_time`` in milliseconds (with the size, the version token)."""
+        if "modification_time" not in info:
+            return super().file_stat(info)
+        return _native_stat(int(info["modification_time"]), int(info.get("size") or 0))
+
+    def list_files(self, base: str) -> dict[str, FileStat]:
+        """One recursive listing on the NameNode (hdfs-native); pyarrow's: fsspec's walk."""
+        client = self.native
+        if client is None:
+            return super().list_files(base)
+        prefix = self.strip(base).rstrip("/") + "/"
+        try:
+            return {status.path[len(prefix):]: _native_stat(status.modification_time, status.length)
+                    for status in client.list_status(prefix.rstrip("/") or "/", True)
+                    if not status.isdir and status.path.startswith(prefix)}
+        except FileNotFoundError:
+            return {}
+
+    def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
+        """hdfs-native's reader reads the sizes asked for (with ``block_size`` it wraps itself in an
+        ``io.BufferedReader``, which its reader cannot serve)."""
+        if self.native is None:
+            return super().open_read(path, block_size)
+        return self.fs.open(path, "rb"), None
+
+    def open_write(self, path: str) -> IO[bytes]:
+        """A writer of ``path`` with the cluster's block size (hdfs-native takes ``block_size`` as the HDFS block's)."""
+        return self.fs.open(path, "wb") if self.native is not None else super().open_write(path)
+
     @functools.cached_property
     def webhdfs(self) -> Any:
         """The NameNode's WebHDFS client (fsspec's, which brings its Kerberos and proxy settings)."""
@@ -65,37 +113,54 @@ class HdfsBackend(FsspecBackend):
             if not host or host == "default":
                 raise AtomicCreateUnavailableError(
                     "HDFS has no atomic create-if-absent through pyarrow, and no WebHDFS address is set",
-                    "set the storage option webhdfs={'host': '<namenode>', 'port': 9870} (or the 'host' option): "
-                    "the lease and the catalog are created with the NameNode's rename that refuses an "
-                    "existing file")
+                    "install hdfs-native (pip install 'airflow-savepoints[hdfs]'), or set the storage option "
+                    "webhdfs={'host': '<namenode>', 'port': 9870} (or the 'host' option): the lease and the catalog "
+                    "are created with the NameNode's rename that refuses an existing file")
             client.update(host=host, port=client.get("port", WEBHDFS_PORT))
         if "user" not in client and options.get("user"):
             client["user"] = options["user"]
         return fsspec.filesystem("webhdfs", **client)
 
-    def _rename(self, webhdfs: Any, tmp: str, path: str, option: str) -> None:
-        """The NameNode's ``rename2(tmp, path, option)``; raises on a refusal (``_call``: the request
-        every public method of fsspec's WebHDFS makes)."""
-        webhdfs._call("RENAME", method="put", path=tmp, destination="/" + path.lstrip("/"), renameoptions=option)
+    def _rename(self, tmp: str, path: str, overwrite: bool) -> None:
+        """The NameNode's ``rename2(tmp, path, OVERWRITE or NONE)``; raises on a refusal (hdfs-native:
+        ``FileExistsError``). Through WebHDFS, ``_call`` makes the request every public method of
+        fsspec's WebHDFS makes."""
+        client = self.native
+        if client is not None:
+            client.rename(tmp, path, overwrite)
+        else:
+            self.webhdfs._call("RENAME", method="put", path=tmp, destination="/" + path.lstrip("/"),
+                               renameoptions="OVERWRITE" if overwrite else "NONE")
+
+    def _renamer(self) -> None:
+        """Fail before anything is written when the rename cannot be made (pyarrow without a WebHDFS address)."""
+        if self.native is None:
+            self.webhdfs  # noqa: B018 (raises AtomicCreateUnavailableError)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Written whole under a temporary name, then renamed over ``path`` in one NameNode operation
         (pyarrow's ``move`` deletes the target first: a reader could find no file in between)."""
-        webhdfs, tmp = self.webhdfs, temporary_name(path)
+        self._renamer()
+        tmp = temporary_name(path)
         self.fs.pipe_file(tmp, data)
         try:
-            self._rename(webhdfs, tmp, path, "OVERWRITE")
+            self._rename(tmp, path, True)
         except Exception:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(tmp)
             raise
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
-        webhdfs, tmp = self.webhdfs, temporary_name(path)
+        self._renamer()
+        tmp = temporary_name(path)
         self.fs.pipe_file(tmp, data)
         try:
-            self._rename(webhdfs, tmp, path, "NONE")
+            self._rename(tmp, path, False)
             return True
+        except FileExistsError:  # the NameNode's refusal (hdfs-native): taken, even if released since
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(tmp)
+            return False
         except Exception:
             if not self.fs.exists(tmp):  # renamed, and the answer was lost: ours if it holds our bytes
                 with contextlib.suppress(FileNotFoundError):
@@ -103,5 +168,19 @@ class HdfsBackend(FsspecBackend):
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(tmp)
             if self.fs.exists(path):
-                return False  # FileAlreadyExistsException: taken
+                return False  # FileExistsError / FileAlreadyExistsException: taken
             raise
+
+
+def _native_stat(millis: int, size: int) -> FileStat:
+    """A file's entry from hdfs-native's modification time (milliseconds) and length: a replacement
+    (a new file renamed over it) changes the time."""
+    return FileStat(size=size, version=f"{millis}:{size}", modified=millis / 1000)
+
+
+def _native_class() -> bool:
+    """Whether fsspec serves ``hdfs://`` with hdfs-native (it registers itself through its entry point)."""
+    try:
+        return fsspec.get_filesystem_class("hdfs").__module__.startswith("hdfs_native")
+    except (ImportError, ValueError):
+        return False

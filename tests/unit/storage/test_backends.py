@@ -1,5 +1,6 @@
 """The back end contract (storage/backends), kept by each back end on its real store: a local disk,
-moto's S3 server on 127.0.0.1 and fsspec's memory store (the generic object-store back end)."""
+moto's S3 server, fake-gcs-server, Azurite, a NameNode and DataNode (HDFS, through hdfs-native) on
+127.0.0.1, and fsspec's memory store (the generic object-store back end)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ from airflow_savepoints.storage.backends.s3 import SERVER_COPY_MAX, S3Backend, s
 
 S3, GCS, AZURE = (pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs),
                   pytest.param("azure", marks=pytest.mark.azure))
-KINDS = ["local", S3, GCS, AZURE, "memory"]
+HDFS = pytest.param("hdfs", marks=pytest.mark.hdfs)
+KINDS = ["local", S3, GCS, AZURE, HDFS, "memory"]
 EMULATED = {"s3": ("s3://{}/root", "s3"), "gcs": ("gs://{}/root", "gcs_bucket"),
-            "azure": ("abfs://{}/root", "azure_container")}
+            "azure": ("abfs://{}/root", "azure_container"), "hdfs": ("{}/root", "hdfs_root")}
 
 
 @pytest.fixture(params=KINDS)
@@ -112,6 +114,29 @@ def test_copy_methods_are_ordered_cheapest_first_and_end_with_a_stream(s3, tmp_p
     for target, source in ((bucket, local), (local, bucket), (memory, memory), (bucket, elsewhere)):
         assert target.copy_methods(source) == (STREAM,)
     assert local.link_from(bucket, "f", "f") is None and bucket.server_copy_from(local, "f", "f") is None
+
+
+@pytest.mark.hdfs
+def test_hdfs_has_no_server_side_copy_its_files_stream(hdfs_root):
+    """HDFS has no copy operation: a savepoint on the same NameNode streams through the DataNodes."""
+    store = Store(f"{hdfs_root}/sp")
+    store.write_bytes_atomic("f", b"bytes")
+    assert store.copy_methods(store.child("x")) == (STREAM,) == store.copy_methods(Store(f"{hdfs_root}/ckpt"))
+    assert store.server_copy_from(store, "f", "g") is None and store.link_from(store, "f", "g") is None
+    assert not store.exists("g")
+
+
+@pytest.mark.hdfs
+def test_hdfs_creates_exclusively_with_the_namenodes_rename_and_leaves_no_temporary_file(hdfs_root):
+    store = Store(hdfs_root)
+    assert type(store.fs).__module__ == "hdfs_native.fsspec" and store.url == hdfs_root
+    assert store.create_exclusive("job/_lease.json", b"first")
+    assert not store.create_exclusive("job/_lease.json", b"second")  # rename2 without OVERWRITE: refused
+    assert store.create_exclusive("job/_lease.json", b"first") is False  # the file exists: taken, whoever wrote it
+    store.write_bytes_atomic("job/_lease.json", b"renewed")  # rename2 with OVERWRITE
+    assert store.read_bytes("job/_lease.json") == b"renewed" and list(store.list_files()) == ["job/_lease.json"]
+    data, modified = store.read_stamped("job/_lease.json")
+    assert data == b"renewed" and abs(modified - time.time()) < 60  # the NameNode's clock, in seconds
 
 
 def test_a_local_link_is_an_independent_copy_of_the_bytes(tmp_path):
@@ -216,7 +241,7 @@ def test_a_listing_of_folders_only_leaves_files_out(store):
     assert store.listdir("missing", folders_only=True) == []
 
 
-@pytest.mark.parametrize("store", ["local", S3, GCS, AZURE], indirect=True)
+@pytest.mark.parametrize("store", ["local", S3, GCS, AZURE, HDFS], indirect=True)
 def test_version_tokens_change_when_a_file_is_replaced(store):  # fsspec's memory store keeps no versions
     store.write_bytes_atomic("f", b"one")
     before = store.list_files()["f"]

@@ -1,7 +1,8 @@
-"""The HDFS back end without a Hadoop cluster (this machine has none): its URLs, and its exclusive
-create and atomic write where they fail. fsspec's memory store stands in for pyarrow's HDFS client,
-and fsspec's real WebHDFS client is pointed at 127.0.0.1. What needs a NameNode (a rename refused
-because the name is taken, a rename that replaces) is not tested here."""
+"""The HDFS back end without a NameNode: its URLs, and the pyarrow fallback's exclusive create and
+atomic write (WebHDFS renames) where they fail. fsspec's memory store stands in for pyarrow's HDFS
+client (which needs libhdfs), and fsspec's real WebHDFS client is pointed at 127.0.0.1. What needs a
+NameNode (a rename refused because the name is taken, one that replaces, through hdfs-native and
+through WebHDFS) is tested on a real one in tests/test_hdfs.py and tests/unit/storage/test_backends.py."""
 
 from __future__ import annotations
 
@@ -74,10 +75,13 @@ def test_an_unreachable_namenode_fails_the_create_and_leaves_no_temporary_file(r
     assert fs.find(root) == [f"{root}/job/_inflight.json"] and fs.cat_file(f"{root}/job/_inflight.json") == b"theirs"
 
 
-def test_an_hdfs_store_fails_with_a_clear_error_where_pyarrow_finds_no_hadoop():
+def test_an_hdfs_store_fails_with_a_clear_error_where_pyarrow_finds_no_hadoop(monkeypatch):
+    from fsspec.implementations.arrow import HadoopFileSystem
+
+    monkeypatch.setitem(_registry, "hdfs", HadoopFileSystem)  # pyarrow's client, as without hdfs-native
     with pytest.raises(StorageError) as raised:
         Store("hdfs:///sp", {"host": "127.0.0.1", "port": closed_port()}).list_files()
-    assert raised.value.code == "storage_error" and "HADOOP_HOME" in raised.value.hint
+    assert raised.value.code == "storage_error" and "HADOOP_CONF_DIR" in raised.value.hint
 
 
 def test_an_atomic_write_the_namenode_cannot_rename_keeps_the_old_file_and_no_temporary_one(root):

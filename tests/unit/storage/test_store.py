@@ -55,7 +55,7 @@ def test_gs_abfs_and_hdfs_go_to_their_fsspec_backends():
             assert package in str(info.value)
         else:
             assert cls.__module__.startswith(package)
-    assert fsspec.get_filesystem_class("hdfs").__name__ == "HadoopFileSystem"
+    assert fsspec.get_filesystem_class("hdfs").__module__ == "hdfs_native.fsspec"  # the hdfs extra's, by its entry point
 
 
 def test_local_operations_and_root_guard(tmp_path):

@@ -1,0 +1,74 @@
+"""HDFS for real: a NameNode and a DataNode (Hadoop 3.5.0's jars, tests/support/hdfs.py) on 127.0.0.1.
+
+* A query RUNNING with its checkpoint on ``hdfs://`` (Spark's own Hadoop client) is savepointed again
+  and again while its batches commit; the last savepoint is restored into a fresh HDFS folder and the
+  query continued there: its output equals an uninterrupted run's.
+* The lease on the NameNode's clock (acquire, renew, stale, takeover, release) through hdfs-native.
+* The pyarrow fallback's atomic renames through WebHDFS (``op=RENAME``) on the same NameNode.
+
+The back end contract (atomic write, exclusive create between racers, listings, versions, no
+server-side copy) is run on this NameNode by tests/unit/storage/test_backends.py, and the lease and
+catalog race between processes by tests/test_store_races.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import fsspec
+import pytest
+
+from airflow_savepoints.core.lease import Lease, store_now
+from airflow_savepoints.storage import Store
+from airflow_savepoints.storage.backends.hdfs import HdfsBackend
+from tests.test_s3a import savepointed_while_running_restored_and_continued
+
+pytestmark = pytest.mark.hdfs
+
+
+@pytest.mark.slow
+def test_a_query_running_on_hdfs_is_savepointed_restored_to_a_new_folder_and_continued(spark, hdfs_root, tmp_path):
+    spark.sparkContext._jsc.hadoopConfiguration().set("dfs.replication", "1")  # one DataNode
+    # a savepoint here takes ~5 s (hdfs-native closes each file in ~0.5 s): the query commits its
+    # batches meanwhile, so one savepoint (or more) is taken while it runs, not one per batch
+    savepointed_while_running_restored_and_continued(spark, "aggregation_hdfs", hdfs_root, tmp_path, batches_savepointed=1)
+    assert Store(hdfs_root).isfile("savepoints/aggregation_hdfs/_catalog.json")
+
+
+def test_a_lease_on_hdfs_goes_by_the_namenodes_clock_and_its_fencing_token(hdfs_root):
+    store = Store(f"{hdfs_root}/job")
+    assert abs(store_now(store, fresh=True) - time.time()) < 5  # the NameNode's clock: this machine's
+    first = Lease(store, "_lease.json", token="run-1", stale_after=1.5, facts={"host": "a"})
+    assert first.try_acquire() is None
+    assert first.renew(application_id="app-7")
+    state = Lease(store, "_lease.json", stale_after=1.5).read()
+    assert (state.token, state.facts, state.stale) == ("run-1", {"host": "a", "application_id": "app-7"}, False)
+    assert Lease(store, "_lease.json", token="run-2", stale_after=1.5).try_acquire().token == "run-1"  # held
+    time.sleep(2.0)  # first stops renewing: stale by the file's modification time on the NameNode
+    second = Lease(store, "_lease.json", token="run-2", stale_after=1.5)
+    assert second.try_acquire() is None
+    assert first.renew() is False and first.release() is False  # the fencing token tells them apart
+    assert json.loads(store.read_bytes("_lease.json"))["token"] == "run-2"
+    assert second.release() and store.list_files() == {}  # no temporary or break file left
+
+
+class ThroughWebHdfs(HdfsBackend):
+    """The back end as it is with pyarrow's client: its renames through the NameNode's WebHDFS."""
+
+    native = None
+
+    def __init__(self, fs, http_port: int):
+        super().__init__(fs, "hdfs")
+        self.__dict__["webhdfs"] = fsspec.filesystem("webhdfs", host="127.0.0.1", port=http_port, skip_instance_cache=True)
+
+
+def test_the_pyarrow_fallbacks_webhdfs_renames_refuse_a_taken_name_and_replace_in_one_operation(hdfs_namenode, hdfs_root):
+    store = Store(hdfs_root)
+    backend, root = ThroughWebHdfs(store.fs, hdfs_namenode.http_port), store.root
+    assert backend.create_exclusive(f"{root}/job/_lease.json", b"first")
+    assert not backend.create_exclusive(f"{root}/job/_lease.json", b"second")  # renameoptions=NONE: refused
+    backend.write_atomic(f"{root}/job/_catalog.json", b"old")
+    backend.write_atomic(f"{root}/job/_catalog.json", b"new")  # renameoptions=OVERWRITE
+    assert store.read_bytes("job/_lease.json") == b"first" and store.read_bytes("job/_catalog.json") == b"new"
+    assert sorted(store.list_files()) == ["job/_catalog.json", "job/_lease.json"]  # no temporary file left
