@@ -300,6 +300,8 @@ def restore(
     to: Annotated[str, typer.Option("--to", help="A new, empty checkpoint location.")],
     *,
     new_query_id: Annotated[bool, typer.Option(help="Give the restored query a new id (a fork).")] = False,
+    state_partitions: Annotated[int | None, typer.Option(
+        help="Rescale the state into N partitions (Spark 4.2+ with [spark] installed, RocksDB state).")] = None,
     checks: RestoreChecks,
     conn_id: ConnOption = None,
     quiet: QuietFlag = False,
@@ -308,10 +310,16 @@ def restore(
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
     with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
         result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, **dataclasses.asdict(checks),
-                                        storage_options=storage_options(conn_id), on_event=on_event)
+                                        state_partitions=state_partitions, storage_options=storage_options(conn_id),
+                                        on_event=on_event)
     confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
+    scale = ""
+    if state_partitions is not None:
+        counts = ", ".join(f"operator {op}: {result.partitions_before.get(op)} -> {n}" for op, n in result.partitions_after.items())
+        scale = (f"\n  state rescaled ({counts}); Spark's repartition batch {result.repartition_batch_id}" if result.rescaled
+                 else f"\n  the state already has {state_partitions} partitions: restored as is")
     _emit(as_json, result.model_dump(mode="json"),
-          f"[green]restored[/] batch {result.batch_id} into {result.checkpoint} (query {result.query_id})\n"
+          f"[green]restored[/] batch {result.batch_id} into {result.checkpoint} (query {result.query_id}){scale}\n"
           f"  start the query with checkpointLocation={result.checkpoint} and {confs}")
 
 
