@@ -32,7 +32,7 @@ from tests.data.make_spark35_checkpoints import write_input as write_input35
 from tests.support.spark_shapes import DEFAULT_CONF, ROCKS_CHANGELOG, SHAPES, Shape, _stream, run_to_end, wait_for_batch
 
 pytestmark = pytest.mark.slow
-ALL_FILES = 9
+ALL_FILES = 6
 DATA35 = Path(__file__).parent / "data" / "spark35"
 
 
