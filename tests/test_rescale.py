@@ -114,7 +114,10 @@ def test_rescale_round_trip(spark, running_savepoints, name, tmp_path):
     assert result.partitions_before == dict.fromkeys(operators, before)
     assert result.partitions_after == dict.fromkeys(operators, after)
     assert result.dropped_trailing_batch == (n + 1 if info.manifest.includes_next_offsets else None)
-    verify_savepoint(info.pointer)  # Spark rewrote the copy only: every savepoint file still matches
+    linked = [e.path for e in info.manifest.files if e.path.startswith("state/")
+              if (restored / e.path).stat().st_ino == (Path(info.pointer) / e.path).stat().st_ino]
+    assert linked, "the restore hard-linked the state files it copied"
+    verify_savepoint(info.pointer)  # Spark rewrote the copy only, never a linked file in place
 
     query = shape.start(spark, base / "input", str(restored), tmp_path / "sink")
     run_to_end(query)
@@ -199,7 +202,8 @@ def test_failure_in_spark_rewrite_leaves_the_target_empty(spark, running_savepoi
 
     with pytest.raises(RescaleFailedError) as raised:
         restore_savepoint(info.pointer, str(target), state_partitions=5, spark_session=spark, on_event=block_new_partition)
-    assert "repartition" in raised.value.message and raised.value.hint
+    assert "Spark's repartition of" in raised.value.message and "partitionId=4" in raised.value.message  # Spark's own words
+    assert raised.value.code == "rescale_failed" and raised.value.hint
     assert not target.exists() or not [p for p in target.rglob("*") if p.is_file()]
     verify_savepoint(info.pointer)
 
