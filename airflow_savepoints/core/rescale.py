@@ -131,10 +131,11 @@ def spark_version(session: Any = None) -> tuple[int, int]:
 
 
 def repartition(destination: Store, plan: RescalePlan, manifest: SavepointManifest, conf: dict[str, str],
-                spark: Any = None) -> tuple[int, dict[str, int]]:
+                spark: Any = None, file_sink: Store | None = None) -> tuple[int, dict[str, int]]:
     """Run Spark's repartition on the restored copy at ``destination``; the batch it wrote and the partitions after.
 
-    ``conf``: settings Spark does not persist in the checkpoint (its state format), set for the call."""
+    ``conf``: settings Spark does not persist in the checkpoint (its state format), set for the call.
+    ``file_sink``: the job's file sink, given its log entry for the repartition batch (see :func:`_record_in_sink`)."""
     batch = manifest.batch_id + 1
     with _session(spark) as session:
         spark_version(session)
@@ -143,11 +144,30 @@ def repartition(destination: Store, plan: RescalePlan, manifest: SavepointManife
                 session._streamingCheckpointManager.repartition(destination.spark_url_of(), plan.partitions, True)
             except Exception as exc:  # noqa: BLE001 - py4j and pyspark errors: mapped by Spark's error class
                 raise spark_error(exc, destination) from exc
-    listing = destination.list_files()
-    if f"commits/{batch}" not in listing:
-        raise RescaleFailedError(f"Spark's repartition of {destination.url} returned without committing batch {batch}",
-                                 "nothing was restored; retry into a new, empty checkpoint location")
+        listing = destination.list_files()
+        if f"commits/{batch}" not in listing:
+            raise RescaleFailedError(f"Spark's repartition of {destination.url} returned without committing batch {batch}",
+                                     "nothing was restored; retry into a new, empty checkpoint location")
+        if file_sink is not None:
+            _record_in_sink(session, file_sink, batch)
     return batch, formats.state_partitions(listing, version=batch + 1)
+
+
+def _record_in_sink(session: Any, sink: Store, batch: int) -> None:
+    """Give the file sink's ``_spark_metadata`` log an empty entry for the repartition batch, written by
+    Spark's own ``FileStreamSinkLog`` (a compaction batch compacts as Spark would). The sink never sees
+    that batch, and a gap in its log fails the next compaction (``BATCH_METADATA_NOT_FOUND``)."""
+    jvm = session._jvm
+    sinks = jvm.org.apache.spark.sql.execution.streaming.sinks
+    try:
+        log_ = sinks.FileStreamSinkLog(sinks.FileStreamSinkLog.VERSION(), session._jsparkSession,
+                                       sink.spark_url_of("_spark_metadata"), jvm.scala.Option.empty())
+        log_.add(batch, session.sparkContext._gateway.new_array(sinks.SinkFileStatus, 0))
+    except Exception as exc:  # noqa: BLE001 - py4j errors: reported with Spark's message
+        raise RescaleFailedError(
+            f"could not record the repartition batch {batch} in the file sink's log {sink.url_of('_spark_metadata')}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            "nothing was restored; check access to the sink's output folder and retry") from exc
 
 
 def spark_error(exc: BaseException, destination: Store) -> Exception:

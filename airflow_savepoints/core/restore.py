@@ -346,7 +346,8 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
         _check_complete(destination, manifest, rewritten)
         rescaled, after = None, before
         if rescale is not None and not rescale.noop:
-            rescaled, after = repartition(destination, rescale, manifest, spark_conf_to_set(manifest), request.spark_session)
+            rescaled, after = repartition(destination, rescale, manifest, spark_conf_to_set(manifest), request.spark_session,
+                                          _file_sink(request))
     except BaseException:
         _undo(destination, [e.path for e in manifest.files if e.path != MANIFEST_FILE] + _unclaimed(destination))
         raise
@@ -373,6 +374,14 @@ def _copy_checked(location: Store, manifest: SavepointManifest, destination: Sto
         raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
                                 "nothing was restored; retry, or use another savepoint of the job") from exc
     _raise_if([_mismatch(e, copied[e.path].size, copied[e.path].crc) for e in body], location)
+
+
+def _file_sink(request: RestoreRequest) -> Store | None:
+    """The job's file sink (``sink_path`` holding a ``_spark_metadata`` log), if the restore was given one."""
+    if not request.sink_path:
+        return None
+    sink = Store(request.sink_path, request.sink_storage_options)
+    return sink if file_sink_latest_batch(sink) is not None else None
 
 
 def _write_identity(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool) -> str:
