@@ -318,3 +318,20 @@ def test_spark35_savepoint_rescaled_through_one_batch_on_spark4(spark, spark35_s
             expected[row["key"]] = [n + 1, total + row["value"]]
     assert {k: list(v) for k, v in latest.items()} == expected
     assert formats.state_partitions(_state_files(restored), version=_committed(restored) + 1) == {"0": 3}
+
+
+def test_an_upgrade_rescales_only_through_a_savepoint(tmp_path):
+    """``state_partitions`` with another upgrade mode is refused before anything is stopped or written."""
+    import airflow_savepoints.demo.app as demo
+    from airflow_savepoints.jobs import StreamingJob
+    from airflow_savepoints.jobs.lifecycle import JobContext
+    from airflow_savepoints.jobs.upgrade import UpgradeRefusedError, UpgradeRequest, upgrade
+
+    job = StreamingJob(name="demo-dedup", application=demo.__file__, checkpoint=str(tmp_path / "checkpoint"),
+                       savepoint_dir=str(tmp_path / "savepoints"))
+    with pytest.raises(UpgradeRefusedError, match="use mode savepoint"):
+        upgrade(JobContext(job, Store(job.savepoint_dir)), UpgradeRequest(version=job.version(), mode="last-state",
+                state_partitions=4), submit_for=lambda j: None, log_dir=tmp_path)
+    with pytest.raises(InvalidInputError, match="state_partitions"):
+        restore_savepoint("unused", str(tmp_path / "r"), state_partitions="many")
+    assert not (tmp_path / "savepoints").exists() and not (tmp_path / "r").exists()

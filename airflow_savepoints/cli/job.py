@@ -14,7 +14,13 @@ from typing import Annotated, Any
 
 import typer
 
-from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption, option_group, with_option_groups
+from airflow_savepoints.cli.options import (
+    MaxAgeOption,
+    SkipMissingInputOption,
+    StatePartitionsOption,
+    option_group,
+    with_option_groups,
+)
 from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
@@ -121,6 +127,7 @@ class StartFrom:
     fresh: Annotated[bool, typer.Option("--fresh", help="Start with EMPTY state in the job's (empty) checkpoint.")] = False
     max_age: MaxAgeOption = None
     skip_missing_input: SkipMissingInputOption = False
+    state_partitions: StatePartitionsOption = None
     to: Annotated[str | None, typer.Option("--to", help="The new checkpoint location "
                                                         "(default <checkpoint>-<UTC time>).")] = None
 
@@ -148,7 +155,7 @@ def start(
         ctx = target.context(job)
         result = lifecycle.start(ctx, submit_command=_submit_command(ctx), log_dir=_log_dir(log_dir),
                                  pointer=origin.pointer, fresh=origin.fresh, max_age=origin.max_age,
-                                 skip_missing_input=origin.skip_missing_input,
+                                 skip_missing_input=origin.skip_missing_input, state_partitions=origin.state_partitions,
                                  target_checkpoint=origin.to, wait_timeout=wait_timeout)
         return result, (f"[green]started[/] job {job}: run {result['run_id']} (pid {result['pid']} on {result['host']}), "
                         f"first batch {result['first_batch']}\n  checkpoint {result['checkpoint']}\n  log {result['log_file']}")
@@ -272,6 +279,7 @@ class UpgradePolicy:
                                                        "batch.")] = 300
     rollback: Annotated[bool, typer.Option(help="Start the previous version again if the new one is not "
                                                 "healthy.")] = True
+    state_partitions: StatePartitionsOption = None
 
 
 @app.command("upgrade")

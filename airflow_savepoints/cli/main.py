@@ -32,7 +32,13 @@ except ImportError:  # pragma: no cover - older typer on click
 
 from airflow_savepoints import __version__, core
 from airflow_savepoints.cli.job import app as job_commands
-from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption, option_group, with_option_groups
+from airflow_savepoints.cli.options import (
+    MaxAgeOption,
+    SkipMissingInputOption,
+    StatePartitionsOption,
+    option_group,
+    with_option_groups,
+)
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.names import CATALOG_FILE
@@ -300,8 +306,7 @@ def restore(
     to: Annotated[str, typer.Option("--to", help="A new, empty checkpoint location.")],
     *,
     new_query_id: Annotated[bool, typer.Option(help="Give the restored query a new id (a fork).")] = False,
-    state_partitions: Annotated[int | None, typer.Option(
-        help="Rescale the state into N partitions (Spark 4.2+ with [spark] installed, RocksDB state).")] = None,
+    state_partitions: StatePartitionsOption = None,
     checks: RestoreChecks,
     conn_id: ConnOption = None,
     quiet: QuietFlag = False,

@@ -65,6 +65,7 @@ class UpgradeRequest(BaseModel):
     rollback: bool = True
     grace: float = Field(default=60, gt=0)  # seconds for a run to stop between batches before it is forced
     inflight_wait: float = Field(default=300, ge=0)
+    state_partitions: int | None = Field(default=None, ge=1)  # savepoint mode: rescale the state for the new version
 
 
 def new_version(job: StreamingJob, application: str | None = None, application_args: list[str] | None = None,
@@ -97,6 +98,9 @@ def _mode(ctx: JobContext, request: UpgradeRequest, state: lifecycle.JobState) -
     if mode == "stateless" and not request.allow_stateless:
         raise UpgradeRefusedError(f"a stateless upgrade of job '{ctx.job.name}' starts it with EMPTY state",
                                   "pass allow_stateless (--allow-stateless) if that is meant, or use mode savepoint")
+    if request.state_partitions is not None and mode != "savepoint":
+        raise UpgradeRefusedError(f"state_partitions rescales the state through the stop savepoint; mode {mode} has none",
+                                  "use mode savepoint (--mode savepoint) to rescale; nothing was stopped")
     if not state.live:
         raise UpgradeRefusedError(f"job '{ctx.job.name}' is {state.state}, not running: nothing to upgrade",
                                   "start it (restore_from_savepoint, `airflow-savepoints job start`) instead")
@@ -160,6 +164,8 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
         ctx.log(f"the stop was not clean ({stopped['stop_method']}, {stopped['consistency']}): using its savepoint")
         mode = "savepoint"
     kwargs = _start_kwargs(ctx, mode, stopped)
+    if request.state_partitions is not None and "pointer" in kwargs:  # the new version only: a rollback keeps them
+        kwargs["state_partitions"] = request.state_partitions
     summary = {"job": ctx.job.name, "mode": mode, "from_version": previous.model_dump(),
                "to_version": request.version.model_dump(), "stop_savepoint": stopped["pointer"],
                "stop_batch": stopped["batch_id"]}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs.upgrade import UpgradeRequest, new_version, upgrade
-from airflow_savepoints.operators.base import rendered_flag, savepoints_template_fields
+from airflow_savepoints.operators.base import rendered_count, rendered_flag, savepoints_template_fields
 from airflow_savepoints.operators.job import _JobOperator
 
 if TYPE_CHECKING:
@@ -49,17 +49,21 @@ class UpgradeJobOperator(_JobOperator):
     :param health_timeout: seconds for the new version to commit a batch past the stop batch
     :param rollback: start the previous version again when the new one is not healthy (default)
     :param grace: seconds for a run to stop between batches before it is forced
+    :param state_partitions: mode ``savepoint``: rescale the state into this many partitions for the new
+        version (templated; Spark 4.2 and pyspark on the worker; a rollback keeps the old count)
     """
 
     template_fields: Sequence[str] = savepoints_template_fields(
         "job", "application", "application_args", "spark_conf", "mode", "fallback_to_savepoint", "allow_stateless",
-        "health_timeout")
+        "health_timeout", "state_partitions")
 
     def __init__(self, *, application: str | None = None, application_args: list[str] | str | None = None,
                  spark_conf: dict[str, str] | str | None = None, mode: str | None = None,
                  fallback_to_savepoint: bool | str = False, allow_stateless: bool | str = False,
-                 health_timeout: float | str = 300, rollback: bool = True, grace: float = 60, **kwargs: Any) -> None:
+                 health_timeout: float | str = 300, rollback: bool = True, grace: float = 60,
+                 state_partitions: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.state_partitions = state_partitions
         self.application = application
         self.application_args = application_args
         self.spark_conf = spark_conf
@@ -77,6 +81,7 @@ class UpgradeJobOperator(_JobOperator):
                               _parsed(self.spark_conf, dict, "spark_conf"))
         request = UpgradeRequest(version=version, mode=self.mode or None, health_timeout=float(self.health_timeout),
                                  fallback_to_savepoint=rendered_flag(self.fallback_to_savepoint),
-                                 allow_stateless=rendered_flag(self.allow_stateless), rollback=self.rollback, grace=self.grace)
+                                 allow_stateless=rendered_flag(self.allow_stateless), rollback=self.rollback, grace=self.grace,
+                                 state_partitions=rendered_count(self.state_partitions, "state_partitions"))
         return upgrade(ctx, request, submit_for=lambda job: SparkStreamingJobHook(job).submit_command,
                        log_dir=self.log_dir())
