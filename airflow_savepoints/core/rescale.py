@@ -5,7 +5,8 @@ this module runs ``StreamingCheckpointManager.repartition`` on the COPY (what Fl
 Spark writes a new batch holding only the state rewritten into N partitions, and the query continues
 after it. The savepoint is never written. What Spark would refuse is refused here before anything
 is copied where the manifest tells (HDFS-backed state, no Spark 4.2); Spark's own refusals keep its
-message under our error codes (its ``STATE_REPARTITION_*`` and ``STATE_REWRITER_*`` error classes). pyspark is imported only here, and only when a rescale is asked.
+message under our error codes (its ``STATE_REPARTITION_*`` and ``STATE_REWRITER_*`` error classes).
+pyspark is imported only here, and only when a rescale is asked.
 """
 
 from __future__ import annotations
