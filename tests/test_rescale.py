@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
+from airflow_savepoints.core.models import RestoreResult
 from airflow_savepoints.core.rescale import RescalePlan, repartition
 from airflow_savepoints.errors import (
     InvalidInputError,
@@ -109,7 +110,13 @@ def test_rescale_round_trip(spark, running_savepoints, name, tmp_path):
     assert operators and info.manifest.state_store.partitions == dict.fromkeys(operators, before)
 
     restored = tmp_path / "restored"
-    result = restore_savepoint(info.pointer, str(restored), state_partitions=after, spark_session=spark)
+    if name == "dedup_watermark":  # through the CLI (in-process: Spark's active session rescales)
+        out = CliRunner().invoke(app, ["restore", info.pointer, "--to", str(restored), "--state-partitions", str(after),
+                                       "--json"])
+        assert out.exit_code == 0, out.output
+        result = RestoreResult.model_validate_json(out.stdout)
+    else:
+        result = restore_savepoint(info.pointer, str(restored), state_partitions=after, spark_session=spark)
     assert result.rescaled and result.repartition_batch_id == n + 1
     assert result.partitions_before == dict.fromkeys(operators, before)
     assert result.partitions_after == dict.fromkeys(operators, after)
