@@ -101,18 +101,27 @@ def _has_operator_metadata(manifest: SavepointManifest, op: str) -> bool:
 
 
 def trailing_files(manifest: SavepointManifest) -> set[str]:
-    """The savepoint's uncommitted batch N+1: ``offsets/N+1`` and the state it wrote (versions past N+1).
+    """The savepoint's uncommitted batch N+1: ``offsets/N+1``, the file-source log entries past batch N's
+    offsets, and the state it wrote (versions past N+1).
 
     Spark's repartition needs the last planned batch committed (else ``LAST_BATCH_FAILED``); leaving the
-    planned batch out makes the copy end at committed N, and its input is read again after the rescale."""
+    planned batch out makes the copy end at committed N, and its input is read again after the rescale
+    (a file source lists the same files again, so the next batch reads what N+1 would have)."""
     if not manifest.includes_next_offsets:
         return set()
     nxt = manifest.batch_id + 1
     drop = {f"offsets/{nxt}", f"offsets/{nxt}{formats.SPARK_SIDECAR_SUFFIX}"}
     for entry in manifest.files:
-        version = formats.state_file_version(entry.path) if entry.path.startswith("state/") else None
-        if version is not None and version > nxt:
-            drop.add(entry.path)
+        if entry.path.startswith("state/"):
+            version = formats.state_file_version(entry.path)
+            if version is not None and version > nxt:
+                drop.add(entry.path)
+        elif entry.path.startswith("sources/") and entry.path.count("/") == 2:
+            _, source, name = entry.path.split("/")
+            match = formats.BATCH_FILE.match(name) or formats.COMPACT_FILE.match(name)
+            logged = formats.file_source_log_offset(manifest.source_offsets.get(source))
+            if match and logged is not None and int(match.group(1)) > logged:
+                drop.add(entry.path)
     return {e.path for e in manifest.files if e.path in drop}
 
 

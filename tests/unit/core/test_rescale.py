@@ -29,7 +29,10 @@ STATE = ["state/0/_metadata/metadata", "state/0/0/3.changelog", "state/0/1/3.cha
 def rocks(provider: str = ROCKSDB, partitions: str = "3", paths: list[str] = STATE, **changes):
     files = [{"path": p, "size": 1, "checksum": "00000000"} for p in ["metadata", "offsets/1", "offsets/2", "offsets/3",
                                                                          *paths]]
+    files += [{"path": p, "size": 1, "checksum": "00000000"} for p in ["sources/0/0", "sources/0/1", "sources/0/2.compact",
+                                                                          "sources/0/3", "sources/1/3"]]
     fields = dict(batch_id=2, includes_next_offsets=True, files=files, total_bytes=len(files),
+                  source_offsets={"0": {"logOffset": 2}, "1": {"kafka": {"0": 7}}},
                   spark_conf={"spark.sql.shuffle.partitions": partitions}, state_store={"provider": provider, "operators": ["0"]})
     return manifest(**{**fields, **changes})
 
@@ -51,7 +54,8 @@ def test_a_new_manifest_reads_in_a_release_that_does_not_know_partitions():
 def test_the_trailing_batch_is_left_out_of_a_rescaled_copy():
     plan = plan_rescale(rocks(), 5, "sp")
     assert not plan.noop and plan.before == {"0": 3} and plan.current == 3
-    assert plan.trailing == {"offsets/3", "state/0/0/4.changelog", "state/0/1/4.changelog", "state/0/2/4.changelog"}
+    assert plan.trailing == {"offsets/3", "state/0/0/4.changelog", "state/0/1/4.changelog", "state/0/2/4.changelog",
+                             "sources/0/3"}  # the file source's log past batch 2's offset; Kafka's folder is kept
     assert trailing_files(rocks(includes_next_offsets=False)) == set()
 
 
