@@ -111,6 +111,7 @@ def trailing_files(manifest: SavepointManifest) -> set[str]:
         return set()
     nxt = manifest.batch_id + 1
     drop = {f"offsets/{nxt}", f"offsets/{nxt}{formats.SPARK_SIDECAR_SUFFIX}"}
+    logs: dict[str, dict[str, int]] = {}  # file source -> its log entries (path -> batch id)
     for entry in manifest.files:
         if entry.path.startswith("state/"):
             version = formats.state_file_version(entry.path)
@@ -118,11 +119,21 @@ def trailing_files(manifest: SavepointManifest) -> set[str]:
                 drop.add(entry.path)
         elif entry.path.startswith("sources/") and entry.path.count("/") == 2:
             _, source, name = entry.path.split("/")
-            match = formats.BATCH_FILE.match(name) or formats.COMPACT_FILE.match(name)
-            logged = formats.file_source_log_offset(manifest.source_offsets.get(source))
-            if match and logged is not None and int(match.group(1)) > logged:
-                drop.add(entry.path)
+            if match := formats.BATCH_FILE.match(name) or formats.COMPACT_FILE.match(name):
+                logs.setdefault(source, {})[entry.path] = int(match.group(1))
+    for source, entries in logs.items():
+        logged = formats.file_source_log_offset(manifest.source_offsets.get(source))
+        if logged is not None and _log_covers(entries, logged):
+            drop.update(path for path, batch in entries.items() if batch > logged)
     return {e.path for e in manifest.files if e.path in drop}
+
+
+def _log_covers(entries: dict[str, int], last: int) -> bool:
+    """Whether a file-source log's entries up to ``last`` are all there without the later ones (the savepoint
+    took the log up to N+1's offset: a compaction at N+1 holds batch N's entries only inside it)."""
+    bases = [b for p, b in entries.items() if p.endswith(".compact") and b <= last]
+    start = max(bases) + 1 if bases else 0
+    return set(range(start, last + 1)) <= {b for p, b in entries.items() if not p.endswith(".compact")}
 
 
 def spark_version(session: Any = None) -> tuple[int, int]:

@@ -57,6 +57,10 @@ def test_the_trailing_batch_is_left_out_of_a_rescaled_copy():
     assert plan.trailing == {"offsets/3", "state/0/0/4.changelog", "state/0/1/4.changelog", "state/0/2/4.changelog",
                              "sources/0/3"}  # the file source's log past batch 2's offset; Kafka's folder is kept
     assert trailing_files(rocks(includes_next_offsets=False)) == set()
+    compacted = rocks(paths=[], source_offsets={"0": {"logOffset": 1}})
+    compacted = compacted.model_copy(update={"files": [e for e in compacted.files if e.path not in ("sources/0/0", "sources/0/1")]})
+    # only 2.compact holds batch 1's entries: the log stays whole (the next batch then reads two files)
+    assert trailing_files(compacted) == {"offsets/3"}
 
 
 def test_the_same_partition_count_is_a_no_op_even_for_hdfs_state():
