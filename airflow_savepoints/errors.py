@@ -192,6 +192,43 @@ class SavepointDirNotFoundError(InvalidInputError):
     code = "savepoint_dir_not_found"
 
 
+# --- rescale through a savepoint (Spark's offline state repartition, core/rescale.py) ---------------
+class RescaleError(RestoreError):
+    """A restore with ``state_partitions`` that could not rescale the state; nothing was restored."""
+
+    code = "rescale_error"
+
+
+class RescaleUnavailableError(RescaleError):
+    """No Spark that can rescale here: pyspark missing or older than 4.2."""
+
+    code = "rescale_unavailable"
+
+
+class RescaleUnsupportedStateError(RescaleError):
+    """The savepoint's state store provider cannot be repartitioned (HDFS-backed state)."""
+
+    code = "rescale_unsupported_state"
+
+
+class RescaleUnsupportedOperatorError(RescaleError):
+    """A stateful operator (or transformWithState variable type) Spark cannot repartition."""
+
+    code = "rescale_unsupported_operator"
+
+
+class RescaleRefusedError(RescaleError):
+    """Spark's repartition refused the checkpoint (its STATE_REPARTITION_* error class, message kept)."""
+
+    code = "rescale_refused"
+
+
+class RescaleFailedError(RescaleError):
+    """Spark's repartition failed while it rewrote the restored copy."""
+
+    code = "rescale_failed"
+
+
 # --- streaming jobs --------------------------------------------------------------------------------
 class JobFailedError(SavepointError):
     code = "job_failed"

@@ -2,8 +2,9 @@
 
 Trigger manually with Params: ``job`` (a name in jobs.yaml), ``pointer`` (optional: a savepoint
 directory or its _metadata), ``fresh_start`` (start with EMPTY state; only when asked for),
-``max_age`` (refuse an older savepoint) and ``skip_missing_input`` (start even if input files a
-file source will read again are gone; refused by default, naming them).
+``max_age`` (refuse an older savepoint), ``skip_missing_input`` (start even if input files a
+file source will read again are gone; refused by default, naming them) and ``state_partitions``
+(rescale the state on the way; Spark 4.2, RocksDB state; empty: keep them).
 ``restore_and_start`` ends once the job has committed its first batch; the job keeps running
 detached. ``wait_for_progress`` then waits in the triggerer (up to 10 minutes) for a batch after
 that first one, so it ends once new input has arrived and been committed; it fails at once if the
@@ -36,6 +37,8 @@ with DAG(
         "max_age": Param("", type="string", description="Refuse an older savepoint (e.g. 7d); empty: no limit"),
         "skip_missing_input": Param(False, type="boolean",
                                     description="Start even if input files a file source will read again are gone"),
+        "state_partitions": Param(None, type=["null", "integer"], minimum=1,
+                                  description="Rescale the state into this many partitions; empty: keep them"),
     },
 ) as dag:
     started = RestoreJobOperator(
@@ -46,6 +49,7 @@ with DAG(
         max_age="{{ params.max_age }}",
         skip_missing_input="{{ params.skip_missing_input }}",
         fresh_start="{{ params.fresh_start }}",
+        state_partitions="{{ params.state_partitions }}",
     )
     # deferrable: the wait runs in the triggerer and fails fast if the job dies
     started >> BatchCommittedSensor(

@@ -12,6 +12,7 @@ import json
 import re
 import zipfile
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from airflow_savepoints.errors import CheckpointError
@@ -197,3 +198,27 @@ def parse_spark_sidecar(data: bytes, what: str) -> SparkChecksum:
     if not isinstance(body, dict) or str(body.get("algorithm", "")).upper() != "CRC32C":
         raise CheckpointError(f"{what} is not a Spark CRC32C checksum file", "the checkpoint may be damaged")
     return SparkChecksum(value=int(body["value"]) & 0xFFFFFFFF, main_file_size=int(body.get("mainFileSize", -1)))
+
+
+def state_file_version(path: str) -> int | None:
+    """The state version a store's file belongs to (``state/0/1/7.zip`` -> 7; its Spark ``.crc`` sidecar
+    too); None for SSTs, logs, schema and metadata files."""
+    name = path.rsplit("/", 1)[-1]
+    if name.endswith(SPARK_SIDECAR_SUFFIX):
+        name = name[: -len(SPARK_SIDECAR_SUFFIX)]
+    match = HDFS_STATE_FILE.match(name) or ROCKSDB_V1_FILE.match(name) or ROCKSDB_V2_FILE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def state_partitions(paths: Iterable[str], version: int | None = None) -> dict[str, int]:
+    """Each stateful operator's number of state partitions: the partition folders under ``state/<op>/``
+    (only those holding a file of state ``version``, when given)."""
+    found: dict[str, set[str]] = {}
+    for path in paths:
+        parts = path.split("/")
+        if is_transient_path(path) or len(parts) < 4 or parts[0] != "state" or not parts[1].isdigit() or not parts[2].isdigit():
+            continue
+        if version is not None and state_file_version(path) != version:
+            continue
+        found.setdefault(parts[1], set()).add(parts[2])
+    return {op: len(found[op]) for op in sorted(found, key=int)}

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption, option_group, with_option_groups
+from airflow_savepoints.cli.options import (
+    MaxAgeOption,
+    SkipMissingInputOption,
+    StatePartitionsOption,
+    option_group,
+    with_option_groups,
+)
 from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
@@ -130,6 +136,7 @@ class StartFrom:
     fresh: Annotated[bool, typer.Option("--fresh", help="Start with EMPTY state in the job's (empty) checkpoint.")] = False
     max_age: MaxAgeOption = None
     skip_missing_input: SkipMissingInputOption = False
+    state_partitions: StatePartitionsOption = None
     to: Annotated[str | None, typer.Option("--to", help="The new checkpoint location: the job's checkpoint or "
                                                         "<checkpoint>-<suffix> (default <checkpoint>-<UTC time>).")] = None
     from_other_job: Annotated[bool, typer.Option("--from-other-job", help="Allow --from a savepoint of another job "
@@ -162,6 +169,7 @@ def start(
         result = lifecycle.start(ctx, submit_command=_submit_command(ctx), log_dir=_log_dir(log_dir),
                                  pointer=origin.pointer, fresh=origin.fresh, max_age=origin.max_age,
                                  skip_missing_input=origin.skip_missing_input,
+                                 state_partitions=origin.state_partitions,
                                  target_checkpoint=origin.to, wait_timeout=wait_timeout,
                                  allow_foreign_savepoint=origin.from_other_job)
         return result, (f"[green]started[/] job {job}: run {result['run_id']} (pid {result['pid']} on {result['host']}), "
@@ -283,8 +291,6 @@ class NewVersion:
         return new_version(job, self.application, self.args or None, _conf_pairs(self.conf or []))
 
 
-StatePartitions = Annotated[int | None, typer.Option("--state-partitions", min=1, help="Restore the state with N "
-                                                     "state partitions (a rescale).")]
 LogDir = Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the drivers' logs go.")]
 
 
@@ -304,7 +310,7 @@ class UpgradePolicy:
                                                      "for one batch on a scratch copy of the state (noop sink) before "
                                                      "anything stops (default: in savepoint mode).")] = None
     check_timeout: Annotated[float, typer.Option(help="Seconds for the check's batch.")] = 300
-    state_partitions: StatePartitions = None
+    state_partitions: StatePartitionsOption = None
 
 
 @app.command("upgrade")
@@ -340,7 +346,7 @@ def check_job(
     version: NewVersion,
     timeout: Annotated[float, typer.Option(help="Seconds for the new version's driver to commit its batch (it gets "
                                                 "60 s more to start).")] = 300,
-    state_partitions: StatePartitions = None,
+    state_partitions: StatePartitionsOption = None,
     log_dir: LogDir = None,
     target: JobTarget,
     as_json: JsonFlag = False,

@@ -32,7 +32,13 @@ except ImportError:  # pragma: no cover - older typer on click
 
 from airflow_savepoints import __version__, core
 from airflow_savepoints.cli.job import app as job_commands
-from airflow_savepoints.cli.options import MaxAgeOption, SkipMissingInputOption, option_group, with_option_groups
+from airflow_savepoints.cli.options import (
+    MaxAgeOption,
+    SkipMissingInputOption,
+    StatePartitionsOption,
+    option_group,
+    with_option_groups,
+)
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.names import CATALOG_FILE
 from airflow_savepoints.errors import MissingBackendError, SavepointError, UnexpectedError
@@ -311,6 +317,7 @@ def restore(
     to: Annotated[str, typer.Option("--to", help="A new, empty checkpoint location.")],
     *,
     new_query_id: Annotated[bool, typer.Option(help="Give the restored query a new id (a fork).")] = False,
+    state_partitions: StatePartitionsOption = None,
     checks: RestoreChecks,
     conn_id: ConnOption = None,
     quiet: QuietFlag = False,
@@ -319,10 +326,16 @@ def restore(
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
     with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
         result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, **dataclasses.asdict(checks),
-                                        storage_options=storage_options(conn_id), on_event=on_event)
+                                        state_partitions=state_partitions, storage_options=storage_options(conn_id),
+                                        on_event=on_event)
     confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
+    scale = ""
+    if state_partitions is not None:
+        counts = ", ".join(f"operator {op}: {result.partitions_before.get(op)} -> {n}" for op, n in result.partitions_after.items())
+        scale = (f"\n  state rescaled ({counts}); Spark's repartition batch {result.repartition_batch_id}" if result.rescaled
+                 else f"\n  the state already has {state_partitions} partitions: restored as is")
     _emit(as_json, result.model_dump(mode="json"),
-          f"[green]restored[/] batch {result.batch_id} into {result.checkpoint} (query {result.query_id})\n"
+          f"[green]restored[/] batch {result.batch_id} into {result.checkpoint} (query {result.query_id}){scale}\n"
           f"  start the query with checkpointLocation={result.checkpoint} and {confs}")
 
 

@@ -23,6 +23,8 @@ _GROUP_MARK = "__cli_option_group__"
 MaxAgeOption = Annotated[str | None, typer.Option(help="Refuse a savepoint older than this (12h, 7d).")]
 SkipMissingInputOption = Annotated[bool, typer.Option(
     help="Restore even if input files a file source will read again, or Kafka records it starts at, are gone.")]
+StatePartitionsOption = Annotated[int | None, typer.Option(
+    help="Rescale the state into N partitions (Spark 4.2+ with [spark] installed here, RocksDB state).")]
 
 
 def option_group(cls: type[T]) -> type[T]:

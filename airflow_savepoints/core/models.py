@@ -18,6 +18,7 @@ from pydantic import (
     model_serializer,
 )
 
+from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.names import MANIFEST_FILE
 from airflow_savepoints.errors import InvalidInputError, InvalidJobNameError
 
@@ -102,6 +103,8 @@ class StateStoreSettings(BaseModel):
     checkpoint_format_version: int = 1
     changelog_checkpointing: bool | None = None
     operators: list[str] = Field(default_factory=list)
+    # operator id -> its number of state partitions (absent in manifests written before 0.x: read from ``files``)
+    partitions: dict[str, int] = Field(default_factory=dict)
 
 
 class SavepointManifest(BaseModel):
@@ -162,6 +165,10 @@ class SavepointManifest(BaseModel):
         """The ``hash`` of ``job_version``, if the manifest records one."""
         value = (self.job_version or {}).get("hash")
         return value if isinstance(value, str) and value else None
+
+    def state_partitions(self) -> dict[str, int]:
+        """Each stateful operator's partition count: as recorded, else counted from the files (older manifests)."""
+        return dict(self.state_store.partitions) or formats.state_partitions(e.path for e in self.files)
 
     def age_seconds(self, now: datetime | None = None) -> float:
         return ((now or datetime.now(UTC)) - self.created_at).total_seconds()
@@ -232,3 +239,9 @@ class RestoreResult(BaseModel):
     restored_from: str | None = None  # the secondary copy when it was used, else the savepoint itself
     state_store: StateStoreSettings
     spark_conf_to_set: dict[str, str] = Field(default_factory=dict)
+    # a restore with state_partitions: each operator's partition count in the savepoint and in the restored checkpoint
+    partitions_before: dict[str, int] = Field(default_factory=dict)
+    partitions_after: dict[str, int] = Field(default_factory=dict)
+    rescaled: bool = False  # Spark rewrote the state into the asked partition count (False: none asked, or already so)
+    repartition_batch_id: int | None = None  # the batch Spark's repartition wrote; the query continues after it
+    dropped_trailing_batch: int | None = None  # the savepoint's planned, uncommitted batch left out of the copy

@@ -38,6 +38,7 @@ from airflow_savepoints.core.names import (
     RESTORE_CLAIM,
 )
 from airflow_savepoints.core.pointer import refuse_symlinks, resolve_pointer
+from airflow_savepoints.core.rescale import RescalePlan, plan_rescale, repartition
 from airflow_savepoints.core.savepoint import CopyMode
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.errors import (
@@ -116,9 +117,21 @@ def file_sink_latest_batch(sink: Store) -> int | None:
     return latest
 
 
-def check_sink(manifest: SavepointManifest, sink_path: str, storage_options: dict[str, Any] | None) -> None:
-    """Refuse a restore that a file sink would silently skip (its log is past the savepoint)."""
+def check_sink(manifest: SavepointManifest, sink_path: str, storage_options: dict[str, Any] | None,
+               committed_only: bool = False) -> None:
+    """Refuse a restore that a file sink would silently skip (its log is past the savepoint).
+
+    ``committed_only``: the restore leaves the savepoint's planned batch N+1 out (a rescale), so a sink
+    holding N+1 would get that batch's output again: refused too."""
     latest = file_sink_latest_batch(Store(sink_path, storage_options))
+    if committed_only and latest == manifest.batch_id + 1 and manifest.includes_next_offsets:
+        raise SinkAheadError(
+            f"the file sink at {sink_path} already holds batch {latest}, the savepoint's planned but uncommitted "
+            "batch: a rescale leaves that batch out of the restored checkpoint and reads its input again after the "
+            "repartition batch, so the sink would get its output twice",
+            "restore without state_partitions (--state-partitions): Spark re-runs that batch and the sink skips it; "
+            "then take a new savepoint once the job has committed a batch and rescale that one; nothing was restored",
+        )
     # With offsets/N+1 and complete state N+2, a sink that already holds N+1 is what Spark's own
     # crash recovery handles: N+1 re-runs with the same offsets and the sink skips it safely.
     allowed = manifest.batch_id + 1 if manifest.includes_next_offsets and manifest.includes_next_state \
@@ -153,6 +166,8 @@ class RestoreRequest(Request):
     input_storage_options: dict[str, Any] | None = None  # for a file source's input files
     kafka_bootstrap_servers: str | None = None  # the brokers of the Kafka topics the savepoint resumes (checked first)
     kafka_options: dict[str, Any] | None = None  # kafka-python client options for them (security_protocol, sasl_*, ...)
+    state_partitions: int | None = Field(default=None, ge=1)  # rescale the state into this many partitions (Spark 4.2+)
+    spark_session: Any = None  # the SparkSession that rescales (None: the active one, else a local one)
 
 
 def check_age(location: Store, manifest: SavepointManifest, max_age: str | None) -> None:
@@ -181,6 +196,13 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     sources would start at that were deleted, asked of ``kafka_bootstrap_servers`` (unless
     ``skip_missing_input``; see ``core/input_check.py``).
 
+    ``state_partitions=N`` rescales the state: after the copy, Spark's offline repartition (Spark 4.2+,
+    RocksDB state; ``core/rescale.py``) rewrites the COPY into N partitions, in ``spark_session`` (else the
+    active session, else a local one). A savepoint's planned, uncommitted batch is left out of the copy
+    (Spark repartitions only a checkpoint whose last batch committed). Already N partitions: restored
+    as usual (``rescaled`` False). Refused before anything is copied: HDFS-backed state, no Spark 4.2;
+    a failure in Spark's rewrite removes everything from the target (the savepoint is only read).
+
     If the savepoint has a secondary copy (``take_savepoint(secondary_dir=...)``) that exists here
     and is the same savepoint, it is restored from instead, every file checked against the
     primary's manifest; any problem with it falls back to the primary.
@@ -190,9 +212,10 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     location, manifest = resolve_pointer(pointer, request.storage_options)
     refuse_symlinks(location, "savepoint")
     check_age(location, manifest, request.max_age)
+    rescale = plan_rescale(manifest, request.state_partitions, location.url) if request.state_partitions else None
     destination = _fresh_target(location, Store(target, request.target_storage_options))
     if request.sink_path:
-        check_sink(manifest, request.sink_path, request.sink_storage_options)
+        check_sink(manifest, request.sink_path, request.sink_storage_options, committed_only=bool(rescale and rescale.trailing))
     if not request.skip_missing_input:
         check_input(location, manifest, request.input_storage_options, request.kafka_bootstrap_servers,
                     request.kafka_options)
@@ -200,12 +223,12 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
         secondary = _usable_secondary(manifest, request.secondary_storage_options) if request.prefer_secondary else None
         if secondary is not None:
             try:
-                result = _restore_pinned(secondary, manifest, destination, request, on_event)
+                result = _restore_pinned(secondary, manifest, destination, request, on_event, rescale)
                 return result.model_copy(update={"pointer": location.url, "restored_from": secondary.url})
             except (VerificationError, FileNotFoundError, StorageError) as exc:
                 log.warning("the secondary copy %s is not usable (%s); restoring from the primary %s",
                             secondary.url, getattr(exc, "message", exc), location.url)
-        result = _restore_pinned(location, manifest, destination, request, on_event)
+        result = _restore_pinned(location, manifest, destination, request, on_event, rescale)
         return result.model_copy(update={"restored_from": location.url})
 
 
@@ -303,9 +326,13 @@ def pinned(location: Store, manifest: SavepointManifest) -> Iterator[bool]:
 
 
 def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, request: RestoreRequest,
-                    on_event: Notify | None = None) -> RestoreResult:
-    """Copy and check the savepoint's files, rewrite the paths Spark stores, write ``metadata`` last;
-    on any failure remove what was written."""
+                    on_event: Notify | None = None, rescale: RescalePlan | None = None) -> RestoreResult:
+    """Copy and check the savepoint's files, rewrite the paths Spark stores, write ``metadata`` last, then
+    rescale the copy if asked; on any failure remove what was written (Spark's files too)."""
+    before = manifest.state_partitions()
+    if rescale is not None and rescale.trailing:  # the planned, uncommitted batch stays out of the copy
+        kept = [e for e in manifest.files if e.path not in rescale.trailing]
+        manifest = manifest.model_copy(update={"files": kept, "total_bytes": sum(e.size for e in kept)})
     listing = location.list_files()
     missing = [e.path for e in manifest.files if e.path not in listing]
     if missing:
@@ -321,13 +348,19 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
                 _restore_rewritten(location, destination, entry, manifest)
         query_id = _write_identity(location, manifest, destination, request.new_query_id)
         _check_complete(destination, manifest, rewritten)
+        rescaled, after = None, before
+        if rescale is not None and not rescale.noop:
+            rescaled, after = repartition(destination, rescale, manifest, spark_conf_to_set(manifest), request.spark_session,
+                                          _file_sink(request))
     except BaseException:
-        _undo(destination, [e.path for e in manifest.files if e.path != MANIFEST_FILE])
+        _undo(destination, [e.path for e in manifest.files if e.path != MANIFEST_FILE] + _unclaimed(destination))
         raise
     return RestoreResult(
         pointer=location.url, checkpoint=destination.url, batch_id=manifest.batch_id, query_id=query_id,
         new_query_id=request.new_query_id, files=len(manifest.files), bytes=manifest.total_bytes,
         rewritten=rewritten, state_store=manifest.state_store, spark_conf_to_set=spark_conf_to_set(manifest),
+        partitions_before=before, partitions_after=after, rescaled=rescaled is not None, repartition_batch_id=rescaled,
+        dropped_trailing_batch=manifest.batch_id + 1 if rescale is not None and rescale.trailing else None,
     )
 
 
@@ -345,6 +378,14 @@ def _copy_checked(location: Store, manifest: SavepointManifest, destination: Sto
         raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
                                 "nothing was restored; retry, or use another savepoint of the job") from exc
     _raise_if([_mismatch(e, copied[e.path].size, copied[e.path].crc) for e in body], location)
+
+
+def _file_sink(request: RestoreRequest) -> Store | None:
+    """The job's file sink (``sink_path`` holding a ``_spark_metadata`` log), if the restore was given one."""
+    if not request.sink_path:
+        return None
+    sink = Store(request.sink_path, request.sink_storage_options)
+    return sink if file_sink_latest_batch(sink) is not None else None
 
 
 def _write_identity(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool) -> str:
@@ -412,6 +453,15 @@ def _undo(destination: Store, paths: list[str]) -> None:
             pass
     folders = {posixpath.dirname(p) for p in paths}  # the folders it made, if nothing else is in them
     destination.remove_empty_folders({f for p in folders for f in _ancestors(p)})
+
+
+def _unclaimed(destination: Store) -> list[str]:
+    """Every file in the target but the restore's claim: the target was empty when claimed, so these are
+    this restore's and Spark's (a failed rescale); [] if it cannot be listed."""
+    try:
+        return [p for p in destination.list_files() if p != CLAIM_FILE and not _HELPER_FILE.match(p)]
+    except Exception:  # noqa: BLE001 - best effort, as _undo is
+        return []
 
 
 def _ancestors(folder: str) -> list[str]:

@@ -422,6 +422,7 @@ class SavepointRun:
             state_store=StateStoreSettings(
                 provider=plan.state_store_provider, checkpoint_format_version=plan.checkpoint_format_version,
                 changelog_checkpointing=plan.changelog_checkpointing, operators=plan.operators,
+                partitions=formats.state_partitions(versions),
             ),
             source_offsets=plan.source_offsets, spark_conf=plan.spark_conf,
             format_version=PLAIN_MANIFEST_VERSION if all(c.algorithm == CRC32C for c in copied.values())

@@ -31,7 +31,6 @@ from typing import Any
 
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
 from airflow_savepoints.core.names import CHECK_FOLDER, CHECK_RESULT_FILE
-from airflow_savepoints.core.restore import RestoreRequest
 from airflow_savepoints.errors import (
     SavepointInFlightError,
     UpgradeCheckFailedError,
@@ -187,13 +186,8 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
 
 
 def rescale_options(state_partitions: int | None) -> dict[str, Any]:
-    """The restore's keyword for ``state_partitions`` (none when not given); refused where restore cannot rescale."""
-    if state_partitions is None:
-        return {}
-    if "state_partitions" not in RestoreRequest.model_fields:
-        raise UpgradeRefusedError("this version of airflow-savepoints cannot restore with state_partitions",
-                                  "leave state_partitions (--state-partitions) out, or upgrade airflow-savepoints")
-    return {"state_partitions": state_partitions}
+    """The restore's keyword for ``state_partitions`` (none when not given)."""
+    return {} if state_partitions is None else {"state_partitions": state_partitions}
 
 
 def _take_check_savepoint(ctx: lifecycle.JobContext, state: lifecycle.JobState, inflight_wait: float):

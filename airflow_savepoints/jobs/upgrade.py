@@ -66,7 +66,7 @@ class UpgradeRequest(BaseModel):
     inflight_wait: float = Field(default=300, ge=0)
     check_first: bool | None = None  # run the new version on a scratch copy first (jobs/check.py); None: in savepoint mode
     check_timeout: float = Field(default=300, gt=0)  # seconds for the check's batch
-    state_partitions: int | None = Field(default=None, ge=1)  # the check's copy rescaled (passed on only when set)
+    state_partitions: int | None = Field(default=None, ge=1)  # savepoint mode: the check's copy and the new version rescaled
 
 
 def new_version(job: StreamingJob, application: str | None = None, application_args: list[str] | None = None,
@@ -97,6 +97,9 @@ def _mode(ctx: JobContext, request: UpgradeRequest, state: lifecycle.JobState) -
     if mode == "stateless" and not request.allow_stateless:
         raise UpgradeRefusedError(f"a stateless upgrade of job '{ctx.job.name}' starts it with EMPTY state",
                                   "pass allow_stateless (--allow-stateless) if that is meant, or use mode savepoint")
+    if request.state_partitions is not None and mode != "savepoint":
+        raise UpgradeRefusedError(f"state_partitions rescales the state through the stop savepoint; mode {mode} has none",
+                                  "use mode savepoint (--mode savepoint) to rescale; nothing was stopped")
     if not state.live:
         raise UpgradeRefusedError(f"job '{ctx.job.name}' is {state.state}, not running: nothing to upgrade",
                                   "start it (restore_from_savepoint, `airflow-savepoints job start`) instead")
@@ -167,10 +170,6 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
     previous = JobVersion.model_validate(state.version) if state.version else ctx.job.version()
     old_ctx = replace(ctx, job=ctx.job.with_version(previous))
     new_ctx = replace(ctx, job=ctx.job.with_version(request.version))
-    rescale = rescale_options(request.state_partitions)
-    if rescale and mode != "savepoint":
-        raise UpgradeRefusedError(f"state_partitions needs a savepoint upgrade, not {mode}",
-                                  "use mode savepoint (--mode savepoint), or leave state_partitions out")
     checked = _check_first(ctx, request, mode, submit_for, log_dir)
     ctx.log(f"upgrading job {ctx.job.name} from version {previous.hash} to {request.version.hash} ({mode})")
     stopped = lifecycle.stop(old_ctx, grace=request.grace, inflight_wait=request.inflight_wait)
@@ -178,8 +177,8 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
         ctx.log(f"the stop was not clean ({stopped['stop_method']}, {stopped['consistency']}): using its savepoint")
         mode = "savepoint"
     kwargs = _start_kwargs(ctx, mode, stopped)
-    if "pointer" in kwargs:  # restored (rescaled if asked) as the check's copy was
-        kwargs.update(rescale)
+    if "pointer" in kwargs:  # the new version restored (rescaled if asked) as the check's copy was; a rollback keeps them
+        kwargs.update(rescale_options(request.state_partitions))
     summary = {"job": ctx.job.name, "mode": mode, "from_version": previous.model_dump(),
                "to_version": request.version.model_dump(), "stop_savepoint": stopped["pointer"],
                "stop_batch": stopped["batch_id"], "check": checked}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, BaseSensorOperator, conf
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 
 if TYPE_CHECKING:
@@ -31,6 +32,16 @@ BASE_TEMPLATE_FIELDS = ("savepoints_conn_id", "savepoint_dir")
 def rendered_flag(value: Any) -> bool:
     """A boolean given as such or rendered from a template or a Param ("True", "false", "1")."""
     return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def rendered_count(value: Any, name: str) -> int | None:
+    """A whole number given as such or rendered from a template or a Param; empty or "None": not given."""
+    if value is None or str(value).strip() in ("", "None", "null"):
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise InvalidInputError(f"invalid {name}: {value!r} is not a whole number", f"pass {name} as a number") from None
 
 
 def savepoints_template_fields(*fields: str) -> tuple[str, ...]:

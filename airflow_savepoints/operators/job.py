@@ -20,7 +20,7 @@ from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
 from airflow_savepoints.jobs.lifecycle import JobContext, NoSavepointError
-from airflow_savepoints.operators.base import SavepointsBaseOperator, rendered_flag, savepoints_template_fields
+from airflow_savepoints.operators.base import SavepointsBaseOperator, rendered_count, rendered_flag, savepoints_template_fields
 from airflow_savepoints.operators.savepoint import (
     RemovesPartialSavepoint,
     checkpoint_options,
@@ -98,16 +98,21 @@ class RestoreJobOperator(_JobOperator):
     :param wait_timeout: seconds to wait for the first committed batch
     :param allow_foreign_savepoint: allow a ``pointer`` to a savepoint of another job, or outside the
         job's folder of the savepoint root (off by default, and in the example DAGs and the console)
+    :param state_partitions: rescale the state into this many partitions on the way (templated; Spark 4.2
+        and pyspark on the worker, RocksDB state; see docs/evolve.md); empty: keep them
     """
 
     template_fields: Sequence[str] = savepoints_template_fields("job", "pointer", "fresh_start", "max_age",
-                                                                "skip_missing_input", "target_checkpoint")
+                                                                "skip_missing_input", "target_checkpoint",
+                                                                "state_partitions")
 
     def __init__(self, *, pointer: str | None = None, fresh_start: bool | str = False, max_age: str | None = None,
                  skip_missing_input: bool | str = False, target_checkpoint: str | None = None,
-                 wait_timeout: float = 300, allow_foreign_savepoint: bool = False, **kwargs: Any) -> None:
+                 wait_timeout: float = 300, allow_foreign_savepoint: bool = False,
+                 state_partitions: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.allow_foreign_savepoint = allow_foreign_savepoint
+        self.state_partitions = state_partitions
         self.pointer = pointer
         self.fresh_start = fresh_start
         self.max_age = max_age
@@ -122,7 +127,8 @@ class RestoreJobOperator(_JobOperator):
             pointer=self.pointer or None, max_age=self.max_age or None,  # "" from a Param: not given
             fresh=rendered_flag(self.fresh_start), skip_missing_input=rendered_flag(self.skip_missing_input),
             target_checkpoint=self.target_checkpoint or None, wait_timeout=self.wait_timeout,
-            allow_foreign_savepoint=self.allow_foreign_savepoint)
+            allow_foreign_savepoint=self.allow_foreign_savepoint,
+            state_partitions=rendered_count(self.state_partitions, "state_partitions"))
 
 
 class StopJobWithSavepointOperator(_JobOperator, RemovesPartialSavepoint):

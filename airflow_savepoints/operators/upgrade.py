@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs.upgrade import UpgradeRequest, new_version, upgrade
-from airflow_savepoints.operators.base import rendered_flag, savepoints_template_fields
+from airflow_savepoints.operators.base import rendered_count, rendered_flag, savepoints_template_fields
 from airflow_savepoints.operators.job import _JobOperator
 
 if TYPE_CHECKING:
@@ -42,16 +42,6 @@ def _automatic_or_flag(value: Any) -> bool | None:
     return None if str(value).strip().lower() in ("", "none", "auto") else rendered_flag(value)
 
 
-def _count_or_none(value: Any, what: str) -> int | None:
-    """A whole number given as such or rendered from a Param; None when empty."""
-    if value in (None, "", "None"):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{what} must be a whole number, not {value!r}", f"e.g. {what}=4") from exc
-
-
 class UpgradeJobOperator(_JobOperator):
     """Stop the job, start its new version, wait until it is healthy, else roll back and fail.
 
@@ -68,7 +58,8 @@ class UpgradeJobOperator(_JobOperator):
         state with a noop sink and refuse the upgrade if it fails (``jobs/check.py``); None (or "auto"):
         only in savepoint mode (templated)
     :param check_timeout: seconds for the check's batch
-    :param state_partitions: restore the state with this many state partitions (the check's copy too) (templated)
+    :param state_partitions: mode ``savepoint``: rescale the state into this many partitions for the new
+        version and the check's copy (templated; Spark 4.2 and pyspark on the worker; a rollback keeps the old count)
     """
 
     template_fields: Sequence[str] = savepoints_template_fields(
@@ -82,6 +73,7 @@ class UpgradeJobOperator(_JobOperator):
                  check_first: bool | str | None = None, check_timeout: float = 300,
                  state_partitions: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.state_partitions = state_partitions
         self.application = application
         self.application_args = application_args
         self.spark_conf = spark_conf
@@ -104,6 +96,6 @@ class UpgradeJobOperator(_JobOperator):
                                  fallback_to_savepoint=rendered_flag(self.fallback_to_savepoint),
                                  allow_stateless=rendered_flag(self.allow_stateless), rollback=self.rollback, grace=self.grace,
                                  check_first=_automatic_or_flag(self.check_first), check_timeout=self.check_timeout,
-                                 state_partitions=_count_or_none(self.state_partitions, "state_partitions"))
+                                 state_partitions=rendered_count(self.state_partitions, "state_partitions"))
         return upgrade(ctx, request, submit_for=lambda job: SparkStreamingJobHook(job).submit_command,
                        log_dir=self.log_dir())

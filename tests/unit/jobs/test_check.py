@@ -34,14 +34,10 @@ def test_check_first_auto_or_a_flag(value, expected):
 
 
 def test_state_partitions_go_to_the_restore_only_when_given():
-    """Without state_partitions the restore gets no such keyword; with it, the restore's own field
-    (or, where restore cannot rescale yet, a refusal before anything is written)."""
+    """Without state_partitions the restore gets no such keyword; with it, the restore's own field."""
     from airflow_savepoints.core.restore import RestoreRequest
     from airflow_savepoints.jobs.check import rescale_options
 
     assert rescale_options(None) == {}
-    if "state_partitions" in RestoreRequest.model_fields:
-        assert rescale_options(4) == {"state_partitions": 4}
-    else:
-        with pytest.raises(UpgradeRefusedError, match="cannot restore with state_partitions"):
-            rescale_options(4)
+    assert rescale_options(4) == {"state_partitions": 4}
+    assert RestoreRequest.of("restore_savepoint", pointer="p", target="t", **rescale_options(4)).state_partitions == 4

@@ -114,3 +114,12 @@ def test_deferrable_sensors_defer_with_a_trigger_naming_the_connection(airflow_d
         with pytest.raises(AirflowFailException, match="timed out waiting"):
             sensor.execute_complete({}, {"status": "error", "message": "timed out waiting for it"})
     assert waits[1].poke({}).xcom_value == {"batch_id": 2}  # the same wait without deferring
+
+
+def test_a_count_rendered_from_a_param():
+    from airflow_savepoints.errors import InvalidInputError
+    from airflow_savepoints.operators.base import rendered_count
+
+    assert [rendered_count(v, "n") for v in (None, "", "None", " 5 ", 3)] == [None, None, None, 5, 3]
+    with pytest.raises(InvalidInputError, match="invalid n"):
+        rendered_count("five", "n")

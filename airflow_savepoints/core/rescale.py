@@ -1,0 +1,252 @@
+"""Rescale a restored checkpoint's state with Spark's own offline repartition (Spark 4.2+, RocksDB state).
+
+``restore_savepoint(..., state_partitions=N)`` copies the savepoint into the target as usual, then
+this module runs ``StreamingCheckpointManager.repartition`` on the COPY (what Flink calls NO_CLAIM):
+Spark writes a new batch holding only the state rewritten into N partitions, and the query continues
+after it. The savepoint is never written. What Spark would refuse is refused here before anything
+is copied where the manifest tells (HDFS-backed state, no Spark 4.2); Spark's own refusals keep its
+message under our error codes (its ``STATE_REPARTITION_*`` and ``STATE_REWRITER_*`` error classes).
+pyspark is imported only here, and only when a rescale is asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_savepoints.checkpoint import formats
+from airflow_savepoints.core.models import SavepointManifest
+from airflow_savepoints.errors import (
+    RescaleFailedError,
+    RescaleRefusedError,
+    RescaleUnavailableError,
+    RescaleUnsupportedOperatorError,
+    RescaleUnsupportedStateError,
+)
+from airflow_savepoints.storage import Store
+
+log = logging.getLogger(__name__)
+
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+MIN_SPARK = (4, 2)
+INSTALL_HINT = "pip install 'airflow-savepoints[spark]' (pyspark 4.2 or newer) where the restore runs"
+MOVE_TO_ROCKSDB = (
+    f"run the job with RocksDB state ({PROVIDER_KEY}={ROCKSDB_PROVIDER}); Spark cannot change the provider of "
+    "existing state, so that needs fresh state: a new checkpoint (started from the sources' positions, not this "
+    "savepoint's state); savepoints taken after that can be rescaled. Or restore without state_partitions "
+    "(--state-partitions) to keep the current partition count; nothing was restored"
+)
+_SPARK_CONDITION = re.compile(r"\[(STATE_RE(?:PARTITION|WRITER)_[A-Z_]+(?:\.[A-Z_]+)?)\]")
+
+
+@dataclass(frozen=True)
+class RescalePlan:
+    """What a restore with ``state_partitions`` will do, decided from the manifest before anything is copied."""
+
+    partitions: int  # asked
+    current: int | None  # the shuffle partitions the savepoint's batch ran with
+    before: dict[str, int] = field(default_factory=dict)  # operator id -> its state partitions in the savepoint
+    trailing: set[str] = field(default_factory=set)  # files of the planned, uncommitted batch left out of the copy
+
+    @property
+    def noop(self) -> bool:
+        return self.current == self.partitions
+
+
+def current_partitions(manifest: SavepointManifest) -> int | None:
+    """The number of state partitions the savepoint's state has: Spark's recorded shuffle partitions, else counted."""
+    recorded = manifest.spark_conf.get(SHUFFLE_PARTITIONS)
+    if recorded is not None and str(recorded).isdigit():
+        return int(recorded)
+    counts = manifest.state_partitions()
+    return max(counts.values()) if counts else None
+
+
+def plan_rescale(manifest: SavepointManifest, partitions: int, where: str) -> RescalePlan:
+    """Check a rescale of the savepoint at ``where`` into ``partitions`` before anything is copied.
+
+    Already ``partitions``: a no-op (restored as usual). Refused: HDFS-backed state, no pyspark 4.2+."""
+    plan = RescalePlan(partitions, current_partitions(manifest), manifest.state_partitions())
+    if plan.noop:
+        return plan
+    provider = manifest.state_store.provider or manifest.spark_conf.get(PROVIDER_KEY)
+    if plan.before and provider and "RocksDB" not in provider:
+        raise RescaleUnsupportedStateError(
+            f"savepoint {where} holds {provider.rsplit('.', 1)[-1]} state, which Spark can rescale only when it is "
+            f"RocksDB (Spark's offline repartition refuses it: STATE_REPARTITION_INVALID_CHECKPOINT.UNSUPPORTED_PROVIDER)",
+            MOVE_TO_ROCKSDB,
+        )
+    unlisted = [op for op in plan.before if not _has_operator_metadata(manifest, op)]
+    if unlisted:
+        raise RescaleRefusedError(
+            f"savepoint {where} has no operator metadata for stateful operator(s) {', '.join(unlisted)} (Spark "
+            f"{manifest.spark_version or 'before 4.0'} did not write it), which Spark's repartition needs "
+            "(STATE_REWRITER_INVALID_CHECKPOINT.MISSING_OPERATOR_METADATA)",
+            "restore it without state_partitions (--state-partitions), run the job on Spark 4.2 until it commits a "
+            "batch (Spark then writes the metadata), take a new savepoint and rescale that one; nothing was restored")
+    spark_version()
+    return RescalePlan(partitions, plan.current, plan.before, trailing_files(manifest))
+
+
+def _has_operator_metadata(manifest: SavepointManifest, op: str) -> bool:
+    """Spark 4.0+ writes ``state/<op>/_metadata/metadata`` (v1) or ``.../_metadata/v2/<batch>`` for each operator."""
+    prefix = f"state/{op}/_metadata/"
+    return any(e.path == prefix + "metadata" or e.path.startswith(prefix + "v2/") for e in manifest.files)
+
+
+def trailing_files(manifest: SavepointManifest) -> set[str]:
+    """The savepoint's uncommitted batch N+1: ``offsets/N+1``, the file-source log entries past batch N's
+    offsets, and the state it wrote (versions past N+1).
+
+    Spark's repartition needs the last planned batch committed (else ``LAST_BATCH_FAILED``); leaving the
+    planned batch out makes the copy end at committed N, and its input is read again after the rescale
+    (a file source lists the same files again, so the next batch reads what N+1 would have)."""
+    if not manifest.includes_next_offsets:
+        return set()
+    nxt = manifest.batch_id + 1
+    drop = {f"offsets/{nxt}", f"offsets/{nxt}{formats.SPARK_SIDECAR_SUFFIX}"}
+    logs: dict[str, dict[str, int]] = {}  # file source -> its log entries (path -> batch id)
+    for entry in manifest.files:
+        if entry.path.startswith("state/"):
+            version = formats.state_file_version(entry.path)
+            if version is not None and version > nxt:
+                drop.add(entry.path)
+        elif entry.path.startswith("sources/") and entry.path.count("/") == 2:
+            _, source, name = entry.path.split("/")
+            if match := formats.BATCH_FILE.match(name) or formats.COMPACT_FILE.match(name):
+                logs.setdefault(source, {})[entry.path] = int(match.group(1))
+    for source, entries in logs.items():
+        logged = formats.file_source_log_offset(manifest.source_offsets.get(source))
+        if logged is not None and _log_covers(entries, logged):
+            drop.update(path for path, batch in entries.items() if batch > logged)
+    return {e.path for e in manifest.files if e.path in drop}
+
+
+def _log_covers(entries: dict[str, int], last: int) -> bool:
+    """Whether a file-source log's entries up to ``last`` are all there without the later ones (the savepoint
+    took the log up to N+1's offset: a compaction at N+1 holds batch N's entries only inside it)."""
+    bases = [b for p, b in entries.items() if p.endswith(".compact") and b <= last]
+    start = max(bases) + 1 if bases else 0
+    return set(range(start, last + 1)) <= {b for p, b in entries.items() if not p.endswith(".compact")}
+
+
+def spark_version(session: Any = None) -> tuple[int, int]:
+    """The Spark that will rescale (the session's, else pyspark's); refused if absent or older than 4.2."""
+    try:
+        version = session.version if session is not None else __import__("pyspark").__version__
+    except ImportError as exc:
+        raise RescaleUnavailableError("rescaling state needs Spark 4.2 or newer here, and pyspark is not installed",
+                                      INSTALL_HINT) from exc
+    found = tuple(int(x) for x in re.findall(r"\d+", str(version))[:2])
+    if found < MIN_SPARK:
+        raise RescaleUnavailableError(
+            f"rescaling state needs Spark's offline state repartition, new in Spark 4.2; this is Spark {version}",
+            INSTALL_HINT + "; or restore without state_partitions (--state-partitions); nothing was restored")
+    return found  # type: ignore[return-value]
+
+
+def repartition(destination: Store, plan: RescalePlan, manifest: SavepointManifest, conf: dict[str, str],
+                spark: Any = None, file_sink: Store | None = None) -> tuple[int, dict[str, int]]:
+    """Run Spark's repartition on the restored copy at ``destination``; the batch it wrote and the partitions after.
+
+    ``conf``: settings Spark does not persist in the checkpoint (its state format), set for the call.
+    ``file_sink``: the job's file sink, given its log entry for the repartition batch (see :func:`_record_in_sink`)."""
+    batch = manifest.batch_id + 1
+    with _session(spark) as session:
+        spark_version(session)
+        with _conf(session, conf):
+            try:
+                session._streamingCheckpointManager.repartition(destination.spark_url_of(), plan.partitions, True)
+            except Exception as exc:  # noqa: BLE001 - py4j and pyspark errors: mapped by Spark's error class
+                raise spark_error(exc, destination) from exc
+        listing = destination.list_files()
+        if f"commits/{batch}" not in listing:
+            raise RescaleFailedError(f"Spark's repartition of {destination.url} returned without committing batch {batch}",
+                                     "nothing was restored; retry into a new, empty checkpoint location")
+        if file_sink is not None:
+            _record_in_sink(session, file_sink, batch)
+    return batch, formats.state_partitions(listing, version=batch + 1)
+
+
+def _record_in_sink(session: Any, sink: Store, batch: int) -> None:
+    """Give the file sink's ``_spark_metadata`` log an empty entry for the repartition batch, written by
+    Spark's own ``FileStreamSinkLog`` (a compaction batch compacts as Spark would). The sink never sees
+    that batch, and a gap in its log fails the next compaction (``BATCH_METADATA_NOT_FOUND``)."""
+    jvm = session._jvm
+    sinks = jvm.org.apache.spark.sql.execution.streaming.sinks
+    try:
+        log_ = sinks.FileStreamSinkLog(sinks.FileStreamSinkLog.VERSION(), session._jsparkSession,
+                                       sink.spark_url_of("_spark_metadata"), jvm.scala.Option.empty())
+        log_.add(batch, session.sparkContext._gateway.new_array(sinks.SinkFileStatus, 0))
+    except Exception as exc:  # noqa: BLE001 - py4j errors: reported with Spark's message
+        raise RescaleFailedError(
+            f"could not record the repartition batch {batch} in the file sink's log {sink.url_of('_spark_metadata')}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            "nothing was restored; check access to the sink's output folder and retry") from exc
+
+
+def spark_error(exc: BaseException, destination: Store) -> Exception:
+    """Spark's repartition error as ours: its ``STATE_REPARTITION_*`` class picks the code, its message is kept."""
+    text = str(exc)
+    match = _SPARK_CONDITION.search(text)
+    if match is None:  # py4j: "An error occurred while calling ...\n: java.lang.X: message"
+        lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(exc).__name__]
+        cause = next((line[2:] for line in lines if line.startswith(": ")), lines[0])
+        return RescaleFailedError(f"Spark's repartition of {destination.url} failed: {cause}",
+                                  "nothing was restored; fix the cause and retry into a new, empty checkpoint location")
+    line = next(line for line in text.splitlines() if match.group(0) in line)
+    message = line[line.index(match.group(0)):].strip()  # Spark's own message, from its error class on
+    condition = match.group(1)
+    if condition.endswith(".UNSUPPORTED_PROVIDER"):
+        return RescaleUnsupportedStateError(message, MOVE_TO_ROCKSDB)
+    if condition.endswith((".UNSUPPORTED_STATEFUL_OPERATOR", ".UNSUPPORTED_TRANSFORM_WITH_STATE_VARIABLE_TYPE")):
+        return RescaleUnsupportedOperatorError(
+            message, "Spark cannot repartition this query's state; restore without state_partitions (--state-partitions) "
+            "and keep its partition count; nothing was restored")
+    return RescaleRefusedError(message, "Spark's repartition refused the restored copy for the reason it gives; "
+                               "nothing was restored")
+
+
+@contextlib.contextmanager
+def _session(spark: Any) -> Iterator[Any]:
+    """The caller's session, else the active one, else a local one made (and stopped) for this call."""
+    if spark is not None:
+        yield spark
+        return
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise RescaleUnavailableError("rescaling state needs pyspark 4.2 or newer here", INSTALL_HINT) from exc
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
+    log.info("starting a local Spark session for the rescale")
+    session = (SparkSession.builder.master("local[*]").appName("airflow-savepoints-rescale")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@contextlib.contextmanager
+def _conf(session: Any, conf: dict[str, str]) -> Iterator[None]:
+    """Set ``conf`` on the session for the call, then put back what was there."""
+    previous = {key: session.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
+        session.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                session.conf.unset(key)
+            else:
+                session.conf.set(key, value)
