@@ -11,8 +11,8 @@ import io
 import json
 import re
 import zipfile
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_savepoints.errors import CheckpointError

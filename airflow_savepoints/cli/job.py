@@ -326,7 +326,6 @@ def upgrade_job(
 ) -> None:
     """Upgrade running JOB to a new version; roll back automatically if it is not healthy."""
     def action():
-        from airflow_savepoints.jobs.lifecycle import JobContext
         from airflow_savepoints.jobs.upgrade import UpgradeRequest, upgrade
 
         ctx = target.context(job)
