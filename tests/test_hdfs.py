@@ -14,6 +14,7 @@ catalog race between processes by tests/test_store_races.py.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import time
 
 import fsspec
@@ -51,6 +52,24 @@ def test_a_lease_on_hdfs_goes_by_the_namenodes_clock_and_its_fencing_token(hdfs_
     assert first.renew() is False and first.release() is False  # the fencing token tells them apart
     assert json.loads(store.read_bytes("_lease.json"))["token"] == "run-2"
     assert second.release() and store.list_files() == {}  # no temporary or break file left
+
+
+def _put_a_listing(url: str, queue) -> None:
+    queue.put(sorted(Store(url).list_files()))
+
+
+def test_a_forked_process_of_one_holding_an_hdfs_client_works_and_exits(hdfs_root):
+    """hdfs-native's client owns a tokio runtime whose threads a forked child lacks; fsspec drops its
+    cached filesystems in every child, and freeing that client there hung the child for ever (every
+    later forking test of the session, e.g. test_lease's racers, timed out). The child keeps it."""
+    Store(f"{hdfs_root}/forked").write_bytes_atomic("a", b"1")  # then only fsspec's cache holds the client
+    fork = multiprocessing.get_context("fork")
+    queue = fork.Queue()
+    child = fork.Process(target=_put_a_listing, args=(f"{hdfs_root}/forked", queue))
+    child.start()
+    assert queue.get(timeout=60) == ["a"]  # the child opens HDFS again through a client of its own
+    child.join(30)
+    assert child.exitcode == 0
 
 
 class ThroughWebHdfs(HdfsBackend):

@@ -21,7 +21,10 @@ hdfs-native 0.14 (tests/test_hdfs.py); pyarrow's client is not (no libhdfs here:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import os
+import weakref
 from typing import IO, Any, ClassVar
 
 import fsspec
@@ -32,6 +35,27 @@ from airflow_savepoints.storage.backends.generic import FsspecBackend, temporary
 
 WEBHDFS_PORT = 9870  # dfs.namenode.http-address's default port since Hadoop 3
 
+# hdfs-native's client owns a tokio runtime whose threads a forked child does not inherit: freeing the
+# client there (fsspec clears its instance caches in every forked child) waits for those threads forever.
+_NATIVE_FILESYSTEMS: weakref.WeakSet = weakref.WeakSet()
+_HELD_ACROSS_FORK: list[Any] = []
+
+
+def _hold_before_fork() -> None:
+    """One more reference to each hdfs-native filesystem, taken before a fork: the child keeps it and so never frees one."""
+    _HELD_ACROSS_FORK[:] = list(_NATIVE_FILESYSTEMS)
+    for fs in _HELD_ACROSS_FORK:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(fs))
+
+
+def _release_after_fork_in_parent() -> None:
+    for fs in _HELD_ACROSS_FORK:
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(fs))
+    _HELD_ACROSS_FORK.clear()
+
+
+os.register_at_fork(before=_hold_before_fork, after_in_parent=_release_after_fork_in_parent)
+
 
 class HdfsBackend(FsspecBackend):
     """HDFS: hdfs-native's client (data, listings, the atomic renames); else pyarrow's, with WebHDFS for the renames."""
@@ -40,6 +64,11 @@ class HdfsBackend(FsspecBackend):
     error_hint: ClassVar[str] = ("check the NameNode in the URL (hdfs://namenode:8020/path) or the Hadoop configuration "
                                  "(HADOOP_CONF_DIR), and that the NameNode and DataNodes are up; pyarrow's client "
                                  "(without hdfs-native) needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)")
+
+    def __init__(self, fs: Any, protocol: str):
+        super().__init__(fs, protocol)
+        if type(fs).__module__.startswith("hdfs_native"):
+            _NATIVE_FILESYSTEMS.add(fs)
 
     @classmethod
     def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
