@@ -407,7 +407,8 @@ def dispose(
     """Delete a savepoint (only a complete savepoint inside the savepoint directory)."""
     root = open_root(conn_id, savepoint_dir, required=False)
     info = core.dispose_savepoint(pointer, savepoint_dir=root.url if root else None,
-                                  storage_options=root.storage_options if root else storage_options(conn_id))
+                                  storage_options=root.storage_options if root else storage_options(conn_id),
+                                  by="airflow-savepoints dispose (CLI)")
     _emit(as_json, {"disposed": info.pointer, "savepoint_id": info.manifest.savepoint_id},
           f"disposed {info.pointer}")
 
