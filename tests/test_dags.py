@@ -107,7 +107,7 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
 
     import airflow_savepoints.demo.app as demo
     from airflow_savepoints.core import list_savepoints
-    from airflow_savepoints.jobs.launcher import read_run, stop_process
+    from airflow_savepoints.jobs.launcher import job_status, read_run, stop_process
     from airflow_savepoints.storage import Store
 
     monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
@@ -149,9 +149,13 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
         deadline = time.monotonic() + 180
         while demo.committed_event_ids(tmp_path / "output") != sorted(sent) and time.monotonic() < deadline:
             time.sleep(1)
+        run("stop_job_with_savepoint", job="demo-dedup")  # the demo's end: a user's stop, not a kill
+        assert job_status("demo-dedup", job_folder).state == "stopped"
+        last_saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo-dedup")[-1]
+        assert (last_saved.type.value, last_saved.batch_id > stop_batch) == ("stop", True)
     finally:
         last = read_run(job_folder)
-        if last is not None:
+        if last is not None and last.ended is None:
             stop_process(last, grace=30)
     # every event exactly once in what the sink committed (files of a killed batch are not committed)
     assert demo.committed_event_ids(tmp_path / "output") == sorted(sent)
