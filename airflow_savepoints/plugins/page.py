@@ -83,6 +83,12 @@ tr.savepoint.selected td:first-child { box-shadow: inset 3px 0 0 var(--accent); 
 .badge.manual, .badge.stop, .badge.retained_checkpoint { color: var(--warning); border-color: var(--warning); }
 .pager { display: flex; gap: 8px; align-items: center; justify-content: flex-end; padding: 6px 0 0; font-size: 13px; }
 .empty { padding: 10px 0; color: var(--fg-muted); }
+.reason { color: var(--error); font-size: 12px; white-space: normal; }
+tr.job .reason { max-width: 280px; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; overflow: hidden; }
+.charts { display: flex; gap: 24px; flex-wrap: wrap; }
+.chart { margin: 0; color: var(--info); }
+.chart figcaption { font-size: 12px; color: var(--fg-muted); }
+table.history td.wrap { white-space: normal; }
 #detail { position: fixed; top: 0; right: 0; bottom: 0; width: min(680px, 60vw); overflow: auto; z-index: 10;
   border-left: 1px solid var(--border); background: var(--bg); padding: 12px 16px; box-shadow: -8px 0 24px rgba(0, 0, 0, .18); }
 #detail[hidden] { display: none; }
