@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-not-slow demo bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite bench-peers
+.PHONY: install test test-fast test-not-slow demo console bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite bench-peers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,10 @@ azurite:
 
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)
+
+# the savepoints console on the demo's data (runs the demo first when demo-run/ holds none); Ctrl-C stops it
+console: $(STAMP)
+	$(BIN)/airflow-savepoints demo --console --workdir demo-run $(CONSOLE_ARGS)
 
 # Benchmarks are never part of `make test`. xxhash/blake3 are only measured as checksum candidates,
 # matplotlib draws docs/performance.png; the suite runs without them. The object-store benchmark's peers

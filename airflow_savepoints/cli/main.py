@@ -549,9 +549,17 @@ def demo(
     interval: Annotated[float, typer.Option(min=0, help="Seconds between them.")] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="The demo's lines on stderr; one JSON document "
                                                          "(ok, exit_code, workdir) on stdout at the end.")] = False,
+    console: Annotated[bool, typer.Option("--console", help="Serve the savepoints console on the demo in WORKDIR "
+                                                            "(run it first if there is none) until Ctrl-C.")] = False,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The console's port (with --console).")] = 8080,
 ) -> None:
     """Run the end-to-end demo: the example DAGs on a local Airflow and Spark (needs the [spark] extra)."""
     from importlib.metadata import PackageNotFoundError, distribution
+
+    if console and (workdir / "savepoints").is_dir():
+        from airflow_savepoints.demo.console import serve
+
+        raise typer.Exit(serve(workdir, port))
 
     try:
         distribution("pyspark")  # the full pyspark (with Spark's jars), not only the Spark provider's pyspark-client
@@ -565,6 +573,10 @@ def demo(
         demo_console.file = sys.stderr
     code = run_demo(workdir.resolve(), rounds, interval)
     _emit(as_json, {"ok": code == 0, "exit_code": code, "workdir": str(workdir.resolve())})
+    if console and code == 0:
+        from airflow_savepoints.demo.console import serve
+
+        code = serve(workdir, port)
     raise typer.Exit(code)
 
 

@@ -192,8 +192,8 @@ def run(workdir: Path, rounds: int, interval: float) -> int:
 
 def open_console_hint(workdir: Path) -> str:
     """How to open the savepoints console on what the demo made."""
-    return (f"open the console on this demo's savepoints: make console (or airflow-savepoints demo --console "
-            f"--workdir {workdir}), then http://localhost:8080/savepoints/")
+    return (f"open the savepoints console on what the demo made: make console (or airflow-savepoints demo --console "
+            f"--workdir {workdir}), then http://127.0.0.1:8080/plugin/savepoints")
 
 
 def main() -> None:
