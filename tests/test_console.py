@@ -410,10 +410,12 @@ const facts = Object.fromEntries(Array.from(detail.querySelectorAll('dd[data-fac
 const values = Object.fromEntries(Array.from(detail.querySelectorAll('code[data-value]')).map(c => [c.dataset.value, c.textContent]));
 return {facts, values, title: detail.querySelector('h2').textContent};""")
 HISTORY = in_page("""return Object.fromEntries(Array.from(doc.querySelectorAll('.history-view')).map(view => [view.dataset.job, {
-  rows: Array.from(view.querySelectorAll('tr.attempt')).map(row => [row.dataset.outcome, ...Array.from(row.cells).map(c => c.textContent)]),
+  rows: Array.from(view.querySelectorAll('tr.attempt')).map(row => [row.dataset.outcome,
+    ...Array.from(row.cells).map(c => c.textContent)]),
   charts: Array.from(view.querySelectorAll('figure.chart')).map(f => [f.dataset.chart, f.querySelectorAll('svg circle').length,
     f.textContent]),
-  operators: Array.from(view.querySelectorAll('table.operators tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))}]));""")
+  operators: Array.from(view.querySelectorAll('table.operators tbody tr')).map(
+    r => Array.from(r.cells).map(c => c.textContent))}]));""")
 PROBLEM = in_page("""const banner = doc.querySelector('#problem .banner');
 return doc.body.dataset.loaded === 'true' && banner ? {code: banner.dataset.code, text: banner.textContent,
   color: getComputedStyle(banner.querySelector('.title')).color} : null;""")

@@ -102,7 +102,8 @@ def _newest_batch(beat: int | None, checkpoint: str | None) -> int | None:
     return max((b for b in (beat, committed) if b is not None), default=None)
 
 
-_ROOT_CAUSE = re.compile(r"Exception|\bERROR\b|\[[A-Z_]+(\.[A-Z_]+)*\]")  # a stack trace's head, an ERROR log line, a Spark error class
+# a stack trace's head, an ERROR log line, a Spark error class
+_ROOT_CAUSE = re.compile(r"Exception|\bERROR\b|\[[A-Z_]+(\.[A-Z_]+)*\]")
 _FAILURE = re.compile(r"Error|exitCode=|Caused by|FAILED|[Ff]ailed|refused|denied|not found")
 _CHATTER = re.compile(r"\b(INFO|DEBUG|TRACE|WARN)\b")  # a log line that reports, not fails
 _LOG_PREFIX = re.compile(r"^\d{2,4}[-/]\d{2}[-/]\d{2}[ T][\d:.,]+\s+(ERROR|FATAL)\s+")  # "26/11/25 18:00:02 ERROR "

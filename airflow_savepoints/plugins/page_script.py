@@ -378,6 +378,7 @@ function historyTable(job, entries) {
     el("td", {class: "num", text: size(e.bytes)}), el("td", {class: "num", text: e.files ?? ""}),
     el("td", {class: "wrap"}, outcomeDetail(e)))));
   return el("table", {class: "history", data: {job}},
+    el("colgroup", {}, ["18%", "22%", "8%", "9%", "7%", "7%", "5%", ""].map(width => el("col", {style: width && "width:" + width}))),
     el("thead", {}, el("tr", {}, ["Ended", "Savepoint", "Type", "Outcome", "Duration", "Size", "Files", "Detail"].map(
       (name, i) => el("th", {class: [4, 5, 6].includes(i) ? "num" : "", text: name})))), body);
 }
