@@ -57,8 +57,7 @@ from airflow_savepoints.storage.store import SourceChangedError
 log = logging.getLogger(__name__)
 
 # A Spark checkpoint does not record the Spark version that wrote it, and the worker's pyspark need not be the
-# job's: the manifest says "unknown" unless the caller knows (spark_version=).
-UNKNOWN_SPARK_VERSION = "unknown"
+# job's: the manifest leaves it out (null) unless the caller knows (spark_version=).
 
 Notify = Callable[[str, dict[str, Any]], None]
 Listed = tuple[CheckpointPlan, Mapping[str, FileStat]]
@@ -417,7 +416,7 @@ class SavepointRun:
             includes_next_offsets=plan.includes_next_offsets, includes_next_state=plan.includes_next_state,
             type=request.savepoint_type, reason=request.reason, request_id=request.request_id,
             created_at=datetime.now(UTC), tool_version=__version__,
-            spark_version=request.spark_version or UNKNOWN_SPARK_VERSION, job_version=request.job_version,
+            spark_version=request.spark_version, job_version=request.job_version,
             checkpoint=self.source.url,
             offset_log_version=plan.offset_log_version, commit_log_version=plan.commit_log_version,
             state_store=StateStoreSettings(

@@ -521,7 +521,7 @@ function detailView(answer) {
     fact("Created", formatTime(sp.created_at), " (", age(sp.created_at), ")"),
     fact("Reason", sp.reason || "\u2014"), fact("Request id", sp.request_id || "\u2014"),
     fact("Query id", el("span", {class: "mono", text: sp.query_id || ""})),
-    fact("Spark version", sp.spark_version || "unknown"),
+    fact("Spark version", sp.spark_version || "not recorded (the checkpoint does not say; the job's driver was not asked)"),
     fact("Source checkpoint", el("span", {class: "mono", text: manifest.checkpoint || "\u2014"})),
     fact("Files", `${sp.files ?? ""} files, ${size(sp.bytes)}`),
     fact("Checksums", checksumsFact(answer)),
