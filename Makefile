@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-not-slow demo console bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite bench-peers
+.PHONY: install test test-fast test-not-slow demo console bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite bench-peers js-lint-tools lint-js
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) browser testbed emulators
+test: $(STAMP) browser testbed emulators js-lint-tools
 	$(BIN)/pip check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -68,6 +68,19 @@ node-deps:
 azurite:
 	npm install --prefix .tools/azurite --no-audit --no-fund --no-save --silent azurite@$(AZURITE_VERSION)
 
+# Biome (the console's JavaScript linter, from the npm registry) into .tools/biome for tests/test_console.py's
+# lint test; without npm the test is skipped with the reason. `make lint-js` runs it alone.
+BIOME_VERSION := 2.6.8
+BIOME := .tools/biome/node_modules/.bin/biome
+
+js-lint-tools:
+	@if [ -x $(BIOME) ]; then :; \
+	elif command -v npm >/dev/null; then npm install --prefix .tools/biome --no-audit --no-fund --no-save --silent @biomejs/biome@$(BIOME_VERSION); \
+	else echo "note: no npm: the JavaScript lint test will be skipped"; fi
+
+lint-js: js-lint-tools
+	$(BIOME) lint --error-on-warnings airflow_savepoints/plugins/static
+
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)
 
@@ -93,8 +106,8 @@ bench: $(STAMP)
 bench-full: $(STAMP)
 	-$(BIN)/pip install --quiet xxhash blake3 matplotlib
 	-$(MAKE) --no-print-directory bench-peers
-	$(BIN)/python benchmarks/run.py --json-file docs/performance.json --plot docs/performance.png $(BENCH_ARGS)
-	$(BIN)/python benchmarks/run.py --object-store --json-file docs/performance-object-store.json $(BENCH_ARGS)
+	$(BIN)/python benchmarks/run.py --json-file benchmarks/results/performance.json --plot docs/performance.png $(BENCH_ARGS)
+	$(BIN)/python benchmarks/run.py --object-store --json-file benchmarks/results/performance-object-store.json $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo-run test-artifacts .tools

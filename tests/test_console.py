@@ -10,6 +10,7 @@ form; screenshots go to test-artifacts/ (the main ones are copied into docs/ by 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import socket
@@ -134,6 +135,19 @@ def test_a_failure_reason_is_its_error_line_not_the_log_around_it():
     assert error_reason(FRAUD_LOG) == FRAUD_REASON
     assert error_reason("RuntimeError: the Kafka topic 'fraud' was deleted") == "RuntimeError: the Kafka topic 'fraud' was deleted"
     assert error_reason("nothing failed here\nat all") == "nothing failed here"
+
+
+BIOME = ROOT / ".tools" / "biome" / "node_modules" / ".bin" / "biome"
+
+
+@pytest.mark.skipif(not BIOME.exists(), reason="the JavaScript linter is not installed: `make js-lint-tools` "
+                                              "(npm install of @biomejs/biome into .tools/biome; needs Node.js and npm)")
+def test_the_console_script_passes_the_linter():
+    """plugins/static/console.js, as the page loads it, passes Biome's recommended rules (biome.json)."""
+    linted = subprocess.run([str(BIOME), "lint", "--error-on-warnings", "airflow_savepoints/plugins/static"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert linted.returncode == 0, linted.stdout[-4000:] + linted.stderr[-4000:]
+    assert "Checked 1 file" in linted.stdout + linted.stderr
 
 
 def test_pages_commands_and_intervals():
@@ -318,6 +332,18 @@ def test_history_keeps_every_attempt_and_a_declared_job_is_no_error(console):
         assert answer.status_code == 200 and answer.json()["declared"] is True, answer.text
         assert "no savepoint" in answer.json()["message"] and answer.json()["total"] == 0
     assert c.get(f"{API}/jobs/nobody/history").json()["error"]["code"] == "job_not_found"
+
+
+@pytest.mark.slow
+def test_the_page_loads_its_script_from_the_plugin(console):
+    c = console
+    page = c.get("/savepoints/ui", headers={"Accept": "text/html"}).text
+    served = c.get("/savepoints/static/console.js")
+    source = (ROOT / "airflow_savepoints" / "plugins" / "static" / "console.js").read_bytes()
+    assert served.status_code == 200 and served.headers["content-type"].startswith("text/javascript")
+    assert served.content == source
+    assert f'<script src="/savepoints/static/console.js?v={hashlib.sha256(source).hexdigest()[:12]}">' in page
+    assert c.get("/savepoints/static/console.js", auth=False).status_code == 401  # as every route of the plugin
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ from airflow_savepoints.plugins.console import (
     periodic_interval_s,
     savepoint_detail,
 )
-from airflow_savepoints.plugins.page import page_refusal, render_page, wants_page
+from airflow_savepoints.plugins.page import page_refusal, render_page, script, wants_page
 from airflow_savepoints.plugins.savepoints import URL_PREFIX
 from airflow_savepoints.storage import Store
 
@@ -335,7 +335,14 @@ def create_app() -> FastAPI:
         """The savepoints console the Airflow UI shows in an iframe (Browse > Savepoints)."""
         root_path = request.scope.get("root_path", "").rstrip("/")
         airflow_base = root_path[: -len(URL_PREFIX)] if root_path.endswith(URL_PREFIX) else ""
-        return HTMLResponse(render_page({"api": root_path + "/api", "airflow": airflow_base}),
+        return HTMLResponse(render_page({"api": root_path + "/api", "airflow": airflow_base}, root_path + "/static/console.js"),
                             headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+    @app.get("/static/console.js")
+    def console_script() -> Response:
+        """The console's JavaScript (package data); the page asks for it with its content's hash."""
+        body, _ = script()
+        return Response(body, media_type="text/javascript; charset=utf-8",
+                        headers={"Cache-Control": "private, max-age=86400", "X-Content-Type-Options": "nosniff"})
 
     return app

@@ -1,6 +1,7 @@
-"""The console page's JavaScript (plain ES2020, no build step, no library): see page.py."""
-
-SCRIPT = r"""
+// The savepoints console's JavaScript (plain ES2020, no build step, no library), served by the plugin at
+// /savepoints/static/console.js; the page (plugins/page.py) defines CONFIG ({api, airflow}) before it.
+/* global CONFIG */
+"use strict";
 const API = CONFIG.api, AIRFLOW = CONFIG.airflow;
 const PAGE_SIZE = 10;
 const LIVE = ["starting", "running", "stopping", "unknown"];  // lifecycle states a stop applies to
@@ -17,11 +18,11 @@ const THEME_VARS = [["--bg", "--chakra-colors-bg"], ["--bg-subtle", "--chakra-co
   ["--font", "--chakra-fonts-body"], ["--mono", "--chakra-fonts-mono"]];
 
 function hostRoot() {
-  try { return window.parent !== window ? window.parent.document.documentElement : null; } catch (e) { return null; }
+  try { return window.parent !== window ? window.parent.document.documentElement : null; } catch (_e) { return null; }
 }
 
 function storedTheme() {
-  try { return localStorage.getItem("theme"); } catch (e) { return null; }
+  try { return localStorage.getItem("theme"); } catch (_e) { return null; }
 }
 
 function applyTheme() {
@@ -44,23 +45,23 @@ function timezone() {
   try {
     const chosen = JSON.parse(localStorage.getItem("timezone"));  // what the user picked in Airflow's settings
     if (typeof chosen === "string" && chosen) { new Intl.DateTimeFormat("en", {timeZone: chosen}); return chosen; }
-  } catch (e) { /* not set or not a zone: the browser's */ }
+  } catch (_e) { /* not set or not a zone: the browser's */ }
   return Intl.DateTimeFormat().resolvedOptions().timeZone;
 }
 
 function formatTime(iso) {
   const time = new Date(iso);
-  if (isNaN(time)) return iso || "";
+  if (Number.isNaN(time.getTime())) return iso || "";
   const parts = new Intl.DateTimeFormat("en-CA", {timeZone: timezone(), year: "numeric", month: "2-digit", day: "2-digit",
     hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "longOffset"}).formatToParts(time);
-  const part = type => (parts.find(p => p.type === type) || {}).value || "";
+  const part = type => parts.find(p => p.type === type)?.value || "";
   const offset = part("timeZoneName").replace("GMT", "") || "UTC";  // +05:30, or UTC
   return `${part("year")}-${part("month")}-${part("day")} ${part("hour")}:${part("minute")}:${part("second")} ${offset}`;
 }
 
 function relative(iso) {
   const seconds = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
-  if (!isFinite(seconds)) return "";
+  if (!Number.isFinite(seconds)) return "";
   if (seconds < 60) return Math.floor(seconds) + "s ago";
   if (seconds < 3600) return Math.floor(seconds / 60) + "m ago";
   if (seconds < 86400) return Math.floor(seconds / 3600) + "h " + Math.floor(seconds % 3600 / 60) + "m ago";
@@ -118,13 +119,13 @@ async function call(url, options) {
   let response;
   try {
     response = await fetch(url, {credentials: "same-origin", signal: controller.signal,
-      headers: {Accept: "application/json", ...((options || {}).headers || {})}, ...(options || {}), });
+      headers: {Accept: "application/json", ...(options?.headers || {})}, ...(options || {}), });
   } catch (error) {
     throw new ApiError(0, {code: "unreachable", message: "the Airflow API server did not answer (" + error.message + ")",
       hint: "check your connection to Airflow and retry"});
   } finally { clearTimeout(timer); }
   let body = null;
-  try { body = await response.json(); } catch (e) { body = null; }
+  try { body = await response.json(); } catch (_e) { body = null; }
   if (!response.ok) {
     const detail = body && (body.error || {message: typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail)});
     throw new ApiError(response.status, detail || {message: response.status + " " + response.statusText});
@@ -146,10 +147,10 @@ const PROBLEM_TITLES = {
 };
 
 function banner(kind, title, error, ...extra) {
-  return el("div", {class: "banner " + kind, role: kind === "error" ? "alert" : "status", data: {code: error && error.code}},
+  return el("div", {class: "banner " + kind, role: kind === "error" ? "alert" : "status", data: {code: error?.code}},
     el("div", {class: "text"}, el("div", {class: "title", text: title}),
       error ? el("div", {class: "message", text: error.message}) : null,
-      error && error.hint ? el("div", {class: "hint muted", text: error.hint}) : null, ...extra));
+      error?.hint ? el("div", {class: "hint muted", text: error.hint}) : null, ...extra));
 }
 
 function showProblem(error) {
@@ -213,12 +214,12 @@ async function runAction(action, conf, subject) {
 async function copy(text, button, code) {
   let done = false;
   const patience = new Promise((_, reject) => setTimeout(() => reject(new Error("no answer")), 1500));
-  try { await Promise.race([navigator.clipboard.writeText(text), patience]); done = true; } catch (e) {
+  try { await Promise.race([navigator.clipboard.writeText(text), patience]); done = true; } catch (_e) {
     const area = el("textarea", {style: "position:fixed;left:-9999px"});
     area.value = text;
     document.body.append(area);
     area.select();
-    try { done = document.execCommand("copy"); } catch (e2) { done = false; }
+    try { done = document.execCommand("copy"); } catch (_e2) { done = false; }
     area.remove();
   }
   if (!done) {  // the browser refused: select the text for the user's own Ctrl+C
@@ -384,13 +385,13 @@ function historyTable(job, entries) {
 }
 
 function operatorsTable(operators) {
-  const rows = Object.fromEntries(((operators.state_summary || {}).operators || []).map(o => [String(o.operator_id), o]));
+  const rows = Object.fromEntries((operators.state_summary?.operators || []).map(o => [String(o.operator_id), o]));
   if (!operators.state_stores.length) return el("div", {class: "empty", text: "A stateless query: no state per operator."});
   return el("table", {class: "stores operators"},
     el("thead", {}, el("tr", {}, ["Operator", "Partitions", "Files", "Size", "Rows"].map(n => el("th", {text: n})))),
     el("tbody", {}, operators.state_stores.map(s => el("tr", {data: {operator: s.operator}}, el("td", {text: s.operator}),
       el("td", {text: s.partitions}), el("td", {text: s.files}), el("td", {text: size(s.bytes)}),
-      el("td", {text: (rows[String(s.operator)] || {}).rows ?? "\u2014",
+      el("td", {text: rows[String(s.operator)]?.rows ?? "\u2014",
         title: rows[String(s.operator)] ? "" : "not inspected (InspectSavepointOperator records rows)"})))));
 }
 
@@ -598,4 +599,3 @@ function start() {
 }
 
 start();
-"""
