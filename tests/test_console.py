@@ -48,10 +48,11 @@ browser_needed = pytest.mark.skipif(
 # ---- the savepoint root the console shows ----------------------------------------------------------
 
 RETIRED = "beyond max_periodic 3: not among the newest periodic savepoints"
-FRAUD_REASON = ("MicroBatchExecution: Query fraud terminated with error "
-                "org.apache.kafka.common.errors.UnknownTopicOrPartitionException: the Kafka topic 'fraud' was deleted")
+FRAUD_REASON = "UnknownTopicOrPartitionException: the Kafka topic 'fraud' was deleted"
 FRAUD_LOG = "\n".join(["the query stopped; driver log:", "26/11/25 18:00:01 INFO SparkContext: Running Spark version 4.2.0",
-                       "26/11/25 18:00:02 ERROR " + FRAUD_REASON, "26/11/25 18:00:03 INFO ShutdownHookManager: Shutdown hook called"])
+                       "26/11/25 18:00:02 ERROR MicroBatchExecution: Query fraud terminated with error "
+                       "org.apache.kafka.common.errors." + FRAUD_REASON,
+                       "26/11/25 18:00:03 INFO ShutdownHookManager: Shutdown hook called"])
 
 def _beat(root: Path, job: str, run_id: str, **facts: Any) -> JobControl:
     control = JobControl(Store(str(root / job / CONTROL_FOLDER / run_id)))
@@ -131,7 +132,7 @@ def test_a_failure_reason_is_its_error_line_not_the_log_around_it():
               "26/11/25 18:00:01 INFO SparkContext: Running Spark version 4.2.0\n"
               "26/11/25 18:00:02 ERROR Executor: org.apache.spark.SparkException: [CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT] "
               "cannot commit exitCode=143\n26/11/25 18:00:03 INFO ShutdownHookManager: Shutdown hook called")
-    assert error_reason(exited).startswith("Executor: org.apache.spark.SparkException: [CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT]")
+    assert error_reason(exited) == "SparkException: [CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT] cannot commit exitCode=143"
     assert error_reason(FRAUD_LOG) == FRAUD_REASON
     assert error_reason("RuntimeError: the Kafka topic 'fraud' was deleted") == "RuntimeError: the Kafka topic 'fraud' was deleted"
     assert error_reason("nothing failed here\nat all") == "nothing failed here"
@@ -148,6 +149,14 @@ def test_the_console_script_passes_the_linter():
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert linted.returncode == 0, linted.stdout[-4000:] + linted.stderr[-4000:]
     assert "Checked 1 file" in linted.stdout + linted.stderr
+
+
+def test_the_last_batch_is_the_checkpoints_when_the_heartbeat_lags(stopped_checkpoint, tmp_path):
+    from airflow_savepoints.plugins.console import _newest_batch
+
+    assert _newest_batch(4, str(stopped_checkpoint)) == 5  # the heartbeat said 4, the checkpoint committed 5
+    assert _newest_batch(7, str(stopped_checkpoint)) == 7
+    assert _newest_batch(4, str(tmp_path / "elsewhere")) == 4 and _newest_batch(None, None) is None
 
 
 def test_pages_commands_and_intervals():

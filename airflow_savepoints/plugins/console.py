@@ -106,17 +106,19 @@ def _newest_batch(beat: int | None, checkpoint: str | None) -> int | None:
 _ROOT_CAUSE = re.compile(r"Exception|\bERROR\b|\[[A-Z_]+(\.[A-Z_]+)*\]")
 _FAILURE = re.compile(r"Error|exitCode=|Caused by|FAILED|[Ff]ailed|refused|denied|not found")
 _CHATTER = re.compile(r"\b(INFO|DEBUG|TRACE|WARN)\b")  # a log line that reports, not fails
-_LOG_PREFIX = re.compile(r"^\d{2,4}[-/]\d{2}[-/]\d{2}[ T][\d:.,]+\s+(ERROR|FATAL)\s+")  # "26/11/25 18:00:02 ERROR "
+_THROWN = re.compile(r"(?:[A-Za-z_$][\w$]*\.)*([A-Z][\w$]*(?:Exception|Error)\b.*)$")  # "org.x.FooException: why"
 
 
 def error_reason(error: str) -> str:
     """A failure's reason first: the line of ``error`` (often a Spark log) that says what failed, not
-    the INFO lines around it: an exception or ERROR line, else one naming a failure, else the first line."""
+    the INFO lines around it: an exception or ERROR line, else one naming a failure, else the first line;
+    from its exception's class name on when it names one ("UnknownTopicOrPartitionException: ...")."""
     lines = [line.strip() for line in error.splitlines() if line.strip()]
     for pattern in (_ROOT_CAUSE, _FAILURE):
         telling = [line for line in lines if pattern.search(line) and not _CHATTER.search(line)]
         if telling:
-            return _LOG_PREFIX.sub("", telling[0])[:300]
+            thrown = _THROWN.search(telling[0])
+            return (thrown.group(1) if thrown else telling[0])[:300]
     return (lines[0] if lines else error)[:300]
 
 
