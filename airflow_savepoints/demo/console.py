@@ -87,7 +87,11 @@ def serve(workdir: Path, port: int = 8080, say: Callable[[str], None] = _say, ti
         server = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "api-server"], env=env, stdout=output,
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                   cwd=env["AIRFLOW_HOME"])
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C and SIGTERM stop it, also where SIGINT came in ignored (a shell's background job)
+    previous = {number: signal.signal(number, interrupt) for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         deadline = time.monotonic() + timeout
         while not _healthy(url):
@@ -105,7 +109,8 @@ def serve(workdir: Path, port: int = 8080, say: Callable[[str], None] = _say, ti
         say("stopping the console")
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         _stop(server)
 
 
