@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-not-slow demo bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite jars bench-peers
+.PHONY: install test test-fast test-not-slow demo console bench bench-full clean browser browser-deps testbed testbed-deps emulators node-deps azurite jars bench-peers js-lint-tools lint-js
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) browser testbed emulators jars
+test: $(STAMP) browser testbed emulators js-lint-tools jars
 	$(BIN)/pip check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -85,8 +85,25 @@ jars:
 			-DoutputDirectory=$(CURDIR)/.tools/jars/$$set && touch .tools/jars/$$set/.complete || exit 1; \
 	done
 
+# Biome (the console's JavaScript linter, from the npm registry) into .tools/biome for tests/test_console.py's
+# lint test; without npm the test is skipped with the reason. `make lint-js` runs it alone.
+BIOME_VERSION := 2.6.8
+BIOME := .tools/biome/node_modules/.bin/biome
+
+js-lint-tools:
+	@if [ -x $(BIOME) ]; then :; \
+	elif command -v npm >/dev/null; then npm install --prefix .tools/biome --no-audit --no-fund --no-save --silent @biomejs/biome@$(BIOME_VERSION); \
+	else echo "note: no npm: the JavaScript lint test will be skipped"; fi
+
+lint-js: js-lint-tools
+	$(BIOME) lint --error-on-warnings airflow_savepoints/plugins/static
+
 demo: $(STAMP)
 	$(BIN)/python -m airflow_savepoints.demo $(DEMO_ARGS)
+
+# the savepoints console on the demo's data (runs the demo first when demo-run/ holds none); Ctrl-C stops it
+console: $(STAMP)
+	$(BIN)/airflow-savepoints demo --console --workdir demo-run $(CONSOLE_ARGS)
 
 # Benchmarks are never part of `make test`. xxhash/blake3 are only measured as checksum candidates,
 # matplotlib draws docs/performance.png; the suite runs without them. The object-store benchmark's peers
@@ -106,8 +123,8 @@ bench: $(STAMP)
 bench-full: $(STAMP)
 	-$(BIN)/pip install --quiet xxhash blake3 matplotlib
 	-$(MAKE) --no-print-directory bench-peers
-	$(BIN)/python benchmarks/run.py --json-file docs/performance.json --plot docs/performance.png $(BENCH_ARGS)
-	$(BIN)/python benchmarks/run.py --object-store --json-file docs/performance-object-store.json $(BENCH_ARGS)
+	$(BIN)/python benchmarks/run.py --json-file benchmarks/results/performance.json --plot docs/performance.png $(BENCH_ARGS)
+	$(BIN)/python benchmarks/run.py --object-store --json-file benchmarks/results/performance-object-store.json $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo-run test-artifacts .tools

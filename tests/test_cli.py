@@ -75,6 +75,25 @@ def test_human_output_and_console_script(checkpoint, tmp_path):
     assert result.exit_code == 0 and "savepoint completed" in result.stdout
     result = runner.invoke(app, ["list", "--job", "orders", "--dir", str(sp_dir)])
     assert result.exit_code == 0 and "manual" in result.stdout and "savepoint-" in result.stdout
+
+
+def test_list_fits_an_80_column_terminal(checkpoint, tmp_path, monkeypatch):
+    from rich.console import Console
+
+    import airflow_savepoints.cli.main as main
+
+    sp_dir = tmp_path / "sp"
+    reason = "before the upgrade of the fraud model to version 7, asked by the on-call engineer"
+    runner.invoke(app, ["trigger", str(checkpoint), "--job", "orders", "--dir", str(sp_dir), "--reason", reason])
+    code, listed = cli("list", "--job", "orders", "--dir", str(sp_dir))
+    taken = listed["savepoints"][0]
+    assert taken["reason"] == reason  # whole in --json
+    monkeypatch.setattr(main, "out", Console(width=80, highlight=False))
+    result = runner.invoke(app, ["list", "--job", "orders", "--dir", str(sp_dir)])
+    lines = result.stdout.splitlines()
+    assert result.exit_code == 0 and max(len(line) for line in lines) <= 80, result.stdout
+    row = next(line for line in lines if taken["savepoint_id"].removeprefix("savepoint-") in line)  # on one line
+    assert "manual" in row and "completed" in row and f"{taken['batch_id']}" in row and "before the" in row
     script = Path(sys.executable).parent / "airflow-savepoints"
     proc = subprocess.run([str(script), "show", str(tmp_path / "nowhere")], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1

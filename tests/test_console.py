@@ -10,6 +10,7 @@ form; screenshots go to test-artifacts/ (the main ones are copied into docs/ by 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import socket
@@ -24,9 +25,10 @@ from typing import Any
 
 import pytest
 
-from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.core import dispose_savepoint, take_savepoint
 from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.models import SavepointType
+from airflow_savepoints.errors import CheckpointNotFoundError
 from airflow_savepoints.jobs.control import CONTROL_FOLDER, JobControl
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
@@ -44,6 +46,13 @@ browser_needed = pytest.mark.skipif(
 
 
 # ---- the savepoint root the console shows ----------------------------------------------------------
+
+RETIRED = "beyond max_periodic 3: not among the newest periodic savepoints"
+FRAUD_REASON = "UnknownTopicOrPartitionException: the Kafka topic 'fraud' was deleted"
+FRAUD_LOG = "\n".join(["the query stopped; driver log:", "26/11/25 18:00:01 INFO SparkContext: Running Spark version 4.2.0",
+                       "26/11/25 18:00:02 ERROR MicroBatchExecution: Query fraud terminated with error "
+                       "org.apache.kafka.common.errors." + FRAUD_REASON,
+                       "26/11/25 18:00:03 INFO ShutdownHookManager: Shutdown hook called"])
 
 def _beat(root: Path, job: str, run_id: str, **facts: Any) -> JobControl:
     control = JobControl(Store(str(root / job / CONTROL_FOLDER / run_id)))
@@ -63,7 +72,11 @@ def populate(root: Path, checkpoint: Path, earlier: Path) -> dict[str, list[str]
                                                          "in flight", None)
     _beat(root, "orders", "run-orders-1", last_committed_batch=5)
 
+    retired = take(checkpoint, "payments", "periodic", "hourly")  # disposed below: only its history entry remains
     taken["payments"] = [take(checkpoint, "payments", "stop", "decommissioned")]
+    dispose_savepoint(str(root / "payments" / retired), savepoint_dir=str(root), by="retention", why=RETIRED)
+    with pytest.raises(CheckpointNotFoundError):  # a "Savepoint now" of a job whose checkpoint is gone
+        take_savepoint(str(root.parent / "gone-checkpoint"), "payments", savepoint_dir=str(root), savepoint_type="manual")
     payments = _beat(root, "payments", "run-payments-1", last_committed_batch=5)
     payments.acknowledge_stop({"request_id": "stop-1"}, last_committed_batch=5)
 
@@ -75,7 +88,7 @@ def populate(root: Path, checkpoint: Path, earlier: Path) -> dict[str, list[str]
     taken["fraud"] = [take(checkpoint, "fraud", "manual", "before a schema change")]
     Catalog(Store(str(root / "fraud")), "fraud").update(
         lambda doc: setattr(doc.records[taken["fraud"][0]], "conflict", "its _metadata names another query"))
-    _beat(root, "fraud", "run-fraud-1").report_failure(RuntimeError("the Kafka topic 'fraud' was deleted"))
+    _beat(root, "fraud", "run-fraud-1").report_failure(RuntimeError(FRAUD_LOG))
 
     taken["clicks"] = [take(checkpoint, "clicks", "periodic", "hourly")]  # the lifecycle never ran it
     (root / "empty-job").mkdir()
@@ -110,6 +123,40 @@ def test_job_folders_are_directories_and_a_missing_root_says_so(tmp_path):
     assert list_jobs(Store(str(root))) == ["orders", "payments"]
     (root / "empty").mkdir()
     assert list_jobs(Store(str(tmp_path / "savepoints" / "empty"))) == []  # exists, no jobs: not an error
+
+
+def test_a_failure_reason_is_its_error_line_not_the_log_around_it():
+    from airflow_savepoints.plugins.console import error_reason
+
+    exited = ("its process (pid 12) exited without a stop request; last log lines:\n"
+              "26/11/25 18:00:01 INFO SparkContext: Running Spark version 4.2.0\n"
+              "26/11/25 18:00:02 ERROR Executor: org.apache.spark.SparkException: [CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT] "
+              "cannot commit exitCode=143\n26/11/25 18:00:03 INFO ShutdownHookManager: Shutdown hook called")
+    assert error_reason(exited) == "SparkException: [CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT] cannot commit exitCode=143"
+    assert error_reason(FRAUD_LOG) == FRAUD_REASON
+    assert error_reason("RuntimeError: the Kafka topic 'fraud' was deleted") == "RuntimeError: the Kafka topic 'fraud' was deleted"
+    assert error_reason("nothing failed here\nat all") == "nothing failed here"
+
+
+BIOME = ROOT / ".tools" / "biome" / "node_modules" / ".bin" / "biome"
+
+
+@pytest.mark.skipif(not BIOME.exists(), reason="the JavaScript linter is not installed: `make js-lint-tools` "
+                                              "(npm install of @biomejs/biome into .tools/biome; needs Node.js and npm)")
+def test_the_console_script_passes_the_linter():
+    """plugins/static/console.js, as the page loads it, passes Biome's recommended rules (biome.json)."""
+    linted = subprocess.run([str(BIOME), "lint", "--error-on-warnings", "airflow_savepoints/plugins/static"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert linted.returncode == 0, linted.stdout[-4000:] + linted.stderr[-4000:]
+    assert "Checked 1 file" in linted.stdout + linted.stderr
+
+
+def test_the_last_batch_is_the_checkpoints_when_the_heartbeat_lags(stopped_checkpoint, tmp_path):
+    from airflow_savepoints.plugins.console import _newest_batch
+
+    assert _newest_batch(4, str(stopped_checkpoint)) == 5  # the heartbeat said 4, the checkpoint committed 5
+    assert _newest_batch(7, str(stopped_checkpoint)) == 7
+    assert _newest_batch(4, str(tmp_path / "elsewhere")) == 4 and _newest_batch(None, None) is None
 
 
 def test_pages_commands_and_intervals():
@@ -248,6 +295,7 @@ def test_overview_summarises_every_job_folder(console):
     assert jobs["inventory"]["state"] == "running" and jobs["inventory"]["stale"] is True
     assert jobs["inventory"]["newest_age_s"] >= 7200 - 5
     assert jobs["fraud"]["state"] == "failed" and "Kafka topic 'fraud' was deleted" in jobs["fraud"]["lifecycle"]["error"]
+    assert jobs["fraud"]["lifecycle"]["reason"] == FRAUD_REASON  # the ERROR line, not the INFO lines around it
     assert jobs["fraud"]["newest"] is None and jobs["fraud"]["conflicts"] == 1  # a savepoint in conflict is never "newest"
     assert jobs["clicks"]["state"] is None and jobs["clicks"]["lifecycle"] is None
     assert jobs["empty-job"]["savepoints"] == 0 and jobs["empty-job"]["newest"] is None
@@ -268,6 +316,43 @@ def test_savepoints_are_paged_newest_first(console):
     for bad in ({"limit": 0}, {"offset": -1}, {"order": "random"}, {"limit": 5000}):
         answer = c.get(f"{API}/jobs/orders/savepoints", params=bad)
         assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_input", (bad, answer.text)
+
+
+@pytest.mark.slow
+def test_history_keeps_every_attempt_and_a_declared_job_is_no_error(console):
+    c = console
+    orders = c.get(f"{API}/jobs/orders/history").json()
+    assert [(e["savepoint_id"], e["outcome"]) for e in orders["history"]] == [(s, "completed") for s in c.taken["orders"][::-1]]
+    manifests = {sid: json.loads((c.root / "orders" / sid / "_metadata").read_text()) for sid in c.taken["orders"]}
+    for entry in orders["history"]:
+        manifest = manifests[entry["savepoint_id"]]
+        assert (entry["bytes"], entry["files"], entry["batch_id"]) == (manifest["total_bytes"], len(manifest["files"]),
+                                                                        manifest["batch_id"])
+        assert 0 <= entry["duration_s"] < 120
+    assert orders["operators"]["savepoint_id"] == c.taken["orders"][-1] and orders["operators"]["state_stores"][0]["operator"] == "0"
+
+    payments = c.get(f"{API}/jobs/payments/history").json()["history"]  # newest first
+    assert [e["outcome"] for e in payments] == ["failed", "disposed", "completed", "completed"]
+    assert "gone-checkpoint" in payments[0]["error"] and payments[0]["type"] == "manual" and payments[0]["savepoint_id"] is None
+    assert (payments[1]["disposed_by"], payments[1]["reason"], payments[1]["type"]) == ("retention", RETIRED, "periodic")
+
+    for route in ("savepoints", "history"):  # declared in jobs.yaml, no folder yet: an empty answer that says so
+        answer = c.get(f"{API}/jobs/ledger/{route}")
+        assert answer.status_code == 200 and answer.json()["declared"] is True, answer.text
+        assert "no savepoint" in answer.json()["message"] and answer.json()["total"] == 0
+    assert c.get(f"{API}/jobs/nobody/history").json()["error"]["code"] == "job_not_found"
+
+
+@pytest.mark.slow
+def test_the_page_loads_its_script_from_the_plugin(console):
+    c = console
+    page = c.get("/savepoints/ui", headers={"Accept": "text/html"}).text
+    served = c.get("/savepoints/static/console.js")
+    source = (ROOT / "airflow_savepoints" / "plugins" / "static" / "console.js").read_bytes()
+    assert served.status_code == 200 and served.headers["content-type"].startswith("text/javascript")
+    assert served.content == source
+    assert f'<script src="/savepoints/static/console.js?v={hashlib.sha256(source).hexdigest()[:12]}">' in page
+    assert c.get("/savepoints/static/console.js", auth=False).status_code == 401  # as every route of the plugin
 
 
 @pytest.mark.slow
@@ -359,6 +444,13 @@ if (detail.hidden || detail.dataset.loaded !== 'true') return null;
 const facts = Object.fromEntries(Array.from(detail.querySelectorAll('dd[data-fact]')).map(dd => [dd.dataset.fact, dd.textContent]));
 const values = Object.fromEntries(Array.from(detail.querySelectorAll('code[data-value]')).map(c => [c.dataset.value, c.textContent]));
 return {facts, values, title: detail.querySelector('h2').textContent};""")
+HISTORY = in_page("""return Object.fromEntries(Array.from(doc.querySelectorAll('.history-view')).map(view => [view.dataset.job, {
+  rows: Array.from(view.querySelectorAll('tr.attempt')).map(row => [row.dataset.outcome,
+    ...Array.from(row.cells).map(c => c.textContent)]),
+  charts: Array.from(view.querySelectorAll('figure.chart')).map(f => [f.dataset.chart, f.querySelectorAll('svg circle').length,
+    f.textContent]),
+  operators: Array.from(view.querySelectorAll('table.operators tbody tr')).map(
+    r => Array.from(r.cells).map(c => c.textContent))}]));""")
 PROBLEM = in_page("""const banner = doc.querySelector('#problem .banner');
 return doc.body.dataset.loaded === 'true' && banner ? {code: banner.dataset.code, text: banner.textContent,
   color: getComputedStyle(banner.querySelector('.title')).color} : null;""")
@@ -463,7 +555,7 @@ def test_console_in_chromium(console, tmp_path):
         jobs = {row["job"]: row for row in browser.script(JOB_ROWS)}
         assert list(jobs) == JOBS and jobs["ledger"]["cells"][2] == "not started"
         assert jobs["orders"]["cells"][2:4] == ["running", "5"] and "stale" in jobs["inventory"]["cells"][4]
-        assert jobs["payments"]["cells"][2] == "stopped" and jobs["fraud"]["cells"][2] == "failed"
+        assert jobs["payments"]["cells"][2] == "stopped" and jobs["fraud"]["cells"][2] == "failed" + FRAUD_REASON
         assert "Kafka topic 'fraud' was deleted" in jobs["fraud"]["title"]
         assert "no savepoints" in jobs["empty-job"]["cells"][5] and "conflict 1" in jobs["fraud"]["cells"][5]
         assert "in progress 1" in jobs["orders"]["cells"][5] and jobs["clicks"]["cells"][2] == "\u2014"
@@ -477,6 +569,30 @@ def test_console_in_chromium(console, tmp_path):
         assert rows[1][2:6] == ["manual", "completed", "<script>alert('x')</script> before upgrade", "5"]
         assert all(r[7].endswith("ago") and r[6].endswith("B") for r in rows[1:]), rows
         browser.screenshot(ARTIFACTS / "console-jobs.png")
+
+        # the history of orders: every attempt, the size and duration trends, the state per operator
+        views = browser._wait(lambda: browser.script(HISTORY) or None, 30, "no history under orders")
+        assert [row[0] for row in views["orders"]["rows"]] == ["completed"] * 12
+        assert [row[2] for row in views["orders"]["rows"]] == ids[::-1]
+        assert all(row[5].endswith(" s") and row[6].endswith("B") for row in views["orders"]["rows"]), views["orders"]["rows"]
+        assert [(name, points) for name, points, _ in views["orders"]["charts"]] == [("Size", 12), ("Duration", 12)]
+        assert views["orders"]["operators"][0][0] == "0" and views["orders"]["operators"][0][3].endswith("B")
+        # payments: a failed attempt's reason, a disposed savepoint's entry; ledger: declared, no savepoint yet
+        click_in_page(browser, "tr.job[data-job=payments]")
+        click_in_page(browser, "tr.job[data-job=ledger]")
+        views = browser._wait(lambda: (lambda v: v if "payments" in v else None)(browser.script(HISTORY)), 30,
+                              "no history under payments")
+        failed, disposed = views["payments"]["rows"][:2]
+        assert failed[0] == "failed" and failed[2] == "\u2014" and "gone-checkpoint" in failed[8], failed
+        assert disposed[0] == "disposed" and disposed[8] == f"by retention: {RETIRED}", disposed
+        declared = browser._wait(lambda: browser.script(in_page(
+            "const b = doc.querySelector('tr.savepoints-row[data-job=ledger] .banner');"
+            " return b ? [b.dataset.code, b.textContent] : null;")), 30, "ledger did not expand")
+        assert declared[0] == "declared" and "has no savepoint" in declared[1] and "start it" in declared[1], declared
+        browser.script(in_page("doc.querySelector('.history-view[data-job=payments]').scrollIntoView(); return true;"))
+        browser.screenshot(ARTIFACTS / "console-history.png")
+        click_in_page(browser, "tr.job[data-job=payments]")
+        click_in_page(browser, "tr.job[data-job=ledger]")
         click_in_page(browser, "tr.savepoints-row[data-job=orders] .pager button:last-child")
         older = browser._wait(lambda: [r for r in browser.script(SAVEPOINT_ROWS) if r[1] == ids[0]], 30, "no older page")
         assert older and len(browser.script(SAVEPOINT_ROWS)) == 3

@@ -107,7 +107,7 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
 
     import airflow_savepoints.demo.app as demo
     from airflow_savepoints.core import list_savepoints
-    from airflow_savepoints.jobs.launcher import read_run, stop_process
+    from airflow_savepoints.jobs.launcher import job_status, read_run, stop_process
     from airflow_savepoints.storage import Store
 
     monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))
@@ -149,9 +149,13 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
         deadline = time.monotonic() + 180
         while demo.committed_event_ids(tmp_path / "output") != sorted(sent) and time.monotonic() < deadline:
             time.sleep(1)
+        run("stop_job_with_savepoint", job="demo-dedup")  # the demo's end: a user's stop, not a kill
+        assert job_status("demo-dedup", job_folder).state == "stopped"
+        last_saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo-dedup")[-1]
+        assert (last_saved.type.value, last_saved.batch_id > stop_batch) == ("stop", True)
     finally:
         last = read_run(job_folder)
-        if last is not None:
+        if last is not None and last.ended is None:
             stop_process(last, grace=30)
     # every event exactly once in what the sink committed (files of a killed batch are not committed)
     assert demo.committed_event_ids(tmp_path / "output") == sorted(sent)
@@ -212,3 +216,57 @@ def test_a_templated_job_and_a_cancel_that_retains_its_checkpoint_announce_their
     assert extras == [("periodic", saved["periodic"]), ("retained_checkpoint", saved["retained_checkpoint"])]
     assert links == {"savepoint": savepoints_page_url(job), "cancel": savepoints_page_url(job)}
     assert savepoints_page_url(job).endswith(f"/savepoints/ui?job={job}")
+
+
+def test_demo_console_serves_the_demo_and_stops_on_ctrl_c(stopped_checkpoint, tmp_path):
+    """`airflow-savepoints demo --console` on a demo's folder: an API server with the plugin on its
+    savepoints, the example DAGs unpaused, a login printed; SIGINT stops it and its workers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    import psutil
+
+    from airflow_savepoints.core import take_savepoint
+    from airflow_savepoints.demo import install_example_dags
+    from tests.support.airflow_cluster import free_port
+
+    workdir = tmp_path / "demo-run"
+    install_example_dags(workdir / "dags")
+    taken = take_savepoint(str(stopped_checkpoint), "demo-dedup", savepoint_dir=str(workdir / "savepoints"),
+                           savepoint_type="stop").manifest.savepoint_id
+    port = free_port()
+    cli = subprocess.Popen([sys.executable, "-m", "airflow_savepoints.cli.main", "demo", "--console", "--workdir",
+                            str(workdir), "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    lines: list[str] = []
+    try:
+        for line in cli.stdout:
+            lines.append(line)
+            if line.startswith("log in as admin / "):
+                password = line.split(" / ")[1].split(";")[0]
+                break
+        else:
+            raise AssertionError("".join(lines))
+        url = f"http://127.0.0.1:{port}"
+        assert f"{url}/plugin/savepoints" in lines[-2]
+        token = httpx.post(f"{url}/auth/token", json={"username": "admin", "password": password}).json()["access_token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        jobs = httpx.get(f"{url}/savepoints/api/overview", headers=headers, timeout=30).json()["jobs"]
+        assert [(j["job"], j["newest"]["savepoint_id"]) for j in jobs] == [("demo-dedup", taken)]
+        dags = httpx.get(f"{url}/api/v2/dags", headers=headers, params={"limit": 100}, timeout=30).json()["dags"]
+        assert len(dags) >= 5 and not [d["dag_id"] for d in dags if d["is_paused"]], dags
+        server = psutil.Process(cli.pid).children(recursive=True)
+        listening = [c.laddr.port for p in server for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+        assert port in listening, [p.cmdline() for p in server]  # the API server is a child of the command
+        cli.send_signal(signal.SIGINT)  # Ctrl-C
+        assert cli.wait(60) == 0, cli.stdout.read()
+        assert "stopping the console" in cli.stdout.read()
+        assert not [p for p in server if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url, timeout=5)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)

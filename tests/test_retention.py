@@ -291,3 +291,40 @@ def test_latest_and_listing_make_the_same_number_of_storage_requests_for_10_and_
           f"listing {len(listing_calls)} requests {listing_calls}")
     assert len(latest_calls) == 2  # the catalog, then the newest record's _metadata
     assert len(listing_calls) == 1  # the catalog
+
+
+def test_the_catalog_keeps_a_bounded_history_of_completed_failed_and_disposed_attempts(checkpoint, tmp_path):
+    from airflow_savepoints.core.catalog import HISTORY_LIMIT, HistoryEntry
+    from airflow_savepoints.errors import CheckpointNotFoundError
+
+    root = tmp_path / "savepoints"
+    periodic = [Path(take(checkpoint, root, "periodic", f"round {i}")).name for i in range(3)]
+    manual = Path(take(checkpoint, root, "manual", "before upgrade")).name
+    with pytest.raises(CheckpointNotFoundError):
+        take_savepoint(str(tmp_path / "gone"), JOB, savepoint_dir=str(root), savepoint_type="periodic")
+    report = retain(Store(str(root)), JOB, policy(max_periodic=1))
+    assert sorted(report.disposed) == sorted(periodic[:2])
+    dispose_savepoint(str(root / JOB / manual), savepoint_dir=str(root), by="an operator", why="upgrade done")
+
+    history = Catalog(Store(str(root / JOB)), JOB).history()
+    assert [(e.savepoint_id, e.outcome) for e in history] == [
+        *[(s, "completed") for s in periodic], (manual, "completed"), (None, "failed"),
+        *[(s, "disposed") for s in sorted(periodic[:2], key=periodic.index)], (manual, "disposed")]
+    completed = history[:4]
+    assert all(e.triggered_at <= e.ended_at and e.duration_s >= 0 and e.bytes > 0 and e.files > 0 for e in completed)
+    failed = history[4]
+    assert str(tmp_path / "gone") in failed.error and failed.type == SavepointType.PERIODIC
+    assert {e.disposed_by for e in history[5:7]} == {"retention"} and all("max_periodic" in e.reason for e in history[5:7])
+    assert (history[7].disposed_by, history[7].reason, history[7].bytes) == ("an operator", "upgrade done", completed[3].bytes)
+
+    # a catalog written before the history still loads, its records intact, with an empty history
+    raw = json.loads((root / JOB / CATALOG_FILE).read_text())
+    raw.pop("history")
+    (root / JOB / CATALOG_FILE).write_text(json.dumps(raw))
+    assert Catalog(Store(str(root / JOB)), JOB).history() == []
+    assert [r.savepoint_id for r in list_savepoints(Store(str(root)), JOB)] == [periodic[2]]
+
+    document = CatalogDocument(job=JOB)
+    for index in range(HISTORY_LIMIT + 5):
+        document.remember(HistoryEntry(outcome="failed", ended_at=datetime.now(UTC), error=f"attempt {index}"))
+    assert len(document.history) == HISTORY_LIMIT and document.history[0].error == "attempt 5"

@@ -75,6 +75,7 @@ def test_without_spark_the_provider_installs_light_lists_imports_its_dags_and_ta
     assert "pyspark-client" in names  # what the Spark provider itself pulls in
     assert "pyspark" not in names and not (site / "pyspark" / "jars").exists()  # no full pyspark, no jars
     assert not (site / "crc32c").exists() and "google-crc32c" in names
+    assert (site / "airflow_savepoints" / "plugins" / "static" / "console.js").is_file()  # the console's script: package data
 
     env = user_env(bin_dir, tmp_path / "airflow")
     work = tmp_path / "work"  # not the checkout: nothing of it is importable from here

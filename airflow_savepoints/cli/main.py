@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -245,18 +246,28 @@ def list_(
     if not rows:
         out.print(f"no savepoints of job '{job}' in {root.url}")
         return
-    table = Table(title=f"savepoints of {job} in {root.url}")
+    # fits an 80-column terminal: narrow, the ids lose their common "savepoint-" prefix, type and state are cut,
+    # the reason takes what is left; --json has every value in full
+    narrow = out.width < 100
+    table = Table(title=f"savepoints of {job} in {root.child(job).url}/", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True,
+                  caption="ids without savepoint-; --json: every value in full" if narrow else None, caption_justify="left")
+    table.add_column("savepoint", no_wrap=True, min_width=19 if narrow else 29)
+    table.add_column("type", no_wrap=True, overflow="ellipsis", max_width=10 if narrow else None)
+    table.add_column("state", no_wrap=True, overflow="ellipsis", max_width=9 if narrow else None)
+    table.add_column("batch", no_wrap=True, justify="right", min_width=5)
+    table.add_column("size", no_wrap=True, justify="right", min_width=9)
+    table.add_column("age", no_wrap=True, justify="right", min_width=4)
+    table.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=max(10, out.width - 66) if narrow else 40)
     versions = any(r.job_version_hash for r in records)  # a column only when a savepoint knows its job version
-    for column in ("type", "reason", "batch", "size", "age", "state"):
-        table.add_column(column, overflow="fold")
     if versions:
         table.add_column("version", no_wrap=True)  # the job version's short hash: whole, to compare at a glance
-    table.add_column("pointer", no_wrap=True)  # whole, to copy and paste
     for record in records:
         version = (record.job_version_hash or "",) if versions else ()
-        table.add_row(record.type.value, record.reason or "", "" if record.batch_id is None else str(record.batch_id),
+        table.add_row(record.savepoint_id.removeprefix("savepoint-") if narrow else record.savepoint_id,
+                      record.type.value, record.state.value, "" if record.batch_id is None else str(record.batch_id),
                       "" if record.bytes is None else _human_size(record.bytes), _human_age(record.created_at),
-                      record.state.value, *version, record.pointer)
+                      record.reason or "", *version)
     out.print(table)
 
 
@@ -422,7 +433,8 @@ def dispose(
     """Delete a savepoint (only a complete savepoint inside the savepoint directory)."""
     root = open_root(conn_id, savepoint_dir, required=False)
     info = core.dispose_savepoint(pointer, savepoint_dir=root.url if root else None,
-                                  storage_options=root.storage_options if root else storage_options(conn_id))
+                                  storage_options=root.storage_options if root else storage_options(conn_id),
+                                  by="airflow-savepoints dispose (CLI)")
     _emit(as_json, {"disposed": info.pointer, "savepoint_id": info.manifest.savepoint_id},
           f"disposed {info.pointer}")
 
@@ -563,9 +575,17 @@ def demo(
     interval: Annotated[float, typer.Option(min=0, help="Seconds between them.")] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="The demo's lines on stderr; one JSON document "
                                                          "(ok, exit_code, workdir) on stdout at the end.")] = False,
+    console: Annotated[bool, typer.Option("--console", help="Serve the savepoints console on the demo in WORKDIR "
+                                                            "(run it first if there is none) until Ctrl-C.")] = False,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The console's port (with --console).")] = 8080,
 ) -> None:
     """Run the end-to-end demo: the example DAGs on a local Airflow and Spark (needs the [spark] extra)."""
     from importlib.metadata import PackageNotFoundError, distribution
+
+    if console and (workdir / "savepoints").is_dir():
+        from airflow_savepoints.demo.console import serve
+
+        raise typer.Exit(serve(workdir, port))
 
     try:
         distribution("pyspark")  # the full pyspark (with Spark's jars), not only the Spark provider's pyspark-client
@@ -579,6 +599,10 @@ def demo(
         demo_console.file = sys.stderr
     code = run_demo(workdir.resolve(), rounds, interval)
     _emit(as_json, {"ok": code == 0, "exit_code": code, "workdir": str(workdir.resolve())})
+    if console and code == 0:
+        from airflow_savepoints.demo.console import serve
+
+        code = serve(workdir, port)
     raise typer.Exit(code)
 
 

@@ -142,12 +142,43 @@ class Pin(BaseModel):
                            else f"until {self.expires_at.isoformat()}")
 
 
+class HistoryEntry(BaseModel):
+    """One savepoint attempt as it ended: completed, failed (with its error) or disposed (by whom, why)."""
+
+    savepoint_id: str | None = None  # None: it failed before a location was chosen
+    type: SavepointType | None = None
+    outcome: Literal["completed", "failed", "disposed"]
+    triggered_at: datetime | None = None  # when the attempt began (unknown for a savepoint older than the history)
+    ended_at: datetime  # completed, failed or disposed at
+    batch_id: int | None = None
+    files: int | None = None
+    bytes: int | None = None
+    error: str | None = None  # a failure's message (its first lines)
+    disposed_by: str | None = None  # retention, dispose, ...
+    reason: str | None = None  # the savepoint's reason; for a disposal, why it was disposed
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.triggered_at is None else round((self.ended_at - self.triggered_at).total_seconds(), 3)
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.model_dump(mode="json"), "duration_s": self.duration_s}
+
+
+HISTORY_LIMIT = 100  # entries kept per job, the oldest dropped first
+
+
 class CatalogDocument(BaseModel):
     format: Literal["airflow-savepoints/catalog"] = CATALOG_FORMAT
     format_version: int = CATALOG_VERSION
     job: str
     records: dict[str, SavepointRecord] = Field(default_factory=dict)
     pins: dict[str, Pin] = Field(default_factory=dict)
+    history: list[HistoryEntry] = Field(default_factory=list)  # catalogs written before it have none
+
+    def remember(self, entry: HistoryEntry) -> None:
+        """Add ``entry`` to the bounded history (the last :data:`HISTORY_LIMIT` attempts)."""
+        self.history = [*self.history, entry][-HISTORY_LIMIT:]
 
     def active_pins(self, savepoint_id: str, now: datetime | None = None,
                     lease_names: LeaseNames | None = None) -> list[Pin]:
@@ -354,11 +385,43 @@ class Catalog:
 
     @staticmethod
     def record_completed(manifest: SavepointManifest) -> Change:
-        """The change that records the savepoint of ``manifest`` as completed (``complete`` applies it alone)."""
-        return lambda d: d.records.__setitem__(manifest.savepoint_id, SavepointRecord.from_manifest(manifest))
+        """The change that records the savepoint of ``manifest`` as completed, and its history entry
+        (``complete`` applies it alone)."""
+        def completed(document: CatalogDocument) -> None:
+            begun = document.records.get(manifest.savepoint_id)
+            record = SavepointRecord.from_manifest(manifest)
+            document.records[manifest.savepoint_id] = record
+            document.remember(HistoryEntry(
+                savepoint_id=record.savepoint_id, type=record.type, outcome="completed",
+                triggered_at=begun.created_at if begun is not None else manifest.created_at, ended_at=record.updated_at,
+                batch_id=record.batch_id, files=record.files, bytes=record.bytes, reason=record.reason))
+
+        return completed
 
     def forget(self, savepoint_id: str) -> None:
         self.update(lambda d: d.records.pop(savepoint_id, None))
+
+    def record_disposed(self, savepoint_id: str, by: str, why: str | None) -> None:
+        """Drop the record of a disposed savepoint and keep its history entry: who disposed it and why."""
+        def disposed(document: CatalogDocument) -> None:
+            record = document.records.pop(savepoint_id, None)
+            document.remember(HistoryEntry(
+                savepoint_id=savepoint_id, type=record.type if record else None, outcome="disposed", ended_at=datetime.now(UTC),
+                batch_id=record.batch_id if record else None, files=record.files if record else None,
+                bytes=record.bytes if record else None, disposed_by=by, reason=why))
+
+        self.update(disposed)
+
+    def record_failure(self, savepoint_id: str | None, savepoint_type: SavepointType, triggered_at: datetime,
+                       error: str, reason: str | None = None) -> None:
+        """Keep a failed attempt in the history, with its error."""
+        self.update(lambda d: d.remember(HistoryEntry(
+            savepoint_id=savepoint_id, type=savepoint_type, outcome="failed", triggered_at=triggered_at,
+            ended_at=datetime.now(UTC), error=error[:2000], reason=reason)))
+
+    def history(self) -> list[HistoryEntry]:
+        """The job's savepoint attempts, oldest first (one read)."""
+        return sorted((self._parse() or CatalogDocument(job=self.job)).history, key=lambda e: e.ended_at)
 
     def mark_failed(self, savepoint_id: str) -> None:
         def fail(document: CatalogDocument) -> None:

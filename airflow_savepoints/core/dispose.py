@@ -77,12 +77,14 @@ def check_no_link(location: Store, root: str) -> None:
 
 
 def dispose_savepoint(pointer: str, *, savepoint_dir: str | None = None,
-                      storage_options: dict[str, Any] | None = None) -> SavepointInfo:
-    """Delete the savepoint at ``pointer`` (see the module's docstring for the order)."""
+                      storage_options: dict[str, Any] | None = None, by: str = "dispose",
+                      why: str | None = None) -> SavepointInfo:
+    """Delete the savepoint at ``pointer`` (see the module's docstring for the order); the job's
+    history records it as disposed ``by`` (who) for ``why``."""
     location, manifest = resolve_pointer(pointer, storage_options)
     root_url = savepoint_dir or configured_savepoint_dir()
     check_under_root(location, manifest, Store(root_url, storage_options) if root_url else None)
-    return dispose_location(location, manifest)
+    return dispose_location(location, manifest, by=by, why=why)
 
 
 def _dispose_secondary(manifest: SavepointManifest) -> None:
@@ -105,7 +107,8 @@ def _dispose_secondary(manifest: SavepointManifest) -> None:
         log.warning("could not remove the secondary copy %s (%s)", manifest.secondary, exc)
 
 
-def dispose_location(location: Store, manifest: SavepointManifest) -> SavepointInfo:
+def dispose_location(location: Store, manifest: SavepointManifest, *, by: str = "dispose",
+                     why: str | None = None) -> SavepointInfo:
     """Dispose a savepoint already checked to be under its root."""
     job_folder = location.parent()
     catalog = Catalog(job_folder, manifest.job)
@@ -114,7 +117,7 @@ def dispose_location(location: Store, manifest: SavepointManifest) -> SavepointI
     _storage_retry(job_folder.remove_tree)(location.name)
     _storage_retry(remove_summary)(job_folder, location.name)
     _dispose_secondary(manifest)
-    _storage_retry(catalog.forget)(location.name)
+    _storage_retry(catalog.record_disposed)(location.name, by, why)
     return savepoint_info(location, manifest)
 
 

@@ -386,7 +386,7 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
                 report.skipped.append({"savepoint_id": decision.savepoint_id, "error": "conflict",
                                        "message": f"its _metadata now says {manifest.type.value}: kept"})
                 continue
-            dispose_location(location, manifest)
+            dispose_location(location, manifest, by="retention", why=decision.reason)
             report.disposed.append(decision.savepoint_id)
         except (SavepointNotFoundError, IncompleteSavepointError):
             catalog.forget(decision.savepoint_id)  # already gone: disposal is idempotent

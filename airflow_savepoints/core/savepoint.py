@@ -40,13 +40,14 @@ from airflow_savepoints.core.models import (
     StateStoreSettings,
     validate_job_name,
 )
-from airflow_savepoints.core.names import MANIFEST_FILE
+from airflow_savepoints.core.names import CATALOG_FILE, MANIFEST_FILE
 from airflow_savepoints.core.pointer import refuse_symlinks
 from airflow_savepoints.core.settings import resolve_savepoint_dir
 from airflow_savepoints.errors import (
     CheckpointNotFoundError,
     CheckpointRaceError,
     InvalidInputError,
+    SavepointError,
     SavepointInFlightError,
     SavepointRetriesExhaustedError,
 )
@@ -56,8 +57,7 @@ from airflow_savepoints.storage.store import SourceChangedError
 log = logging.getLogger(__name__)
 
 # A Spark checkpoint does not record the Spark version that wrote it, and the worker's pyspark need not be the
-# job's: the manifest says "unknown" unless the caller knows (spark_version=).
-UNKNOWN_SPARK_VERSION = "unknown"
+# job's: the manifest leaves it out (null) unless the caller knows (spark_version=).
 
 Notify = Callable[[str, dict[str, Any]], None]
 Listed = tuple[CheckpointPlan, Mapping[str, FileStat]]
@@ -416,7 +416,7 @@ class SavepointRun:
             includes_next_offsets=plan.includes_next_offsets, includes_next_state=plan.includes_next_state,
             type=request.savepoint_type, reason=request.reason, request_id=request.request_id,
             created_at=datetime.now(UTC), tool_version=__version__,
-            spark_version=request.spark_version or UNKNOWN_SPARK_VERSION, job_version=request.job_version,
+            spark_version=request.spark_version, job_version=request.job_version,
             checkpoint=self.source.url,
             offset_log_version=plan.offset_log_version, commit_log_version=plan.commit_log_version,
             state_store=StateStoreSettings(
@@ -450,6 +450,17 @@ class SavepointRun:
         self.notify("completed", info.summary())
         return info
 
+    def record_failure(self, triggered_at: datetime, exc: Exception) -> None:
+        """Keep the failed attempt in the job's history, when the job has a catalog already (a job
+        name that does not exist yet gets no folder for it)."""
+        try:
+            if self.job_folder.exists(CATALOG_FILE):
+                error = exc.message if isinstance(exc, SavepointError) else f"{type(exc).__name__}: {exc}"
+                self.catalog.record_failure(self.location.name if self.location is not None else None,
+                                            self.request.savepoint_type, triggered_at, error, self.request.reason)
+        except Exception as failure:  # noqa: BLE001 - the original error is what the caller needs
+            log.warning("could not record the failed savepoint of %s in its history (%s)", self.request.job, failure)
+
     def discard(self) -> None:
         """Remove this failed run's location, a ``_metadata`` it may have written included."""
         if self.location is not None:
@@ -457,20 +468,26 @@ class SavepointRun:
 
 
 def run_savepoint(request: SavepointRequest, on_event: Notify | None = None) -> SavepointInfo:
-    """Carry out ``request`` (see :func:`take_savepoint`)."""
-    run = SavepointRun(request, on_event)
-    done = run.already_taken()
-    if done is not None:
-        run.notify("reused", {"pointer": done.pointer})
-        return done
-    run.plan_first()
-    done = run.wait_for_lease()
-    if done is not None:
-        return done
+    """Carry out ``request`` (see :func:`take_savepoint`); a failure is kept in the job's history."""
+    run, triggered_at = SavepointRun(request, on_event), datetime.now(UTC)
     try:
-        return run.take()
-    finally:
-        run.lease.release()
+        done = run.already_taken()
+        if done is not None:
+            run.notify("reused", {"pointer": done.pointer})
+            return done
+        run.plan_first()
+        done = run.wait_for_lease()
+        if done is not None:
+            return done
+        try:
+            return run.take()
+        finally:
+            run.lease.release()
+    except SavepointInFlightError:
+        raise  # another request's savepoint is under way: not an attempt of ours
+    except Exception as exc:
+        run.record_failure(triggered_at, exc)
+        raise
 
 
 def take_savepoint(checkpoint: str | Store, job: str, *, on_event: Notify | None = None, **options: Any) -> SavepointInfo:

@@ -178,11 +178,22 @@ def run(workdir: Path, rounds: int, interval: float) -> int:
         deadline = time.monotonic() + 120
         while app.committed_event_ids(workdir / "output") != sorted(sent) and time.monotonic() < deadline:
             time.sleep(1)
+        ended = run_dag(dags, "stop_job_with_savepoint", log_file, job=JOB)["stop_with_savepoint"]
+        console.print(f"stop_job_with_savepoint: the job ends as a user ends it, stopped with a "
+                      f"{ended['consistency']} savepoint at batch {ended['batch_id']}")
     finally:
         last = read_run(job_folder)
-        if last is not None and stop_process(last, grace=30):
-            console.print(f"demo job (pid {last.pid}) stopped")
-    return verdict(workdir / "output", sent)
+        if last is not None and last.ended is None and stop_process(last, grace=30):
+            console.print(f"[yellow]demo job (pid {last.pid}) killed[/]: the demo did not reach its stop")
+    outcome = verdict(workdir / "output", sent)
+    console.print(open_console_hint(workdir))
+    return outcome
+
+
+def open_console_hint(workdir: Path) -> str:
+    """How to open the savepoints console on what the demo made."""
+    return (f"open the savepoints console on what the demo made: make console (or airflow-savepoints demo --console "
+            f"--workdir {workdir}), then http://127.0.0.1:8080/plugin/savepoints")
 
 
 def main() -> None:

@@ -194,6 +194,7 @@ class DisposeSavepointOperator(SavepointsBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         info = dispose_savepoint(self.pointer, savepoint_dir=self.hook.savepoint_dir(self.savepoint_dir),
-                                 storage_options=self.hook.storage_options())
+                                 storage_options=self.hook.storage_options(),
+                                 by=f"DisposeSavepointOperator ({context['ti'].dag_id}.{context['ti'].task_id})")
         self.log.info("disposed %s", info.pointer)
         return {"disposed": info.pointer, "savepoint_id": info.manifest.savepoint_id, "job": info.manifest.job}

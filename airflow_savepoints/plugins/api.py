@@ -57,8 +57,15 @@ from airflow_savepoints.errors import (
 )
 from airflow_savepoints.hooks.savepoint import SECRET_OPTION_WORDS, SavepointStorageHook
 from airflow_savepoints.plugins.actions import available_actions
-from airflow_savepoints.plugins.console import overview, page_of, periodic_interval_s, savepoint_detail
-from airflow_savepoints.plugins.page import page_refusal, render_page, wants_page
+from airflow_savepoints.plugins.console import (
+    declared_job_without_folder,
+    job_history,
+    overview,
+    page_of,
+    periodic_interval_s,
+    savepoint_detail,
+)
+from airflow_savepoints.plugins.page import page_refusal, render_page, script, wants_page
 from airflow_savepoints.plugins.savepoints import URL_PREFIX
 from airflow_savepoints.storage import Store
 
@@ -284,8 +291,25 @@ def _register_api(app: FastAPI) -> None:
                          order: Literal["oldest", "newest"] = "oldest") -> JSONResponse:
         """The job's savepoints (records of its catalog), oldest first unless ``order=newest``; paged with offset/limit."""
         def work(root: SavepointRoot) -> dict[str, Any]:
+            validate_job_name(job)
+            declared = declared_job_without_folder(root.store, job, jobs_file())
+            if not declared:
+                root.job(job)
+            records = [] if declared else list_savepoints(root.store, job)
+            return {"job": job, **(declared or {}), **page_of(records, offset, limit, order == "newest")}
+        return await answer(request, work)
+
+    @app.get("/api/jobs/{job}/history")
+    async def history(request: Request, job: str) -> JSONResponse:
+        """The job's savepoint attempts, newest first (the catalog keeps the last 100), and its newest
+        savepoint's state per operator."""
+        def work(root: SavepointRoot) -> dict[str, Any]:
+            validate_job_name(job)
+            declared = declared_job_without_folder(root.store, job, jobs_file())
+            if declared:
+                return {**declared, "total": 0, "history": [], "operators": None}
             root.job(job)
-            return {"job": job, **page_of(list_savepoints(root.store, job), offset, limit, order == "newest")}
+            return job_history(root.store, job)
         return await answer(request, work)
 
     @app.get("/api/jobs/{job}/savepoints/{savepoint_id}")
@@ -315,7 +339,14 @@ def create_app() -> FastAPI:
         """The savepoints console the Airflow UI shows in an iframe (Browse > Savepoints)."""
         root_path = request.scope.get("root_path", "").rstrip("/")
         airflow_base = root_path[: -len(URL_PREFIX)] if root_path.endswith(URL_PREFIX) else ""
-        return HTMLResponse(render_page({"api": root_path + "/api", "airflow": airflow_base}),
+        return HTMLResponse(render_page({"api": root_path + "/api", "airflow": airflow_base}, root_path + "/static/console.js"),
                             headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+    @app.get("/static/console.js")
+    def console_script() -> Response:
+        """The console's JavaScript (package data); the page asks for it with its content's hash."""
+        body, _ = script()
+        return Response(body, media_type="text/javascript; charset=utf-8",
+                        headers={"Cache-Control": "private, max-age=86400", "X-Content-Type-Options": "nosniff"})
 
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -82,9 +83,43 @@ def lifecycle_state(root: Store, job: str, specs: dict[str, Any]) -> dict[str, A
     try:
         state = status(JobContext(spec, root))
     except SavepointError as exc:
-        return {"state": "unknown", "error": exc.message}
-    return state.model_dump(mode="json", include={"state", "run_id", "host", "last_batch", "heartbeat_age_s",
-                                                  "error", "detail", "spark_version", "ended"})
+        return {"state": "unknown", "error": exc.message, "reason": error_reason(exc.message)}
+    found = state.model_dump(mode="json", include={"state", "run_id", "host", "last_batch", "heartbeat_age_s",
+                                                   "error", "detail", "spark_version", "ended"})
+    found["last_batch"] = _newest_batch(state.last_batch, state.checkpoint)
+    found["reason"] = error_reason(state.error) if state.error else None
+    return found
+
+
+def _newest_batch(beat: int | None, checkpoint: str | None) -> int | None:
+    """The last committed batch: the checkpoint's when it reads (a heartbeat may lag it by a batch)."""
+    from airflow_savepoints.jobs.launcher import checkpoint_progress
+
+    try:
+        committed = checkpoint_progress(Store(checkpoint))[0] if checkpoint else None
+    except Exception:  # noqa: BLE001 - the checkpoint may be elsewhere (another host's disk): the heartbeat's then
+        committed = None
+    return max((b for b in (beat, committed) if b is not None), default=None)
+
+
+# a stack trace's head, an ERROR log line, a Spark error class
+_ROOT_CAUSE = re.compile(r"Exception|\bERROR\b|\[[A-Z_]+(\.[A-Z_]+)*\]")
+_FAILURE = re.compile(r"Error|exitCode=|Caused by|FAILED|[Ff]ailed|refused|denied|not found")
+_CHATTER = re.compile(r"\b(INFO|DEBUG|TRACE|WARN)\b")  # a log line that reports, not fails
+_THROWN = re.compile(r"(?:[A-Za-z_$][\w$]*\.)*([A-Z][\w$]*(?:Exception|Error)\b.*)$")  # "org.x.FooException: why"
+
+
+def error_reason(error: str) -> str:
+    """A failure's reason first: the line of ``error`` (often a Spark log) that says what failed, not
+    the INFO lines around it: an exception or ERROR line, else one naming a failure, else the first line;
+    from its exception's class name on when it names one ("UnknownTopicOrPartitionException: ...")."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    for pattern in (_ROOT_CAUSE, _FAILURE):
+        telling = [line for line in lines if pattern.search(line) and not _CHATTER.search(line)]
+        if telling:
+            thrown = _THROWN.search(telling[0])
+            return (thrown.group(1) if thrown else telling[0])[:300]
+    return (lines[0] if lines else error)[:300]
 
 
 def job_summary(root: Store, job: str, *, interval_s: float, specs: dict[str, Any],
@@ -204,3 +239,32 @@ def savepoint_detail(root: Store, job: str, record: SavepointRecord, manifest: S
             commands=commands(job, record.pointer, manifest.checkpoint, record.savepoint_id),
         )
     return detail
+
+
+# ---- a job's history ----------------------------------------------------------------------------
+
+def job_history(root: Store, job: str) -> dict[str, Any]:
+    """The job's savepoint attempts newest first (completed, failed with the reason first, disposed by
+    whom and why), and the state per operator of its newest savepoint (sizes; rows where it was inspected)."""
+    from airflow_savepoints.core.catalog import Catalog
+    from airflow_savepoints.core.pointer import read_manifest
+
+    entries = [{**e.as_json(), "error_reason": error_reason(e.error) if e.error else None}
+               for e in reversed(Catalog(root.child(job), job).history())]
+    newest = latest_savepoint(root, job)
+    operators: dict[str, Any] | None = None
+    if newest is not None:
+        sid = newest.manifest.savepoint_id
+        operators = {"savepoint_id": sid, "state_stores": state_stores(read_manifest(root.child(job).child(sid))),
+                     "state_summary": recorded_state(root, job, sid)}
+    return {"job": job, "total": len(entries), "history": entries, "operators": operators}
+
+
+def declared_job_without_folder(root: Store, job: str, jobs_file: str | None) -> dict[str, Any] | None:
+    """What to answer for a job of the jobs file that has no folder under the root yet (no savepoint
+    taken): an empty answer that says so; None for any other job."""
+    if root.isdir(job) or job not in declared_here(root, job_specs(jobs_file)):
+        return None
+    return {"job": job, "declared": True,
+            "message": f"job '{job}' is declared in {jobs_file} but has no savepoint under {root.url} yet",
+            "hint": "start it (restore_from_savepoint with fresh_start) or take a savepoint (periodic_savepoints)"}

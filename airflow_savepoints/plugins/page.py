@@ -1,5 +1,6 @@
-"""The savepoints console: one HTML page (CSS and JavaScript inline, no build step) that the Airflow
-UI shows in an iframe (Browse > Savepoints), and the answers a browser gets instead of JSON.
+"""The savepoints console: one HTML page (its CSS inline, its JavaScript the package's
+``static/console.js``; no build step) that the Airflow UI shows in an iframe (Browse > Savepoints),
+and the answers a browser gets instead of JSON.
 
 The page calls the plugin's JSON API, and Airflow's own REST API for actions, with the browser's
 own credentials (the UI's ``_token`` cookie of the same origin). It takes Airflow's look from the
@@ -10,14 +11,15 @@ HTML): job names and reasons come from users.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import html
 import json
+from pathlib import Path
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-
-from airflow_savepoints.plugins.page_script import SCRIPT
 
 STYLE = """
 :root { color-scheme: light; --bg: #ffffff; --bg-subtle: #f8fafc; --bg-muted: #f1f5f9; --bg-panel: #ffffff;
@@ -83,6 +85,12 @@ tr.savepoint.selected td:first-child { box-shadow: inset 3px 0 0 var(--accent); 
 .badge.manual, .badge.stop, .badge.retained_checkpoint { color: var(--warning); border-color: var(--warning); }
 .pager { display: flex; gap: 8px; align-items: center; justify-content: flex-end; padding: 6px 0 0; font-size: 13px; }
 .empty { padding: 10px 0; color: var(--fg-muted); }
+.reason { color: var(--error); font-size: 12px; white-space: normal; }
+tr.job .reason { max-width: 280px; overflow-wrap: anywhere; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; overflow: hidden; }
+.charts { display: flex; gap: 24px; flex-wrap: wrap; }
+.chart { margin: 0; color: var(--info); }
+.chart figcaption { font-size: 12px; color: var(--fg-muted); }
+table.history td.wrap { white-space: normal; }
 #detail { position: fixed; top: 0; right: 0; bottom: 0; width: min(680px, 60vw); overflow: auto; z-index: 10;
   border-left: 1px solid var(--border); background: var(--bg); padding: 12px 16px; box-shadow: -8px 0 24px rgba(0, 0, 0, .18); }
 #detail[hidden] { display: none; }
@@ -132,13 +140,24 @@ BODY = """
 """
 
 
-def render_page(config: dict[str, Any]) -> str:
-    """The page, with the paths it calls (``{"api": ..., "airflow": ...}``) as a JSON literal."""
+SCRIPT_FILE = Path(__file__).with_name("static") / "console.js"  # package data, linted by `make lint-js`
+
+
+@functools.cache
+def script() -> tuple[bytes, str]:
+    """The console's JavaScript and a short hash of it (the page's URL for it changes with its content)."""
+    body = SCRIPT_FILE.read_bytes()
+    return body, hashlib.sha256(body).hexdigest()[:12]
+
+
+def render_page(config: dict[str, Any], script_url: str) -> str:
+    """The page, with the paths it calls (``{"api": ..., "airflow": ...}``) as a JSON literal, loading
+    the console's JavaScript from ``script_url`` (the plugin's ``/static/console.js``)."""
     literal = json.dumps(config).replace("</", "<\\/")
     return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>Savepoints</title>\n"
-            f"<style>{STYLE}</style>\n</head>\n<body>{BODY}<script>\n\"use strict\";\nconst CONFIG = {literal};\n"
-            f"{SCRIPT}</script>\n</body>\n</html>\n")
+            f"<style>{STYLE}</style>\n</head>\n<body>{BODY}<script>\n\"use strict\";\nconst CONFIG = {literal};\n</script>\n"
+            f"<script src=\"{html.escape(script_url)}?v={script()[1]}\"></script>\n</body>\n</html>\n")
 
 
 def wants_page(request: Request) -> bool:

@@ -60,7 +60,7 @@ def test_each_step_in_order(ckpt, tmp_path):
 
     manifest = run.write_metadata(plan, copied, None)
     assert read_manifest(location) == manifest
-    assert (manifest.reason, manifest.request_id, manifest.batch_id, manifest.spark_version) == ("unit", "r-1", 2, "unknown")
+    assert (manifest.reason, manifest.request_id, manifest.batch_id, manifest.spark_version) == ("unit", "r-1", 2, None)
     info = run.finish(manifest)
     assert run.catalog.records()[0].state == SavepointState.COMPLETED
     assert events[-1] == ("completed", info.summary())

@@ -1,11 +1,12 @@
-"""The console page's JavaScript (plain ES2020, no build step, no library): see page.py."""
-
-SCRIPT = r"""
+// The savepoints console's JavaScript (plain ES2020, no build step, no library), served by the plugin at
+// /savepoints/static/console.js; the page (plugins/page.py) defines CONFIG ({api, airflow}) before it.
+/* global CONFIG */
+"use strict";
 const API = CONFIG.api, AIRFLOW = CONFIG.airflow;
 const PAGE_SIZE = 10;
 const LIVE = ["starting", "running", "stopping", "unknown"];  // lifecycle states a stop applies to
 const ONLY_JOB = new URLSearchParams(location.search).get("job");  // the operators' extra link names one job
-const ui = {overview: null, actions: {}, expanded: null, pages: {}, selected: null, filter: ""};
+const ui = {overview: null, actions: {}, expanded: null, pages: {}, histories: {}, selected: null, filter: ""};
 const $ = id => document.getElementById(id);
 
 // ---- Airflow's look: its Chakra variables, light or dark mode, the user's timezone ----------------
@@ -17,11 +18,11 @@ const THEME_VARS = [["--bg", "--chakra-colors-bg"], ["--bg-subtle", "--chakra-co
   ["--font", "--chakra-fonts-body"], ["--mono", "--chakra-fonts-mono"]];
 
 function hostRoot() {
-  try { return window.parent !== window ? window.parent.document.documentElement : null; } catch (e) { return null; }
+  try { return window.parent !== window ? window.parent.document.documentElement : null; } catch (_e) { return null; }
 }
 
 function storedTheme() {
-  try { return localStorage.getItem("theme"); } catch (e) { return null; }
+  try { return localStorage.getItem("theme"); } catch (_e) { return null; }
 }
 
 function applyTheme() {
@@ -44,23 +45,23 @@ function timezone() {
   try {
     const chosen = JSON.parse(localStorage.getItem("timezone"));  // what the user picked in Airflow's settings
     if (typeof chosen === "string" && chosen) { new Intl.DateTimeFormat("en", {timeZone: chosen}); return chosen; }
-  } catch (e) { /* not set or not a zone: the browser's */ }
+  } catch (_e) { /* not set or not a zone: the browser's */ }
   return Intl.DateTimeFormat().resolvedOptions().timeZone;
 }
 
 function formatTime(iso) {
   const time = new Date(iso);
-  if (isNaN(time)) return iso || "";
+  if (Number.isNaN(time.getTime())) return iso || "";
   const parts = new Intl.DateTimeFormat("en-CA", {timeZone: timezone(), year: "numeric", month: "2-digit", day: "2-digit",
     hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "longOffset"}).formatToParts(time);
-  const part = type => (parts.find(p => p.type === type) || {}).value || "";
+  const part = type => parts.find(p => p.type === type)?.value || "";
   const offset = part("timeZoneName").replace("GMT", "") || "UTC";  // +05:30, or UTC
   return `${part("year")}-${part("month")}-${part("day")} ${part("hour")}:${part("minute")}:${part("second")} ${offset}`;
 }
 
 function relative(iso) {
   const seconds = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
-  if (!isFinite(seconds)) return "";
+  if (!Number.isFinite(seconds)) return "";
   if (seconds < 60) return Math.floor(seconds) + "s ago";
   if (seconds < 3600) return Math.floor(seconds / 60) + "m ago";
   if (seconds < 86400) return Math.floor(seconds / 3600) + "h " + Math.floor(seconds % 3600 / 60) + "m ago";
@@ -118,13 +119,13 @@ async function call(url, options) {
   let response;
   try {
     response = await fetch(url, {credentials: "same-origin", signal: controller.signal,
-      headers: {Accept: "application/json", ...((options || {}).headers || {})}, ...(options || {}), });
+      headers: {Accept: "application/json", ...(options?.headers || {})}, ...(options || {}), });
   } catch (error) {
     throw new ApiError(0, {code: "unreachable", message: "the Airflow API server did not answer (" + error.message + ")",
       hint: "check your connection to Airflow and retry"});
   } finally { clearTimeout(timer); }
   let body = null;
-  try { body = await response.json(); } catch (e) { body = null; }
+  try { body = await response.json(); } catch (_e) { body = null; }
   if (!response.ok) {
     const detail = body && (body.error || {message: typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail)});
     throw new ApiError(response.status, detail || {message: response.status + " " + response.statusText});
@@ -146,10 +147,10 @@ const PROBLEM_TITLES = {
 };
 
 function banner(kind, title, error, ...extra) {
-  return el("div", {class: "banner " + kind, role: kind === "error" ? "alert" : "status", data: {code: error && error.code}},
+  return el("div", {class: "banner " + kind, role: kind === "error" ? "alert" : "status", data: {code: error?.code}},
     el("div", {class: "text"}, el("div", {class: "title", text: title}),
       error ? el("div", {class: "message", text: error.message}) : null,
-      error && error.hint ? el("div", {class: "hint muted", text: error.hint}) : null, ...extra));
+      error?.hint ? el("div", {class: "hint muted", text: error.hint}) : null, ...extra));
 }
 
 function showProblem(error) {
@@ -213,12 +214,12 @@ async function runAction(action, conf, subject) {
 async function copy(text, button, code) {
   let done = false;
   const patience = new Promise((_, reject) => setTimeout(() => reject(new Error("no answer")), 1500));
-  try { await Promise.race([navigator.clipboard.writeText(text), patience]); done = true; } catch (e) {
+  try { await Promise.race([navigator.clipboard.writeText(text), patience]); done = true; } catch (_e) {
     const area = el("textarea", {style: "position:fixed;left:-9999px"});
     area.value = text;
     document.body.append(area);
     area.select();
-    try { done = document.execCommand("copy"); } catch (e2) { done = false; }
+    try { done = document.execCommand("copy"); } catch (_e2) { done = false; }
     area.remove();
   }
   if (!done) {  // the browser refused: select the text for the user's own Ctrl+C
@@ -256,7 +257,7 @@ function jobRow(job) {
     return row;
   }
   const lifecycle = job.lifecycle || {};
-  const stateTitle = job.state ? [lifecycle.detail, lifecycle.error,
+  const stateTitle = job.state ? [lifecycle.reason, lifecycle.detail, lifecycle.error !== lifecycle.reason && lifecycle.error,
     lifecycle.host && "host " + lifecycle.host].filter(Boolean).join("; ")
     : "no run of this job was started by the job lifecycle (no run lease, run record or control folder)";
   const newest = job.newest ? [badge(job.newest.type), age(job.newest.created_at), " ",
@@ -267,7 +268,9 @@ function jobRow(job) {
   for (const [state, count] of Object.entries(job.by_state)) if (state !== "completed") counts.push(badge(`${state} ${count}`, state));
   if (job.conflicts) counts.push(badge(`conflict ${job.conflicts}`, "conflict"));
   if (!job.savepoints) counts.push(el("span", {class: "muted", text: "no savepoints"}));
-  row.append(el("td", {title: stateTitle}, job.state ? badge(job.state) : el("span", {class: "muted", text: "\u2014"})),
+  const reason = lifecycle.reason && job.state === "failed" ? el("div", {class: "reason", data: {reason: job.job},
+    text: lifecycle.reason}) : null;
+  row.append(el("td", {title: stateTitle}, job.state ? badge(job.state) : el("span", {class: "muted", text: "\u2014"}), reason),
     el("td", {class: "num", text: job.last_batch ?? ""}), el("td", {}, newest), el("td", {class: "wrap"}, counts),
     el("td", {class: "num", text: size(job.total_bytes)}),
     el("td", {}, el("div", {class: "actions"}, LIVE.includes(job.state) ? actionButton("stop", {job: job.job}, job.job) : null)));
@@ -284,9 +287,13 @@ function savepointsRow(job) {
   const page = ui.pages[job.job];
   if (!page) { cell.append(el("div", {class: "empty"}, el("span", {class: "spinner"}), " Loading\u2026")); loadPage(job.job, 0); }
   else if (page.error) cell.append(banner("error", "Cannot list the savepoints of " + job.job, page.error));
-  else if (!page.total) cell.append(el("div", {class: "empty",
-    text: "No savepoints yet: the job's folder exists, its catalog is empty."}));
+  else if (page.declared) cell.append(banner("info", "No savepoints yet", {code: "declared", message: page.message,
+    hint: page.hint}));
+  else if (!page.total) cell.append(el("div", {class: "empty", text: "No savepoints yet: the job's folder exists, its " +
+    "catalog is empty. Take one with \u201cSavepoint now\u201d, or let periodic_savepoints run."}));
   else cell.append(savepointTable(job.job, page));
+  const history = ui.histories[job.job];
+  if (page && !page.error && !page.declared && history) cell.append(historyView(job.job, history));
   return el("tr", {class: "savepoints-row", data: {job: job.job}}, cell);
 }
 
@@ -316,10 +323,94 @@ function savepointTable(job, page) {
 }
 
 async function fetchPage(job, offset) {
+  const base = `${API}/jobs/${encodeURIComponent(job)}`;
+  const history = call(base + "/history").catch(error => ({error}));
   try {
     const query = `order=newest&offset=${Math.max(0, offset)}&limit=${PAGE_SIZE}`;
-    ui.pages[job] = await call(`${API}/jobs/${encodeURIComponent(job)}/savepoints?${query}`);
+    ui.pages[job] = await call(`${base}/savepoints?${query}`);
   } catch (error) { ui.pages[job] = {error}; }
+  ui.histories[job] = await history;
+}
+
+// ---- a job's history: attempts, trends, state per operator -------------------------------------------
+function elapsed(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  if (seconds < 60) return seconds.toFixed(seconds < 10 ? 2 : 1) + " s";
+  return Math.floor(seconds / 60) + " min " + Math.round(seconds % 60) + " s";
+}
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  node.append(...children);
+  return node;
+}
+
+function trendChart(title, points, format) {  // points oldest first: {t: ms, v: number, label}
+  if (points.length < 2) return el("figure", {class: "chart", data: {chart: title}},
+    el("figcaption", {class: "muted", text: `${title}: a trend needs two completed savepoints`}));
+  const width = 280, height = 60, pad = 5, values = points.map(p => p.v), times = points.map(p => p.t);
+  const first = Math.min(...times), last = Math.max(...times), top = Math.max(...values) || 1;
+  const x = t => pad + (last === first ? 0 : (t - first) / (last - first)) * (width - 2 * pad);
+  const y = v => height - pad - v / top * (height - 2 * pad);
+  const line = points.map((p, i) => `${i ? "L" : "M"}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
+  return el("figure", {class: "chart", data: {chart: title}},
+    el("figcaption", {text: `${title}: latest ${format(values[values.length - 1])}, highest ${format(top)}`}),
+    svg("svg", {viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": `${title} over time`},
+      svg("path", {d: line, fill: "none", stroke: "currentColor", "stroke-width": 1.5}),
+      ...points.map(p => svg("circle", {cx: x(p.t).toFixed(1), cy: y(p.v).toFixed(1), r: 2.5, fill: "currentColor"},
+        svg("title", {}, `${p.label}: ${format(p.v)}`)))));
+}
+
+function outcomeDetail(entry) {
+  if (entry.outcome === "failed") return el("span", {class: "reason", title: entry.error || "", text: entry.error_reason || ""});
+  if (entry.outcome === "disposed") return el("span", {text: `by ${entry.disposed_by || "unknown"}` +
+    (entry.reason ? `: ${entry.reason}` : "")});
+  return el("span", {class: "muted", text: entry.reason || ""});
+}
+
+function historyTable(job, entries) {
+  const body = el("tbody", {}, entries.map(e => el("tr", {class: "attempt " + e.outcome, data: {outcome: e.outcome,
+    savepointId: e.savepoint_id || ""}},
+    el("td", {class: "time", text: formatTime(e.ended_at)}), el("td", {class: "mono", text: e.savepoint_id || "\u2014",
+      title: e.savepoint_id || "it failed before a location was chosen"}),
+    el("td", {}, e.type ? badge(e.type) : ""), el("td", {}, badge(e.outcome, e.outcome === "disposed" ? "disposing" : e.outcome)),
+    el("td", {class: "num", text: e.outcome === "disposed" ? "" : elapsed(e.duration_s)}),
+    el("td", {class: "num", text: size(e.bytes)}), el("td", {class: "num", text: e.files ?? ""}),
+    el("td", {class: "wrap"}, outcomeDetail(e)))));
+  return el("table", {class: "history", data: {job}},
+    el("colgroup", {}, ["18%", "22%", "8%", "9%", "7%", "7%", "5%", ""].map(width => el("col", {style: width && "width:" + width}))),
+    el("thead", {}, el("tr", {}, ["Ended", "Savepoint", "Type", "Outcome", "Duration", "Size", "Files", "Detail"].map(
+      (name, i) => el("th", {class: [4, 5, 6].includes(i) ? "num" : "", text: name})))), body);
+}
+
+function operatorsTable(operators) {
+  const rows = Object.fromEntries((operators.state_summary?.operators || []).map(o => [String(o.operator_id), o]));
+  if (!operators.state_stores.length) return el("div", {class: "empty", text: "A stateless query: no state per operator."});
+  return el("table", {class: "stores operators"},
+    el("thead", {}, el("tr", {}, ["Operator", "Partitions", "Files", "Size", "Rows"].map(n => el("th", {text: n})))),
+    el("tbody", {}, operators.state_stores.map(s => el("tr", {data: {operator: s.operator}}, el("td", {text: s.operator}),
+      el("td", {text: s.partitions}), el("td", {text: s.files}), el("td", {text: size(s.bytes)}),
+      el("td", {text: rows[String(s.operator)]?.rows ?? "\u2014",
+        title: rows[String(s.operator)] ? "" : "not inspected (InspectSavepointOperator records rows)"})))));
+}
+
+function historyView(job, history) {
+  if (history.error) return banner("error", "Cannot read the history of " + job, history.error);
+  const parts = [el("h3", {text: `History (${history.total} attempts, newest first)`})];
+  if (!history.total) {
+    parts.push(el("div", {class: "empty", text: "No attempts recorded yet: the history starts with the next savepoint " +
+      "(catalogs written by an older release have none)."}));
+  } else {
+    const done = history.history.filter(e => e.outcome === "completed").reverse();
+    const point = value => e => ({t: Date.parse(e.ended_at), v: value(e), label: formatTime(e.ended_at)});
+    parts.push(el("div", {class: "charts"}, trendChart("Size", done.filter(e => e.bytes !== null).map(point(e => e.bytes)), size),
+      trendChart("Duration", done.filter(e => e.duration_s !== null).map(point(e => e.duration_s)), elapsed)));
+    parts.push(historyTable(job, history.history));
+  }
+  if (history.operators) parts.push(el("h3", {text: `State per operator (newest savepoint ${history.operators.savepoint_id})`}),
+    operatorsTable(history.operators));
+  return el("div", {class: "history-view", data: {job}}, ...parts);
 }
 
 async function loadPage(job, offset) {
@@ -431,7 +522,7 @@ function detailView(answer) {
     fact("Created", formatTime(sp.created_at), " (", age(sp.created_at), ")"),
     fact("Reason", sp.reason || "\u2014"), fact("Request id", sp.request_id || "\u2014"),
     fact("Query id", el("span", {class: "mono", text: sp.query_id || ""})),
-    fact("Spark version", sp.spark_version || "unknown"),
+    fact("Spark version", sp.spark_version || "not recorded (the checkpoint does not say; the job's driver was not asked)"),
     fact("Source checkpoint", el("span", {class: "mono", text: manifest.checkpoint || "\u2014"})),
     fact("Files", `${sp.files ?? ""} files, ${size(sp.bytes)}`),
     fact("Checksums", checksumsFact(answer)),
@@ -470,7 +561,7 @@ async function load() {
       ui.expanded = new Set(ONLY_JOB !== null ? [ONLY_JOB] : overview.jobs.length <= 5 ? overview.jobs.map(j => j.job) : []);
     }
     const offsets = Object.fromEntries(Object.entries(ui.pages).map(([job, page]) => [job, page.offset || 0]));
-    ui.pages = {};
+    ui.pages = {}; ui.histories = {};
     await Promise.all(visibleJobs().filter(job => ui.expanded.has(job.job) && !job.error)
       .map(job => fetchPage(job.job, offsets[job.job] || 0)));
     $("root").textContent = overview.root;
@@ -508,4 +599,3 @@ function start() {
 }
 
 start();
-"""
