@@ -136,7 +136,7 @@ def test_a_restore_is_refused_when_kafka_deleted_records_the_savepoint_resumes_a
     assert info.manifest.source_offsets["0"] == {kafka_topic: {"0": 15, "1": 15, "2": 15}}
     kafka_broker.produce(kafka_topic, records(45, 90))  # 15 more records per partition
     kafka_broker.delete_records(kafka_topic, {1: 19})  # as retention would: 4 records the savepoint still needs
-    target = tmp_path / "restored"
+    target = tmp_path / "checkpoint-restored"  # a start of this job restores only into <checkpoint>-<suffix>
 
     with pytest.raises(KafkaOffsetsGoneError) as refused:
         restore_savepoint(info.pointer, str(target), kafka_bootstrap_servers=kafka_broker.bootstrap)
