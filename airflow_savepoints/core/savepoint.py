@@ -50,6 +50,7 @@ from airflow_savepoints.errors import (
     SavepointError,
     SavepointInFlightError,
     SavepointRetriesExhaustedError,
+    StorageFullError,
 )
 from airflow_savepoints.storage import FileStat, Store
 from airflow_savepoints.storage.store import SourceChangedError
@@ -468,14 +469,14 @@ class SavepointRun:
 
 
 def run_savepoint(request: SavepointRequest, on_event: Notify | None = None) -> SavepointInfo:
-    """Carry out ``request`` (see :func:`take_savepoint`); a failure is kept in the job's history."""
+    """Carry out ``request`` (see :func:`take_savepoint`); a failure after the plan is kept in the job's history."""
     run, triggered_at = SavepointRun(request, on_event), datetime.now(UTC)
+    done = run.already_taken()
+    if done is not None:
+        run.notify("reused", {"pointer": done.pointer})
+        return done
+    run.plan_first()  # bad input fails here and changes nothing: not an attempt kept in the history
     try:
-        done = run.already_taken()
-        if done is not None:
-            run.notify("reused", {"pointer": done.pointer})
-            return done
-        run.plan_first()
         done = run.wait_for_lease()
         if done is not None:
             return done
@@ -483,8 +484,8 @@ def run_savepoint(request: SavepointRequest, on_event: Notify | None = None) -> 
             return run.take()
         finally:
             run.lease.release()
-    except SavepointInFlightError:
-        raise  # another request's savepoint is under way: not an attempt of ours
+    except (SavepointInFlightError, StorageFullError):
+        raise  # another request's savepoint is under way; a full store gets no more writes (nothing changed)
     except Exception as exc:
         run.record_failure(triggered_at, exc)
         raise

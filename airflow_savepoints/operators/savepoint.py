@@ -45,6 +45,12 @@ def task_request_id(context: Context) -> str | None:
     return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{getattr(ti, 'map_index', -1)}"
 
 
+def _task_name(context: Context, operator: str) -> str:
+    """The operator and its task (``dag.task``) for the history; the operator alone outside a task instance."""
+    ti = context.get("ti")
+    return f"{operator} ({ti.dag_id}.{ti.task_id})" if ti is not None else operator
+
+
 def checkpoint_options(checkpoint: str, store: Store, given: dict[str, Any] | None) -> dict[str, Any] | None:
     """Storage options for the live checkpoint: as given, else the savepoint store's on the same kind of store."""
     if given is not None:
@@ -195,6 +201,6 @@ class DisposeSavepointOperator(SavepointsBaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         info = dispose_savepoint(self.pointer, savepoint_dir=self.hook.savepoint_dir(self.savepoint_dir),
                                  storage_options=self.hook.storage_options(),
-                                 by=f"DisposeSavepointOperator ({context['ti'].dag_id}.{context['ti'].task_id})")
+                                 by=_task_name(context, "DisposeSavepointOperator"))
         self.log.info("disposed %s", info.pointer)
         return {"disposed": info.pointer, "savepoint_id": info.manifest.savepoint_id, "job": info.manifest.job}
