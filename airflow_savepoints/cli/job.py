@@ -125,6 +125,8 @@ def _submit_command(ctx: JobContext):
 
 def _submit_for(ctx: JobContext):
     """The submit command builder of any version of ``ctx``'s job (an upgrade's or a check's new version)."""
+    from airflow_savepoints.jobs.lifecycle import JobContext
+
     return lambda version: _submit_command(JobContext(version, ctx.root))
 
 
