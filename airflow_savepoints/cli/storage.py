@@ -121,6 +121,12 @@ def storage_hook(conn_id: str | None):
     except InvalidInputError:
         raise
     except Exception as exc:  # noqa: BLE001 - Airflow itself could not look connections up here
+        if conn_id is None and not configured_option(CONN_OPTION):  # only the environment's default: not asked for
+            logging.getLogger(__name__).warning(
+                "connection %s (AIRFLOW_CONN_%s) not used: Airflow could not look it up here (%s: %s); storage "
+                "options come from fsspec's configuration and the environment", named, named.upper(),
+                type(exc).__name__, str(exc)[:200])
+            return None
         raise InvalidInputError(f"connection {named}: Airflow could not look it up here: "
                                 f"{type(exc).__name__}: {str(exc)[:300]}",
                                 "check AIRFLOW_HOME and the metadata database settings, or define the connection "
