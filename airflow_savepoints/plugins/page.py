@@ -86,7 +86,8 @@ tr.savepoint.selected td:first-child { box-shadow: inset 3px 0 0 var(--accent); 
 .pager { display: flex; gap: 8px; align-items: center; justify-content: flex-end; padding: 6px 0 0; font-size: 13px; }
 .empty { padding: 10px 0; color: var(--fg-muted); }
 .reason { color: var(--error); font-size: 12px; white-space: normal; }
-tr.job .reason { max-width: 280px; overflow-wrap: anywhere; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; overflow: hidden; }
+tr.job .reason { max-width: 280px; overflow-wrap: anywhere; display: -webkit-box; -webkit-line-clamp: 2;
+  -webkit-box-orient: vertical; overflow: hidden; }
 .charts { display: flex; gap: 24px; flex-wrap: wrap; }
 .chart { margin: 0; color: var(--info); }
 .chart figcaption { font-size: 12px; color: var(--fg-muted); }
