@@ -297,7 +297,7 @@ def test_status_reports_the_recorded_run_and_its_progress(checkpoint, tmp_path):
     gone = 2 ** 22 + 1  # above Linux's largest pid_max: a run whose process has exited
     run = JobRun(job="orders", pid=gone, host=socket.gethostname(), command=["spark-submit"],
                  log_file=str(tmp_path / "job.log"), checkpoint=str(checkpoint), started_at=datetime.now(UTC),
-                 control=control.url)
+                 control=control.url, run_id="r1")
     Store(str(sp_dir / "orders")).write_bytes_atomic("_run.json", run.model_dump_json().encode())
     code, state = cli("status", "--job", "orders", "--dir", str(sp_dir))
     assert code == 0, state

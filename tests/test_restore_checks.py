@@ -122,12 +122,12 @@ def test_restore_names_input_files_gone_and_refuses_unless_told_to_skip(spark, t
     jobs.write_text(f"jobs:\n  - name: files\n    application: {app_file}\n    master: local[1]\n"
                     f"    checkpoint: {tmp_path}/live\n    savepoint_dir: {tmp_path}/sp\n")
     start = ("job", "start", "files", "--from", str(pointer), "--jobs-file", str(jobs), "--log-dir", str(tmp_path / "logs"))
-    code, body = cli(*start, "--to", str(tmp_path / "job-refused"))
+    code, body = cli(*start, "--to", str(tmp_path / "live-refused"))
     assert code == 1 and body["error"]["code"] == "missing_input", body
-    assert not (tmp_path / "job-refused").exists() and not (tmp_path / "logs").exists()
-    code, body = cli(*start, "--to", str(tmp_path / "job-skipped"), "--skip-missing-input")
+    assert not (tmp_path / "live-refused").exists() and not (tmp_path / "logs").exists()
+    code, body = cli(*start, "--to", str(tmp_path / "live-skipped"), "--skip-missing-input")
     assert code == 1 and body["error"]["code"] == "job_failed" and "exited before committing" in body["error"]["message"]
-    assert (tmp_path / "job-skipped" / "offsets" / "3").exists()  # restored, then the driver ran (and ended)
+    assert (tmp_path / "live-skipped" / "offsets" / "3").exists()  # restored, then the driver ran (and ended)
     assert tree_snapshot(pointer) == before
 
 

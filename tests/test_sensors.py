@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_savepoints.core import take_savepoint
 from airflow_savepoints.jobs.launcher import JobRun
+from airflow_savepoints.jobs.runners import process_started
 from airflow_savepoints.sensors.savepoint import BatchCommittedSensor, SavepointCompletedSensor
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger, SavepointCompletedTrigger
@@ -44,11 +45,13 @@ def test_savepoint_trigger_waits_then_fires_and_round_trips(stopped_checkpoint, 
 
 def dead_run(tmp_path, checkpoint) -> JobRun:
     process = subprocess.Popen(["true"])
+    started = process_started(process.pid)  # recorded as the launcher does (a zombie still has it)
     process.wait()
     log = tmp_path / "job.log"
     log.write_text("Exception in thread main: org.example.BadRecordException: record 42\n")
     return JobRun(job="job", pid=process.pid, host=socket.gethostname(), command=["spark-submit"],
-                  log_file=str(log), checkpoint=str(checkpoint), started_at=datetime.now(UTC))
+                  log_file=str(log), checkpoint=str(checkpoint), started_at=datetime.now(UTC),
+                  pid_started=started)
 
 
 def test_batch_trigger_fires_when_past_and_fails_fast_when_the_job_died(stopped_checkpoint, tmp_path):
@@ -106,7 +109,8 @@ def test_restore_refuses_while_the_job_is_still_running(tmp_path):
     alive = subprocess.Popen(["sleep", "60"])
     try:
         run = JobRun(job="j", pid=alive.pid, host=socket.gethostname(), command=["sleep"], log_file="/dev/null",
-                     checkpoint=str(tmp_path / "ck"), started_at=datetime.now(UTC))
+                     checkpoint=str(tmp_path / "ck"), started_at=datetime.now(UTC),
+                     pid_started=process_started(alive.pid))
         Store(str(tmp_path / "sp" / "j")).write_bytes_atomic("_run.json", run.model_dump_json().encode())
         operator = RestoreJobOperator(task_id="r", job="j", jobs_file=str(jobs), fresh_start=True)
         with pytest.raises(InvalidInputError, match=f"already running as pid {alive.pid}"):
