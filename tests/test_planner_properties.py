@@ -281,11 +281,11 @@ def needed(c: Checkpoint) -> tuple[set[str], set[str], bool]:
     allowed: set[str] = set()
     if c.next_offsets:
         need.add(f"offsets/{n + 1}")  # included by design: the restart re-runs N+1 with the same offsets
-    if c.file_log:  # §1.5: newest compact <= L, then the plain entries after it, up to L
+    if c.file_log:  # §1.5: the two newest compacts <= L (Spark derives the interval from them), then the entries up to L
         last = c.log_offset[n + 1 if c.next_offsets else n]
-        base = max((x for x in c.compacts if x <= last), default=-1)
-        if base >= 0:
-            need.add(f"{c.file_log}/{base}.compact")
+        present = sorted(x for x in c.compacts if x <= last and f"{c.file_log}/{x}.compact" in c.files)
+        need |= {f"{c.file_log}/{x}.compact" for x in present[-2:]}
+        base = present[-1] if present else -1
         need |= {f"{c.file_log}/{i}" for i in range(base + 1, last + 1)}
     if c.kafka:
         need.add(f"{c.kafka}/0")

@@ -144,3 +144,38 @@ def test_missing_input_lists_the_first_ten_and_a_count(tmp_path):
     assert "14 input file(s)" in caught.value.message and "(+4 more)" in caught.value.message
     assert "f09.json" in caught.value.message and "f10.json" not in caught.value.message
     assert not (tmp_path / "restored").exists()
+
+
+@pytest.mark.slow
+def test_file_source_log_restores_through_two_savepoint_generations(spark, tmp_path):
+    """Spark derives a file-source log's compact interval from its two newest ``.compact`` files, or
+    guesses from one. A savepoint holding only the newest one made a restored run guess another
+    interval (3 -> 6 here); a savepoint of THAT run then restored with the guess 3 and failed reading
+    its log (``14.compact doesn't exist``). The savepoint keeps the two newest, so each restore
+    derives the interval the run used."""
+    from pyspark.sql import functions as F
+
+    spark.conf.set("spark.sql.streaming.fileSource.log.compactInterval", "3")
+    try:
+        seen: list[int] = []
+
+        def run(checkpoint: Path, start: int, stop: int) -> None:
+            write_json_inputs(tmp_path / "input", start, stop, rows=2)
+            frame = spark.readStream.schema("key string, value long").option("maxFilesPerTrigger", 1).json(
+                str(tmp_path / "input"))
+            query = (frame.select((F.col("value") / 100).cast("int").alias("file"))
+                     .writeStream.foreachBatch(lambda batch, _: seen.extend(r.file for r in batch.distinct().collect()))
+                     .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+            query.awaitTermination(120)
+            assert query.exception() is None, query.exception()
+
+        run(tmp_path / "ck0", 0, 7)  # batches 0-6: 2.compact, 5.compact
+        first = core.take_savepoint(str(tmp_path / "ck0"), "files", savepoint_dir=str(tmp_path / "sp"))
+        core.restore_savepoint(first.pointer, str(tmp_path / "ck1"))
+        run(tmp_path / "ck1", 7, 15)  # batches 7-14 on the restored log: 11.compact
+        second = core.take_savepoint(str(tmp_path / "ck1"), "files", savepoint_dir=str(tmp_path / "sp"))
+        core.restore_savepoint(second.pointer, str(tmp_path / "ck2"))
+        run(tmp_path / "ck2", 15, 16)
+        assert sorted(seen) == list(range(16))  # every file once, across three runs
+    finally:
+        spark.conf.unset("spark.sql.streaming.fileSource.log.compactInterval")

@@ -13,7 +13,8 @@ Rules (docs/savepoint-format.md explains each one):
 * Always: ``metadata``, the newest ``offsets/<b>`` with b < N, ``offsets/N``, ``commits/N``.
 * If ``offsets/N+1`` exists (batch N+1 is planned but not committed), it is included, so that a
   restore re-runs N+1 with the same offsets, exactly as Spark's own crash recovery does.
-* Each file source's log up to the offset recorded for it (newest compact file <= L, then L's tail);
+* Each file source's log up to the offset recorded for it (the two newest compact files <= L, then
+  L's tail: Spark derives the log's compact interval from the two newest);
   other sources' folders whole.
 * State version V = N+1 for every operator, partition and store: HDFS snapshot + deltas; RocksDB
   zip + changelogs + the SSTs/logs the zip lists (checkpoint format v1 and v2); per-store schema
@@ -285,10 +286,9 @@ def _plan_file_source_log(listing, folder: str, last: int, add, where: str) -> N
             match = formats.COMPACT_FILE.match(path[len(folder) + 1 :])
             if match:
                 compact[int(match.group(1))] = path
-    bases = [c for c in compact if c <= last]
+    bases = sorted(c for c in compact if c <= last)
     start = 0
-    if bases:
-        base = max(bases)
+    for base in bases[-2:]:  # Spark takes the interval from the two newest; from one alone it guesses
         add(compact[base], GROUP_SOURCES)
         start = base + 1
     missing = [b for b in range(start, last + 1) if b not in plain]

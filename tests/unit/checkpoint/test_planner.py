@@ -92,14 +92,15 @@ def test_without_next_offsets_source_log_stops_at_offset_of_n():
     assert {p for p in paths(plan) if p.startswith("sources/")} == {f"sources/0/{b}" for b in range(5)}
 
 
-def test_file_source_log_uses_newest_compact_file():
-    c = base(9, log_offsets={8: 8})
-    for b in (0, 1, 3, 4, 6, 7, 8, 9):
+def test_file_source_log_keeps_the_two_newest_compact_files():
+    """Spark derives the log's compact interval from its two newest compact files."""
+    c = base(12, log_offsets={11: 11})
+    for b in range(13):
         c[f"sources/0/{b}"] = b"v1\n{}"
-    c["sources/0/2.compact"] = b"v1\n{}"
-    c["sources/0/5.compact"] = b"v1\n{}"
+    for b in (2, 5, 8):
+        c[f"sources/0/{b}.compact"] = b"v1\n{}"
     sources = {p for p in paths(c.plan()) if p.startswith("sources/")}
-    assert sources == {"sources/0/5.compact", "sources/0/6", "sources/0/7", "sources/0/8"}
+    assert sources == {"sources/0/5.compact", "sources/0/8.compact", "sources/0/9", "sources/0/10", "sources/0/11"}
 
 
 def test_missing_source_log_entry_is_a_race():
