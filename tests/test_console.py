@@ -415,6 +415,7 @@ def test_actions_follow_airflow_permissions(console):
         "savepoint": ("periodic_savepoints", True, True), "stop": ("stop_job_with_savepoint", True, True),
         "restore": ("restore_from_savepoint", True, True)}
     assert admin["stop"]["stops_job"] is True and admin["restore"]["stops_job"] is False
+    assert [o["param"] for o in admin["restore"]["options"]] == ["state_partitions"] and admin["stop"]["options"] == []
     viewer = c.token_of(VIEWER, c.viewer_password)
     refused = {a["action"]: a["allowed"] for a in c.get(f"{API}/actions", token=viewer).json()["actions"]}
     assert refused == {"savepoint": False, "stop": False, "restore": False}
@@ -455,6 +456,9 @@ HISTORY = in_page("""return Object.fromEntries(Array.from(doc.querySelectorAll('
 PROBLEM = in_page("""const banner = doc.querySelector('#problem .banner');
 return doc.body.dataset.loaded === 'true' && banner ? {code: banner.dataset.code, text: banner.textContent,
   color: getComputedStyle(banner.querySelector('.title')).color} : null;""")
+BADGE_COLOURS = in_page("""const colours = Object.fromEntries(Array.from(doc.querySelectorAll('tr.job')).map(
+  row => [row.dataset.job, row.cells[2].querySelector('.badge') && getComputedStyle(row.cells[2].querySelector('.badge')).color]));
+return {...colours, muted: getComputedStyle(doc.querySelector('#jobs th')).color};""")
 STYLE = in_page("""const style = getComputedStyle(doc.body);
 return {background: style.backgroundColor, color: style.color, font: style.fontFamily, theme: doc.body.dataset.theme,
   hostFont: getComputedStyle(document.body).fontFamily};""")
@@ -561,6 +565,8 @@ def test_console_in_chromium(console, tmp_path):
         assert "no savepoints" in jobs["empty-job"]["cells"][5] and "conflict 1" in jobs["fraud"]["cells"][5]
         assert "in progress 1" in jobs["orders"]["cells"][5] and jobs["clicks"]["cells"][2] == "\u2014"
         assert browser.script(SAVEPOINT_ROWS) == []  # six jobs: collapsed at first
+        colours = browser.script(BADGE_COLOURS)  # a stopped job is at rest: grey as a heading, not green as a running one
+        assert colours["payments"] == colours["muted"] != colours["orders"], colours
 
         # collapse and paging: the newest ten of orders, then the older ones
         click_in_page(browser, "tr.job[data-job=orders]")
@@ -617,6 +623,26 @@ def test_console_in_chromium(console, tmp_path):
                                  or None, 30, "verification did not show")
         assert verified
         browser.screenshot(ARTIFACTS / "console-detail.png")
+
+        # Restore from the detail view: the dialog offers state partitions (blank: unchanged), refuses 0, queues the run
+        before = len(dag_runs(c, "restore_from_savepoint"))
+        click_in_page(browser, "#detail button[data-action=restore]")
+        field = "#confirm-options input[data-option=state_partitions]"
+        browser._wait(lambda: browser.script(in_page(f"return doc.querySelector('{field}') !== null || null;")), 10, "no option")
+        with inside_console(browser):
+            browser.type(field, "0")
+            browser.click("#confirm-ok")
+            assert browser.script(in_page("return doc.getElementById('confirm').open;"))  # below its minimum: not sent
+            browser.script(in_page(f"doc.querySelector('{field}').value = ''; return true;"))
+            browser.type(field, "4")
+        browser.screenshot(ARTIFACTS / "console-restore.png")
+        assert "State partitions" in confirm_dialog(browser, accept=True)
+        shown = notice(browser)
+        runs = {run["dag_run_id"]: run for run in dag_runs(c, "restore_from_savepoint")}
+        assert len(runs) == before + 1 and shown["run"] in runs, (shown, list(runs))
+        assert runs[shown["run"]]["conf"] == {"job": "orders", "pointer": pointer, "state_partitions": 4}
+        assert runs[shown["run"]]["state"] == "queued"  # no scheduler here: Airflow holds it
+        browser.script(in_page("doc.getElementById('notice').replaceChildren(); return true;"))  # the next action's own notice
 
         # a filter
         browser.script(in_page("const f = doc.getElementById('filter'); f.value = 'pay';"
@@ -678,6 +704,7 @@ def test_console_states_and_a_viewer_in_chromium(console, tmp_path):
             reload_page(browser)
             problem = browser._wait(lambda: browser.script(PROBLEM), 30, "no problem shown")
             assert problem["code"] == "savepoint_root_not_found" and "does not exist" in problem["text"]
+            assert "savepoint_dir names the wrong place" in problem["text"] and "Retry" in problem["text"]  # what to do
             assert "0 savepoint" not in browser.script(in_page("return doc.body.textContent;"))
             title, text = problem["color"], browser.script(in_page("return getComputedStyle(doc.body).color;"))
             assert title != text, (title, text)  # the error's own colour, not the page's text colour

@@ -17,7 +17,8 @@ from airflow_savepoints.core.settings import DEFAULTS
 
 log = logging.getLogger(__name__)
 
-# action -> (configuration option naming its DAG, conf keys, stops the job, what it does); default DAG ids in core.settings
+# action -> (configuration option naming its DAG, conf keys, stops the job, what it does, optional Params the confirm
+# dialog asks for: blank leaves them out of the conf); default DAG ids in core.settings
 ACTIONS: dict[str, dict[str, Any]] = {
     "savepoint": {"option": "console_savepoint_dag", "params": [],
                   "stops": False, "label": "Savepoint now",
@@ -27,7 +28,10 @@ ACTIONS: dict[str, dict[str, Any]] = {
              "says": "stops the job and takes a final stop savepoint"},
     "restore": {"option": "console_restore_dag", "params": ["job", "pointer"],
                 "stops": False, "label": "Restore",
-                "says": "starts the job from this savepoint in a fresh checkpoint location"},
+                "says": "starts the job from this savepoint in a fresh checkpoint location",
+                "options": [{"param": "state_partitions", "label": "State partitions", "type": "integer", "minimum": 1,
+                             "hint": "rescale the state into this many partitions (Spark 4.2, RocksDB state); "
+                                     "blank: unchanged"}]},
 }
 
 
@@ -58,6 +62,6 @@ def available_actions(user: Any) -> list[dict[str, Any]]:
     chosen = {name: conf.get("savepoints", spec["option"], fallback="") or DEFAULTS[spec["option"]] for name, spec in ACTIONS.items()}
     deployed = _dag_states(sorted(set(chosen.values())))
     return [{"action": name, "dag_id": chosen[name], "params": spec["params"], "stops_job": spec["stops"],
-             "label": spec["label"], "description": spec["says"], "deployed": chosen[name] in deployed,
-             "paused": deployed.get(chosen[name]), "allowed": _may_trigger(user, chosen[name])}
+             "label": spec["label"], "description": spec["says"], "options": spec.get("options", []),
+             "deployed": chosen[name] in deployed, "paused": deployed.get(chosen[name]), "allowed": _may_trigger(user, chosen[name])}
             for name, spec in ACTIONS.items()]

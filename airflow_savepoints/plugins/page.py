@@ -42,8 +42,10 @@ button { font: inherit; font-size: 13px; color: var(--fg); background: transpare
 button:hover:not(:disabled) { background: var(--bg-muted); }
 button:disabled { opacity: .5; cursor: not-allowed; }
 button.primary { background: var(--accent); color: var(--accent-fg); border-color: var(--accent); }
+button.primary:hover:not(:disabled) { background: var(--accent); filter: brightness(.9); }
 button.danger { color: var(--error); border-color: var(--error); }
 button.danger.primary { background: var(--error); color: var(--bg); }
+button.danger.primary:hover:not(:disabled) { background: var(--error); }
 button.link { border: 0; background: none; color: var(--info); padding: 0 4px; }
 input[type=search] { font: inherit; color: var(--fg); background: transparent; border: 1px solid var(--border);
   border-radius: 6px; padding: 4px 10px; width: 240px; }
@@ -107,6 +109,9 @@ pre { font-family: var(--mono); font-size: 12px; background: var(--bg-muted); bo
 dialog { border: 1px solid var(--border); border-radius: 8px; background: var(--bg-panel); color: var(--fg); max-width: 520px; }
 dialog::backdrop { background: rgba(0, 0, 0, .45); }
 dialog .buttons { display: flex; gap: 8px; justify-content: flex-end; margin-top: 14px; }
+label.option { display: grid; grid-template-columns: 130px 1fr; gap: 2px 10px; align-items: center; margin-top: 8px; }
+label.option input { font: inherit; color: var(--fg); background: transparent; border: 1px solid var(--border);
+  border-radius: 6px; padding: 3px 8px; } label.option small { grid-column: 2; }
 .spinner { display: inline-block; width: 12px; height: 12px; border: 2px solid var(--border); border-top-color: var(--accent);
   border-radius: 50%; animation: spin .8s linear infinite; vertical-align: -2px; }
 @keyframes spin { to { transform: rotate(360deg); } }
@@ -134,8 +139,8 @@ BODY = """
 </table>
 <section id="detail" hidden></section>
 <dialog id="confirm"><form method="dialog">
-  <h2 id="confirm-title"></h2><p id="confirm-text"></p>
-  <div class="buttons"><button value="cancel" type="submit">Cancel</button>
+  <h2 id="confirm-title"></h2><p id="confirm-text"></p><div id="confirm-options"></div>
+  <div class="buttons"><button value="cancel" type="submit" formnovalidate>Cancel</button>
   <button id="confirm-ok" value="ok" type="submit" class="primary">Confirm</button></div>
 </form></dialog>
 """

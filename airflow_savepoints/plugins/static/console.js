@@ -167,13 +167,29 @@ function notify(kind, title, error, ...extra) {
 }
 
 // ---- actions: DAG runs through Airflow's REST API ---------------------------------------------------
-function confirmAction(title, text, dangerous) {
+function optionField(option) {
+  const input = el("input", {type: option.type === "integer" ? "number" : "text", name: option.param, placeholder: "unchanged",
+    min: option.minimum, step: option.type === "integer" ? 1 : null, data: {option: option.param}});
+  return el("label", {class: "option"}, el("span", {text: option.label}), input, el("small", {class: "muted", text: option.hint}));
+}
+
+// Resolves to the options' values ({} when none; a blank one left out) once confirmed, to null when cancelled.
+function confirmAction(title, text, dangerous, options) {
   const dialog = $("confirm");
   $("confirm-title").textContent = title;
   $("confirm-text").textContent = text;
+  $("confirm-options").replaceChildren(...(options || []).map(optionField));
   $("confirm-ok").className = dangerous ? "primary danger" : "primary";
   return new Promise(resolve => {
-    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), {once: true});
+    dialog.addEventListener("close", () => {
+      if (dialog.returnValue !== "ok") { resolve(null); return; }
+      const values = {};
+      for (const option of options || []) {
+        const raw = dialog.querySelector(`input[data-option="${option.param}"]`).value.trim();
+        if (raw !== "") values[option.param] = option.type === "integer" ? Number(raw) : raw;
+      }
+      resolve(values);
+    }, {once: true});
     dialog.returnValue = "";
     dialog.showModal();
   });
@@ -193,11 +209,12 @@ async function runAction(action, conf, subject) {
   const text = `This triggers a run of the DAG ${action.dag_id}, which ${action.description}` +
     (subject ? ` (${subject})` : "") + "." + (action.paused ? " The DAG is paused: the run waits until it is unpaused." : "") +
     (action.stops_job ? " The job stops: its sink gets no new data until it is restored." : "");
-  if (!await confirmAction(action.label + (subject ? ": " + subject : "") + "?", text, action.stops_job)) return;
+  const chosen = await confirmAction(action.label + (subject ? ": " + subject : "") + "?", text, action.stops_job, action.options);
+  if (chosen === null) return;
   try {
     const run = await call(`${AIRFLOW}/api/v2/dags/${encodeURIComponent(action.dag_id)}/dagRuns`, {method: "POST",
       headers: {"Content-Type": "application/json"},
-      body: JSON.stringify({logical_date: null, conf, note: "Triggered from the Savepoints console"})});
+      body: JSON.stringify({logical_date: null, conf: {...conf, ...chosen}, note: "Triggered from the Savepoints console"})});
     const href = `${AIRFLOW}/dags/${encodeURIComponent(action.dag_id)}/runs/${encodeURIComponent(run.dag_run_id)}`;
     notify("success", `Triggered ${action.dag_id}`, null,
       el("div", {}, "Run ", el("a", {href, target: "_top", class: "mono", data: {runId: run.dag_run_id}, text: run.dag_run_id}),
