@@ -352,6 +352,7 @@ def test_d_a_job_without_the_helper_is_killed_through_the_master(story):
     # process on another host cannot be signalled from worker-b; it has no executors left)
 
 
+@pytest.mark.kafka
 def test_g_a_kafka_job_stopped_from_b_and_restarted_reads_every_record_once(story, kafka_broker):
     """g) a job reading a Kafka topic of 3 partitions (the session's broker) on the standalone cluster,
     Spark's Kafka connector in its spark.jars: started by worker-a, a periodic savepoint, stop with
