@@ -46,6 +46,12 @@ class StorageError(SavepointError):
     code = "storage_error"
 
 
+class StorageUnreachableError(StorageError):
+    """Nothing answered at the store's address (connection refused, no route, timed out)."""
+
+    code = "storage_unreachable"
+
+
 class UnknownSchemeError(StorageError):
     code = "unknown_scheme"
 

@@ -2,8 +2,9 @@
 Airflow 3.3 with the CeleryExecutor on Postgres and Redis, Celery workers each on a "host" of its
 own (PID and UTS namespaces: worker-a, worker-b, later worker-c with its clock 5 minutes ahead), a
 Spark standalone cluster; checkpoints on a folder every host shares, savepoints on the S3 server
-and on that folder. One test bed serves every test of this module (in order: the scenarios build
-on each other) and is torn down even when a test fails. Every scenario asserts through storage
+and on that folder; one job reads a topic of the session's Kafka broker (tests/support/kafka.py).
+One test bed serves every test of this module (in order: the scenarios build on each other) and is
+torn down even when a test fails. Every scenario asserts through storage
 and Airflow's REST API."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SPARK_CONF = {  # two jobs share the 2 cores of the Spark worker; executors call
     "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false", "spark.pyspark.python": sys.executable,
 }
 BUCKET = "testbed"
+KAFKA_PARTITIONS = 3
 
 
 @pytest.fixture(scope="module")
@@ -87,18 +89,21 @@ class Story:
     def __init__(self, bed: Testbed) -> None:
         self.bed = bed
         self.shared = bed.shared
-        self.inputs = {"events": 0, "plain": 0}
-        self.ids: dict[str, set[int]] = {"events": set(), "plain": set()}
+        self.inputs = {"events": 0, "plain": 0, "kafka": 0}
+        self.ids: dict[str, set[int]] = {"events": set(), "plain": set(), "kafka": set()}
         self.runs: dict[str, dict[str, Any]] = {}
         self.s3_options = {"endpoint_url": bed.s3_endpoint, "key": "testing", "secret": "testing"}
-        jobs = []
+        self.savepoint_dirs: dict[str, str] = {}
+        self.kafka: tuple[Any, str] | None = None  # the session's broker and the kafka job's topic
+        self.jobs: list[dict[str, Any]] = []
         # both on the standalone cluster, in client mode: the driver lives in the namespace of the
         # worker that started it, executors on the Spark worker
         for name, app, savepoints in (
                 ("events", ROOT / "airflow_savepoints" / "demo" / "app.py", f"s3://{BUCKET}/savepoints"),
                 ("plain", ROOT / "tests" / "support" / "plain_stream_app.py", str(self.shared / "savepoints"))):
             folder = self.shared / name
-            jobs.append({
+            self.savepoint_dirs[name] = savepoints
+            self.jobs.append({
                 "name": name, "application": str(app),
                 "application_args": [str(folder / "input"), "{checkpoint}", str(folder / "output")],
                 "master": bed.spark.master_url, "master_ui": bed.spark.web_url, "spark_conf": SPARK_CONF,
@@ -106,19 +111,52 @@ class Story:
                 "sink": {"kind": "file", "path": str(folder / "output")},
                 "heartbeat_interval": HEARTBEAT_S, "lease_timeout": LEASE_TIMEOUT_S, "savepoint_dir": savepoints,
             })
-        (self.shared / "jobs.yaml").write_text(yaml.safe_dump({"jobs": jobs}))
+        self.write_jobs()
+
+    def write_jobs(self) -> None:
+        (self.shared / "jobs.yaml").write_text(yaml.safe_dump({"jobs": self.jobs}))
+
+    def add_kafka_job(self, broker: Any, topic: str) -> None:
+        """The job ``kafka``: tests/support/kafka_stream_app.py reading ``topic`` on the standalone cluster,
+        Spark's Kafka connector (``make jars``) in its ``spark.jars``; savepoints on the S3 server."""
+        from tests.support.emulators import jar_files
+        from tests.support.kafka import CONNECTOR_JARS
+
+        self.kafka = (broker, topic)
+        folder, savepoints = self.shared / "kafka", f"s3://{BUCKET}/savepoints"
+        self.savepoint_dirs["kafka"] = savepoints
+        self.jobs.append({
+            "name": "kafka", "application": str(ROOT / "tests" / "support" / "kafka_stream_app.py"),
+            "application_args": [broker.bootstrap, topic, "{checkpoint}", str(folder / "output")],
+            "master": self.bed.spark.master_url, "master_ui": self.bed.spark.web_url,
+            "spark_conf": {**SPARK_CONF, "spark.jars": ",".join(jar_files(CONNECTOR_JARS))},
+            "checkpoint": str(folder / "checkpoint"), "checkpoint_retention": "RETAIN_ON_CANCELLATION",
+            "sink": {"kind": "file", "path": str(folder / "output")}, "kafka": {"bootstrap_servers": broker.bootstrap},
+            "heartbeat_interval": HEARTBEAT_S, "lease_timeout": LEASE_TIMEOUT_S, "savepoint_dir": savepoints,
+        })
+        self.write_jobs()
 
     def feed(self, job: str = "events", files: int = 1) -> None:
+        """One input file (50 events, the previous file's last 10 again) per ``files``; for the kafka job,
+        50 new events per ``files`` as records spread over the topic's partitions."""
         from airflow_savepoints.demo.app import write_events
 
         for _ in range(files):
-            self.ids[job] |= set(write_events(self.shared / job / "input", self.inputs[job]))
+            if job == "kafka":
+                broker, topic = self.kafka
+                ids = range(self.inputs[job] * 50, (self.inputs[job] + 1) * 50)
+                broker.produce(topic, [(i % KAFKA_PARTITIONS, None, json.dumps({"id": i, "user": f"u{i % 7}"}).encode())
+                                       for i in ids])
+                self.ids[job] |= set(ids)
+            else:
+                self.ids[job] |= set(write_events(self.shared / job / "input", self.inputs[job]))
             self.inputs[job] += 1
 
     def savepoints(self, job: str = "events") -> Any:
         from airflow_savepoints.storage import Store
 
-        return Store(f"s3://{BUCKET}/savepoints", self.s3_options) if job == "events" else Store(str(self.shared / "savepoints"))
+        url = self.savepoint_dirs[job]
+        return Store(url, self.s3_options) if url.startswith("s3://") else Store(url)
 
     def status(self, job: str = "events"):
         """The job's state as the lifecycle module sees it from here (the test's own host)."""
@@ -312,6 +350,45 @@ def test_d_a_job_without_the_helper_is_killed_through_the_master(story):
     assert story.status("plain").state == "stopped"
     # (its client-mode driver in worker-a's namespace was seen still alive 60 s after the kill: a
     # process on another host cannot be signalled from worker-b; it has no executors left)
+
+
+@pytest.mark.kafka
+def test_g_a_kafka_job_stopped_from_b_and_restarted_reads_every_record_once(story, kafka_broker):
+    """g) a job reading a Kafka topic of 3 partitions (the session's broker) on the standalone cluster,
+    Spark's Kafka connector in its spark.jars: started by worker-a, a periodic savepoint, stop with
+    savepoint from worker-b (its manifest holds the Kafka offsets per partition: every record read),
+    restarted by worker-a from it (records produced meanwhile included); every record once in the sink."""
+    from airflow_savepoints.core import resolve_pointer
+
+    topic = kafka_broker.create_topic(f"testbed-{time.monotonic_ns()}", KAFKA_PARTITIONS)
+    story.add_kafka_job(kafka_broker, topic)
+    story.feed("kafka", files=2)
+    _, started = story.run("start", "worker-a", job="kafka", fresh=True)
+    assert started["host"] == "worker-a" and story.app(started["application_id"]).get("state") == "RUNNING", started
+    before = story.committed(started["checkpoint"])
+    story.feed("kafka")
+    story.wait_committed_past(started["checkpoint"], before)
+    _, periodic = story.run("savepoint", "worker-a", job="kafka")
+    assert periodic["type"] == "periodic" and periodic["state"] == "completed", periodic
+
+    story.feed("kafka", files=3)  # more than a batch reads (maxOffsetsPerTrigger 100): several batches
+    story.wait_sink_complete("kafka")
+    _, stopped = story.run("stop", "worker-b", job="kafka")
+    last = story.committed(started["checkpoint"])
+    assert stopped["type"] == "stop" and stopped["consistency"] == "clean", stopped
+    assert stopped["batch_id"] == last > periodic["batch_id"], (stopped, last, periodic)
+    _, manifest = resolve_pointer(stopped["pointer"], story.s3_options)
+    # Kafka's own offsets, per topic and partition: each partition read to its end
+    read = {str(p): sum(1 for i in story.ids["kafka"] if i % KAFKA_PARTITIONS == p) for p in range(KAFKA_PARTITIONS)}
+    assert manifest.source_offsets["0"] == {topic: read}, manifest.source_offsets
+    assert story.status("kafka").state == "stopped"
+
+    story.feed("kafka")  # records arriving while the job is stopped: the restarted run's first batch reads them
+    _, restarted = story.run("start", "worker-a", job="kafka")
+    assert restarted["host"] == "worker-a" and restarted["run_id"] != started["run_id"], restarted
+    assert restarted["restored"]["pointer"] == stopped["pointer"] and restarted["restored"]["batch_id"] == last, restarted
+    story.wait_sink_complete("kafka")
+    # (it runs on until worker-a's host loss in test c, or the test bed's end)
 
 
 def test_c_host_loss_then_a_start_elsewhere_resumes_from_the_last_batch(story):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import socket
 import time
 
 import fsspec
@@ -22,7 +23,7 @@ import pytest
 
 from airflow_savepoints.core.lease import Lease, store_now
 from airflow_savepoints.storage import Store
-from airflow_savepoints.storage.backends.hdfs import HdfsBackend
+from airflow_savepoints.storage.backends.hdfs import FAIL_FAST_CONF, HdfsBackend
 from tests.test_s3a import savepointed_while_running_restored_and_continued
 
 pytestmark = pytest.mark.hdfs
@@ -70,6 +71,37 @@ def test_a_forked_process_of_one_holding_an_hdfs_client_works_and_exits(hdfs_roo
     assert queue.get(timeout=60) == ["a"]  # the child opens HDFS again through a client of its own
     child.join(30)
     assert child.exitcode == 0
+
+
+def test_a_dead_namenode_fails_a_command_within_seconds_naming_it(tmp_path, monkeypatch):
+    """Nothing listens at the NameNode's port: hdfs-native would retry for minutes (Hadoop's 15 failover
+    attempts); the command fails in seconds with storage_unreachable naming the URL (not "does not exist")."""
+    pytest.importorskip("hdfs_native")
+    from typer.testing import CliRunner
+
+    from airflow_savepoints.cli.main import app
+
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    monkeypatch.delenv("HADOOP_HOME", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        root = f"hdfs://127.0.0.1:{s.getsockname()[1]}/savepoints"
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["list", "--job", "orders", "--dir", root, "--conn-id", "", "--json"])
+    took = time.monotonic() - started
+    error = json.loads(result.stdout)["error"]
+    assert result.exit_code != 0 and error["code"] == "storage_unreachable", result.stdout
+    assert root in error["message"] and "Connection refused" in error["message"] and "NameNode" in error["hint"], error
+    assert took < 15, took
+
+    # a key the Hadoop configuration sets (or the storage options) is not replaced by the fail-fast default
+    (tmp_path / "hdfs-site.xml").write_text("<configuration><property><name>dfs.client.failover.max.attempts</name>"
+                                            "<value>15</value></property></configuration>")
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    options = HdfsBackend.filesystem_options({"host": "nn", "dfs.client.failover.sleep.max.millis": "5000"})
+    assert "dfs.client.failover.max.attempts" not in options
+    assert options["dfs.client.failover.sleep.max.millis"] == "5000"
+    assert options["dfs.client.failover.sleep.base.millis"] == FAIL_FAST_CONF["dfs.client.failover.sleep.base.millis"]
 
 
 class ThroughWebHdfs(HdfsBackend):

@@ -26,6 +26,7 @@ from airflow_savepoints.errors import (
     StorageError,
     StorageFullError,
     StoragePermissionError,
+    StorageUnreachableError,
     UnknownSchemeError,
 )
 from airflow_savepoints.storage.backends import LINK, SERVER_COPY, Backend, FileStat, ServerCopy, backend_class
@@ -242,6 +243,8 @@ class Store:
                 f"permission denied at '{where}': {exc}",
                 "check that the location is writable (not read-only) and that your credentials allow it",
             )
+        if backend.is_unreachable(exc):
+            return StorageUnreachableError(f"cannot reach the store of '{where}': {exc}", backend.error_hint)
         if isinstance(exc, OSError):
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 return StorageFullError(f"no space left at '{where}'", "free space or choose another location")

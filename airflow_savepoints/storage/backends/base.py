@@ -11,6 +11,7 @@ better (``local.py``, ``s3.py``) and ``generic.py`` keeps the rest on plain fssp
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import posixpath
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -27,6 +28,8 @@ UPLOAD_BLOCK = 8 * 1024 * 1024  # multipart upload part size: what a streamed up
 CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
                      "DefaultCredentialsError", "ClientAuthenticationError"}
 # Libraries whose own (non-OSError) exceptions mean the store could not be reached or answered badly.
+# nothing answered at the address: refused, no route to the host or its network
+UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
 TRANSPORT_MODULES = {"botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "google", "azure"}
 
 OnError = Callable[[OSError, str], NoReturn]
@@ -274,6 +277,11 @@ class Backend:
     def is_credentials_problem(self, exc: BaseException) -> bool:
         """Whether ``exc`` means missing, invalid or expired credentials."""
         return any(type(e).__name__ in CREDENTIAL_ERRORS for e in exception_chain(exc))
+
+    def is_unreachable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means nothing answered at the store's address (after the client's own retries)."""
+        return any(isinstance(e, ConnectionRefusedError) or (isinstance(e, OSError) and e.errno in UNREACHABLE_ERRNOS)
+                   for e in exception_chain(exc))
 
     def is_transport_error(self, exc: BaseException) -> bool:
         """Whether ``exc`` comes from the client library reaching the store (after its own retries)."""

@@ -24,16 +24,24 @@ import contextlib
 import ctypes
 import functools
 import os
+import re
 import weakref
 from typing import IO, Any, ClassVar
+from xml.etree import ElementTree
 
 import fsspec
 
 from airflow_savepoints.errors import AtomicCreateUnavailableError, InvalidPathError
-from airflow_savepoints.storage.backends.base import FileStat
+from airflow_savepoints.storage.backends.base import UNREACHABLE_ERRNOS, FileStat
 from airflow_savepoints.storage.backends.generic import FsspecBackend, temporary_name
 
 WEBHDFS_PORT = 9870  # dfs.namenode.http-address's default port since Hadoop 3
+# hdfs-native retries a NameNode that refuses connections as Hadoop's client does (15 attempts, sleeps
+# from 0.5 s doubling to 15 s: minutes): a dead NameNode fails within ~2 s instead, unless the storage
+# options or the Hadoop configuration files set these keys
+FAIL_FAST_CONF = {"dfs.client.failover.max.attempts": "3", "dfs.client.failover.sleep.base.millis": "200",
+                  "dfs.client.failover.sleep.max.millis": "1000"}
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how hdfs-native's OSError names its cause (its errno is None)
 
 # hdfs-native's client owns a tokio runtime whose threads a forked child does not inherit: freeing the
 # client there (fsspec clears its instance caches in every forked child) waits for those threads forever.
@@ -72,10 +80,20 @@ class HdfsBackend(FsspecBackend):
 
     @classmethod
     def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """hdfs-native takes its options as Hadoop configuration (strings): the WebHDFS address is pyarrow's only."""
+        """hdfs-native takes its options as Hadoop configuration (strings): the WebHDFS address is pyarrow's
+        only, and :data:`FAIL_FAST_CONF` applies where neither the options nor the Hadoop configuration set a key."""
         if _native_class():
-            return {k: v for k, v in options.items() if k != "webhdfs"}
+            configured = _hadoop_conf_keys()
+            defaults = {k: v for k, v in FAIL_FAST_CONF.items() if k not in configured}
+            return {**defaults, **{k: v for k, v in options.items() if k != "webhdfs"}}
         return options
+
+    def is_unreachable(self, exc: BaseException) -> bool:
+        """Also hdfs-native's OSError, whose errno is None: ``Connection refused (os error 111)``."""
+        if super().is_unreachable(exc):
+            return True
+        cause = _RUST_OS_ERROR.search(str(exc)) if isinstance(exc, OSError) else None
+        return cause is not None and int(cause.group(1)) in UNREACHABLE_ERRNOS
 
     @classmethod
     def location(cls, path: str) -> tuple[str, dict[str, Any]]:
@@ -101,6 +119,23 @@ class HdfsBackend(FsspecBackend):
     def native(self) -> Any:
         """hdfs-native's client of the filesystem (None for pyarrow's)."""
         return getattr(self.fs, "client", None) if type(self.fs).__module__.startswith("hdfs_native") else None
+
+    def exists(self, path: str) -> bool:
+        return self._kind(path) is not None if self.native is not None else super().exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return self._kind(path) == "directory" if self.native is not None else super().isdir(path)
+
+    def isfile(self, path: str) -> bool:
+        return self._kind(path) == "file" if self.native is not None else super().isfile(path)
+
+    def _kind(self, path: str) -> str | None:
+        """``file``, ``directory``, or None when nothing is there; any other error (an unreachable NameNode)
+        raises, where fsspec's ``exists``/``isdir``/``isfile`` would take it for "missing"."""
+        try:
+            return self.fs.info(path)["type"]
+        except FileNotFoundError:
+            return None
 
     def file_stat(self, info: dict[str, Any]) -> FileStat:
         """hdfs-native's entries: ``modification_time`` in milliseconds (with the size, the version token)."""
@@ -205,6 +240,18 @@ def _native_stat(millis: int, size: int) -> FileStat:
     """A file's entry from hdfs-native's modification time (milliseconds) and length: a replacement
     (a new file renamed over it) changes the time."""
     return FileStat(size=size, version=f"{millis}:{size}", modified=millis / 1000)
+
+
+def _hadoop_conf_keys() -> set[str]:
+    """The keys the Hadoop configuration files set that hdfs-native reads (core-site.xml and hdfs-site.xml
+    in ``HADOOP_CONF_DIR``, else ``$HADOOP_HOME/etc/hadoop``)."""
+    folder = os.environ.get("HADOOP_CONF_DIR") or (os.environ.get("HADOOP_HOME") and os.path.join(os.environ["HADOOP_HOME"],
+                                                                                                 "etc", "hadoop"))
+    keys: set[str] = set()
+    for name in ("core-site.xml", "hdfs-site.xml") if folder else ():
+        with contextlib.suppress(OSError, ElementTree.ParseError):
+            keys |= {(p.findtext("name") or "").strip() for p in ElementTree.parse(os.path.join(folder, name)).iter("property")}
+    return keys
 
 
 def _native_class() -> bool:
