@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from airflow_savepoints.jobs import lifecycle
 from airflow_savepoints.jobs.control import CHECK_CONF, CHECK_ENV, CHECKPOINT_CONF, new_run_id
 from airflow_savepoints.jobs.launcher import JobRun, checkpoint_progress, log_tail, start_detached
 from airflow_savepoints.jobs.model import JobVersion, StreamingJob
+from airflow_savepoints.jobs.rescale_job import rescale_on_the_job
 from airflow_savepoints.jobs.runners import LocalRunner, runner_for
 from airflow_savepoints.storage import Store
 
@@ -153,6 +155,7 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
     ctx.log(f"checking version {version.hash} of job {job.name} on savepoint {saved.pointer} "
             f"(batch {saved.manifest.batch_id}) in {scratch.url}")
     try:
+        restore_options = rescale_on_the_job(replace(ctx, job=new_job), submit_for(new_job), log_dir, restore_options)
         restored = restore_savepoint(saved.pointer, checkpoint.url, storage_options=ctx.root.storage_options,
                                      target_storage_options=ctx.root.storage_options, **restore_options)
         conf = {**restored.spark_conf_to_set, CHECK_CONF: scratch.url, CHECK_AFTER_CONF: str(restored.batch_id),
