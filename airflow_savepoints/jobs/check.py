@@ -6,7 +6,8 @@ running version's state, with its sink replaced by Spark's ``noop`` sink.
 1. takes a ``manual`` savepoint (reason ``upgrade check``) of the running version's live checkpoint,
    as any trigger does (retention treats it as any manual savepoint: ``max_manual`` bounds them);
 2. restores it (hard links where the store allows) into ``<savepoint dir>/<job>/_check/<check id>/checkpoint``,
-   a scratch folder of its own: never inside a savepoint, never the live checkpoint;
+   a scratch folder of its own: never inside a savepoint, never the live checkpoint; with ``state_partitions``
+   rescaled by a Spark application of the new version (:mod:`airflow_savepoints.jobs.rescale_job`);
 3. submits the new version on that copy in *check mode*: the Spark conf ``spark.savepoints.check``
    (and, for a driver on this host, the environment variable ``SAVEPOINTS_CHECK``) names the scratch
    folder. The in-job helper (:mod:`airflow_savepoints.jobs.control`) then swaps every streaming
