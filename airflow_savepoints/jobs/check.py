@@ -43,7 +43,7 @@ from airflow_savepoints.jobs import lifecycle
 from airflow_savepoints.jobs.control import CHECK_CONF, CHECK_ENV, CHECKPOINT_CONF, new_run_id
 from airflow_savepoints.jobs.launcher import JobRun, checkpoint_progress, log_tail, start_detached
 from airflow_savepoints.jobs.model import JobVersion, StreamingJob
-from airflow_savepoints.jobs.rescale_job import rescale_on_the_job
+from airflow_savepoints.jobs.rescale_job import read_result, rescale_on_the_job
 from airflow_savepoints.jobs.runners import LocalRunner, runner_for
 from airflow_savepoints.storage import Store
 
@@ -209,20 +209,12 @@ def _take_check_savepoint(ctx: lifecycle.JobContext, state: lifecycle.JobState, 
             lifecycle.wait_for_savepoint_in_flight(ctx, max(deadline - time.monotonic(), 1))
 
 
-def _read_result(scratch: Store) -> dict[str, Any] | None:
-    try:
-        value = json.loads(scratch.read_bytes(CHECK_RESULT_FILE))
-    except (FileNotFoundError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 0.5) -> dict[str, Any]:
     """The check driver's ``result.json``; a failure when it exits without one or is not done in time."""
     deadline = time.monotonic() + timeout
-    while (result := _read_result(scratch)) is None:
+    while (result := read_result(scratch)) is None:
         if LocalRunner().status(run.target()).state == "ended":
-            return _read_result(scratch) or {
+            return read_result(scratch) or {
                 "outcome": "failed", "error": f"its driver exited before it checked a batch; last log lines:\n"
                                               f"{log_tail(run.log_file)}"}
         if time.monotonic() >= deadline:

@@ -91,7 +91,7 @@ class JobRescaler:
                      f"job {job.name} (master {job.master})")
         try:
             log_file = self._run(command)
-            result = _read_result(scratch)
+            result = read_result(scratch)
         finally:
             results.remove_tree(scratch.name)
         if result is None:
@@ -126,7 +126,8 @@ class JobRescaler:
         return str(log_file)
 
 
-def _read_result(scratch: Store) -> dict[str, Any] | None:
+def read_result(scratch: Store) -> dict[str, Any] | None:
+    """The ``result.json`` a rescale or check application wrote into ``scratch``; None while there is none."""
     try:
         value = json.loads(scratch.read_bytes(CHECK_RESULT_FILE))
     except (FileNotFoundError, ValueError):
@@ -154,7 +155,8 @@ def refuse_unrescalable(ctx: JobContext, state: JobState, partitions: int) -> No
         return
     checkpoint = ctx.checkpoint(state.checkpoint)
     try:
-        plan_rescale(live_manifest(checkpoint, ctx.job.name, state.spark_version), partitions, checkpoint.url, local=False)
+        plan_rescale(live_manifest(checkpoint, ctx.job.name, state.spark_version), partitions,
+                     f"of the running version's live checkpoint {checkpoint.url}", local=False)
     except RescaleError as exc:
         raise type(exc)(f"{exc.message}; the upgrade of job '{ctx.job.name}' was refused before anything stopped: "
                         f"run {state.run_id} goes on", (exc.hint or "").replace("; nothing was restored", "")
