@@ -4,6 +4,7 @@
     python benchmarks/run.py --quick --json  # small size, a few minutes, one JSON object on stdout
     python benchmarks/run.py --size-gb 4 --partitions 400
     python benchmarks/run.py --cli-start     # only the CLI's start: list and trigger against python -c pass
+    python benchmarks/run.py --rescale       # only the rescale: 1M RocksDB keys 2 -> 8, ours against Spark's own
 
 Spark writes two checkpoints of a stateful aggregation, one with the HDFS state store, one with
 RocksDB, whose state together is ``--size-gb`` of incompressible rows (half each). Every timed savepoint
@@ -118,8 +119,9 @@ def spark_session():
 class Job:
     """A streaming aggregation over parquet inputs; each ``batch`` adds ``rows`` new keys of state."""
 
-    def __init__(self, spark, base: Path, store: str, partitions: int):
+    def __init__(self, spark, base: Path, store: str, partitions: int, payload_chars: int = PAYLOAD_CHARS):
         self.spark, self.base, self.store, self.partitions = spark, base, store, partitions
+        self.payload_chars = payload_chars
         self.input, self.checkpoint = base / "input", base / "checkpoint"
         self.input.mkdir(parents=True, exist_ok=True)
         self.next_key, self.files = 0, 0
@@ -129,8 +131,8 @@ class Job:
         from pyspark.sql import functions as F
 
         start, self.next_key = self.next_key, self.next_key + rows
-        payload = F.concat(*[F.sha2(F.concat(F.col("id").cast("string"), F.lit(f"-{i}")), 512)
-                             for i in range(PAYLOAD_CHARS // 128)])
+        payload = F.substring(F.concat(*[F.sha2(F.concat(F.col("id").cast("string"), F.lit(f"-{i}")), 512)
+                                         for i in range(-(-self.payload_chars // 128))]), 1, self.payload_chars)
         frame = self.spark.range(start, start + rows).select(F.format_string("k%012d", "id").alias("key"),
                                                               payload.alias("payload"))
         staging = self.base / f"staging-{self.files}"
@@ -461,7 +463,7 @@ def main() -> int:
     parser.add_argument("--memory-gb", type=float, help="file size for the memory check (default 1.0, quick 0.25)")
     parser.add_argument("--workdir", help="where to build (default: a temporary folder, removed)")
     parser.add_argument("--repeats", type=int, default=3, help="best of N for cp -r, full savepoints and restores")
-    parser.add_argument("--skip", default="", help="comma list of steps to skip: cli,s3,live,memory,hashes,inspect "
+    parser.add_argument("--skip", default="", help="comma list of steps to skip: cli,s3,live,memory,hashes,inspect,rescale "
                         "(with --object-store: s3 (the moto passes),peers,gcs,azure)")
     parser.add_argument("--latency-ms", default="20,50", help="with --object-store: the proxy's added latency per "
                         "S3 request, one pass each (comma list, default 20,50)")
@@ -471,6 +473,8 @@ def main() -> int:
     parser.add_argument("--plot", help="draw the timings as a PNG (needs matplotlib)")
     parser.add_argument("--from-json", help="do not measure: print the table (and --plot) of a saved JSON report")
     parser.add_argument("--cli-start", action="store_true", help="only the CLI's start (seconds, no Spark)")
+    parser.add_argument("--rescale", action="store_true", help="only the rescale step: 1 million RocksDB keys, 2 -> 8 "
+                        "state partitions, our restore with a rescale against cp -r + Spark's own repartition")
     parser.add_argument("--object-store", action="store_true",
                         help="instead: savepoints on S3 behind request latency against s5cmd and aws, and on "
                         "GCS and Azure emulators (benchmarks/object_store.py)")
@@ -493,6 +497,19 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="savepoint-cli-") as folder:
             figures = {"cli_start_s": cli_start(Path(folder), args.repeats), "load_average": os.getloadavg()}
         report = {"targets": cli_targets(figures["cli_start_s"]), "figures": figures}
+        log(json.dumps(report, indent=1))
+        if args.json:
+            print(json.dumps(report))
+        return 0
+    if args.rescale:
+        from benchmarks.rescale_state import rescale_against_repartition
+
+        with tempfile.TemporaryDirectory(prefix="savepoint-rescale-") as folder:
+            spark = spark_session()
+            figures = {"rescale": rescale_against_repartition(spark, Job, Path(folder), repeats=args.repeats, log=log),
+                       "load_average": os.getloadavg(), "machine": machine()}
+            spark.stop()
+        report = {"targets": rescale_targets(figures), "figures": figures}
         log(json.dumps(report, indent=1))
         if args.json:
             print(json.dumps(report))
@@ -607,6 +624,13 @@ def main() -> int:
             figures["inspect"] = inspect_against_statestore(spark, {s: firsts[s].pointer for s in jobs}, repeats)
             t["inspect"], t["statestore_read"] = figures["inspect"]["inspect_s"], figures["inspect"]["statestore_s"]
             log(f"inspect: {figures['inspect']}")
+        if "rescale" not in skip:
+            from benchmarks.rescale_state import rescale_against_repartition
+
+            spark = spark_session()
+            figures["rescale"] = rescale_against_repartition(spark, Job, work, repeats=repeats, log=log)
+            t["rescale"], t["spark_repartition"] = figures["rescale"]["ours_s"], figures["rescale"]["spark_s"]
+            log(f"rescale: {figures['rescale']}")
         if "hashes" not in skip:
             paths = [jobs[s].checkpoint / rel for s in jobs for rel, _ in files[s]]
             figures["hash_gb_per_s"] = hash_candidates(paths)
@@ -696,6 +720,7 @@ def evaluate(f: dict) -> list[dict]:
         r = f["inspect"]["inspect_s"] / f["inspect"]["statestore_s"]
         add("inspect / a direct statestore read of the same savepoints", r, "<= 1.1", r <= 1.1 and f["inspect"]["rows_match"],
             f"{f['inspect']['rows']} rows; the same rows counted: {f['inspect']['rows_match']}")
+    out += rescale_targets(f)
     if "live" in f:
         r = f["live"]["during_median_s"] / f["live"]["without_median_s"]
         add("median batch duration during savepoints / without", r, "<= 1.10", r <= 1.10)
@@ -703,6 +728,19 @@ def evaluate(f: dict) -> list[dict]:
         worst = max(f["memory_mib_above_baseline"].values())
         add(f"peak memory above baseline copying a {f['memory_file_gb']} GB file (MiB)", worst, "<= 64", worst <= 64)
     return out + (cli_targets(f["cli_start_s"]) if "cli_start_s" in f else [])
+
+
+def rescale_targets(f: dict) -> list[dict]:
+    """The rescale step's target, if it ran: ours (restore with links and checksums, then Spark's rewrite) against
+    cp -r of the checkpoint + Spark's own repartition of that copy."""
+    if "rescale" not in f:
+        return []
+    r = f["rescale"]
+    ratio = r["ours_s"] / r["spark_s"]
+    return [{"name": f"restore with a rescale ({r['partitions']}, {r['keys']} RocksDB keys) / cp -r + Spark's own repartition",
+             "ratio": round(ratio, 3), "target": "<= 1.1", "met": ratio <= 1.1 and r["partitions_match"],
+             "note": f"{r['ours_s']}s against {r['spark_s']}s; both {r['partitions'].split()[-1]} partitions: "
+                     f"{r['partitions_match']}"}]
 
 
 def machine() -> dict:

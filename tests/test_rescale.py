@@ -351,3 +351,74 @@ def test_an_upgrade_rescales_only_through_a_savepoint(tmp_path):
     with pytest.raises(InvalidInputError, match="state_partitions"):
         restore_savepoint("unused", str(tmp_path / "r"), state_partitions="many")
     assert not (tmp_path / "savepoints").exists() and not (tmp_path / "r").exists()
+
+
+NO_PYSPARK_CLI = ("import sys; sys.modules['pyspark'] = None  # importing pyspark here fails\n"
+                  "from airflow_savepoints.cli.main import main; main()")
+
+
+def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
+    """`job start JOB --from SAVEPOINT --state-partitions 3` for a job declared in jobs.yaml, from a process where
+    pyspark cannot be imported: the rescale runs as a Spark application submitted with the job's master and conf
+    (spark-submit, local master), the job then continues on the rescaled copy; its file sink holds every event once."""
+    import subprocess
+    import sys
+
+    import airflow_savepoints.demo.app as demo
+    from airflow_savepoints.jobs.launcher import read_run, stop_process
+    from tests.support.feeding import wait_for_sink
+
+    sent: set[int] = set()
+    for index in range(3):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"""jobs:
+  - name: demo-rescale
+    application: {demo.__file__}
+    application_args: [{tmp_path}/input, "{{checkpoint}}", {tmp_path}/output]
+    master: local[2]
+    spark_conf:
+      spark.sql.shuffle.partitions: "2"
+      spark.ui.enabled: "false"
+      spark.sql.streaming.stateStore.providerClass: {ROCKS_CHANGELOG["spark.sql.streaming.stateStore.providerClass"]}
+    checkpoint: {tmp_path}/checkpoint
+    savepoint_dir: {tmp_path}/savepoints
+    sink: {{kind: file, path: {tmp_path}/output}}
+""")
+    conf = {**ROCKS_CHANGELOG, "spark.sql.shuffle.partitions": "2"}
+    previous = {key: spark.conf.get(key, None) for key in conf}
+    try:  # the job's first run, in-process (the session is shared): its state in RocksDB, 2 partitions
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        query = demo.build_query(spark, str(tmp_path / "input"), str(tmp_path / "checkpoint"), str(tmp_path / "output"))
+        run_to_end(query)
+        query.stop()
+    finally:
+        for key, value in previous.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+    info = take_savepoint(str(tmp_path / "checkpoint"), "demo-rescale", savepoint_dir=str(tmp_path / "savepoints"))
+    assert info.manifest.state_partitions() == {"0": 2}
+
+    for index in range(3, 5):  # input that arrived since: the new run commits a batch past the repartition batch
+        sent.update(demo.write_events(tmp_path / "input", index))
+    out = subprocess.run([sys.executable, "-c", NO_PYSPARK_CLI, "job", "start", "demo-rescale", "--jobs-file", str(jobs),
+                          "--from", info.pointer, "--state-partitions", "3", "--json", "--log-dir", str(tmp_path / "logs"),
+                          "--wait-timeout", "180"], capture_output=True, text=True, timeout=400)
+    folder = Store(str(tmp_path / "savepoints")).child("demo-rescale")
+    try:
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        started = json.loads(out.stdout)
+        restored = started["restored"]
+        assert restored["rescaled"] and restored["partitions_before"] == {"0": 2} and restored["partitions_after"] == {"0": 3}
+        assert restored["repartition_batch_id"] == info.manifest.batch_id + 1
+        assert "as a Spark application of job demo-rescale (master local[2])" in " ".join(out.stderr.split())
+        rescale_log = next((tmp_path / "logs").glob("demo-rescale-rescale-*.log")).read_text()  # its own application
+        assert "Submitted application: airflow-savepoints-rescale" in rescale_log
+        assert "OfflineStateRepartitionRunner: Starting offline state repartitioning" in rescale_log
+        assert wait_for_sink(tmp_path / "output", sorted(sent)) == sorted(sent), "every event once"
+    finally:
+        stop_process(read_run(folder), grace=30)
+    checkpoint = Path(started["checkpoint"])
+    assert formats.state_partitions(_state_files(checkpoint), version=_committed(checkpoint) + 1) == {"0": 3}
+    assert not [p for p in Path(folder.path_of("_rescale")).rglob("*") if p.is_file()]  # its result was read and removed
+    verify_savepoint(info.pointer)

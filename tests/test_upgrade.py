@@ -115,6 +115,18 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
             assert "UpgradeCheckFailedError" in log and "exited before it checked a batch" in log, log[-3000:]
             assert "rolled back" not in log
             assert_untouched(ctx, upgraded, root)
+            # a rescale its HDFS-backed state cannot take: refused from the live checkpoint's files before the
+            # check's savepoint and the stop, with the check on (the default) and off alike
+            taken = len(list_savepoints(root, JOB))
+            for check in ("--check-first", "--no-check-first"):
+                result = CliRunner().invoke(cli_app, ["job", "upgrade", JOB, "--jobs-file", str(ROOT / "dags" / "jobs.yaml"),
+                                                      "--json", "--mode", "savepoint", "--state-partitions", "4", check,
+                                                      "--conf", f"{demo.SKIP_BAD_RECORDS_CONF}=true"])
+                assert result.exit_code == 1, result.output
+                error = json.loads(result.stdout)["error"]
+                assert error["code"] == "rescale_unsupported_state", error
+                assert "refused before anything stopped" in error["message"] and "nothing was stopped" in error["hint"]
+            assert len(list_savepoints(root, JOB)) == taken and read_run(job_folder).run_id == upgraded.run_id
             result = CliRunner().invoke(cli_app, ["job", "check", JOB, "--jobs-file", str(ROOT / "dags" / "jobs.yaml"),
                                                   "--json", "--conf", f"{demo.SKIP_BAD_RECORDS_CONF}=true", "--conf",
                                                   f"{demo.ID_AS_STRING_CONF}=true", "--timeout", "120"])

@@ -38,6 +38,7 @@ FENCED_FILE = "fenced.json"
 
 CHECK_FOLDER = "_check"  # <job>/_check/<check id>/: an upgrade check's scratch (jobs/check.py)
 CHECK_RESULT_FILE = "result.json"  # what the checked version's driver found, beside its scratch checkpoint
+RESCALE_FOLDER = "_rescale"  # <job>/_rescale/<id>/: the result of a job's rescale application (jobs/rescale_job.py)
 
 LEASE_BREAK_SUFFIX = ".break"  # ``<lease>.break``: held while a stale lease is broken
 CLOCK_PROBE_PREFIX = "._clock."  # ``._clock.<hex>.tmp``: a probe of the store's clock

@@ -21,6 +21,7 @@ from typing import Any
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.models import SavepointManifest
 from airflow_savepoints.errors import (
+    RescaleError,
     RescaleFailedError,
     RescaleRefusedError,
     RescaleUnavailableError,
@@ -68,10 +69,11 @@ def current_partitions(manifest: SavepointManifest) -> int | None:
     return max(counts.values()) if counts else None
 
 
-def plan_rescale(manifest: SavepointManifest, partitions: int, where: str) -> RescalePlan:
-    """Check a rescale of the savepoint at ``where`` into ``partitions`` before anything is copied.
+def plan_rescale(manifest: SavepointManifest, partitions: int, where: str, local: bool = True) -> RescalePlan:
+    """Check a rescale of the savepoint at ``where`` into ``partitions`` before anything is copied; needs no Spark.
 
-    Already ``partitions``: a no-op (restored as usual). Refused: HDFS-backed state, no pyspark 4.2+."""
+    Already ``partitions``: a no-op (restored as usual). Refused: HDFS-backed state, operators without the
+    metadata Spark needs, and (``local``: the rescale runs in this process) no pyspark 4.2+ here."""
     plan = RescalePlan(partitions, current_partitions(manifest), manifest.state_partitions())
     if plan.noop:
         return plan
@@ -90,7 +92,8 @@ def plan_rescale(manifest: SavepointManifest, partitions: int, where: str) -> Re
             "(STATE_REWRITER_INVALID_CHECKPOINT.MISSING_OPERATOR_METADATA)",
             "restore it without state_partitions (--state-partitions), run the job on Spark 4.2 until it commits a "
             "batch (Spark then writes the metadata), take a new savepoint and rescale that one; nothing was restored")
-    spark_version()
+    if local:
+        spark_version()
     return RescalePlan(partitions, plan.current, plan.before, trailing_files(manifest))
 
 
@@ -153,25 +156,34 @@ def spark_version(session: Any = None) -> tuple[int, int]:
 
 def repartition(destination: Store, plan: RescalePlan, manifest: SavepointManifest, conf: dict[str, str],
                 spark: Any = None, file_sink: Store | None = None) -> tuple[int, dict[str, int]]:
-    """Run Spark's repartition on the restored copy at ``destination``; the batch it wrote and the partitions after.
+    """Run Spark's repartition on the restored copy at ``destination`` in this process (``spark``, else the
+    active session, else a local one); the batch it wrote and the partitions after.
 
     ``conf``: settings Spark does not persist in the checkpoint (its state format), set for the call.
     ``file_sink``: the job's file sink, given its log entry for the repartition batch (see :func:`_record_in_sink`)."""
     batch = manifest.batch_id + 1
-    with _session(spark) as session:
-        spark_version(session)
-        with _conf(session, conf):
-            try:
-                session._streamingCheckpointManager.repartition(destination.spark_url_of(), plan.partitions, True)
-            except Exception as exc:  # noqa: BLE001 - py4j and pyspark errors: mapped by Spark's error class
-                raise spark_error(exc, destination) from exc
-        listing = destination.list_files()
-        if f"commits/{batch}" not in listing:
-            raise RescaleFailedError(f"Spark's repartition of {destination.url} returned without committing batch {batch}",
-                                     "nothing was restored; retry into a new, empty checkpoint location")
-        if file_sink is not None:
-            _record_in_sink(session, file_sink, batch)
-    return batch, formats.state_partitions(listing, version=batch + 1)
+    with _session(spark) as session, _conf(session, conf):
+        return batch, rewrite(session, destination, plan.partitions, batch, file_sink)
+
+
+def rewrite(session: Any, destination: Store, partitions: int, batch: int, file_sink: Store | None = None) -> dict[str, int]:
+    """Spark's repartition of the checkpoint at ``destination`` into ``partitions``, in ``session``: it must
+    commit ``batch``; the state partitions after. Spark's refusals and failures raise as our typed errors
+    (:func:`spark_error`). In-process (:func:`repartition`) and in the rescale application a job's own
+    submit path runs (``airflow_savepoints/jobs/rescale_app.py``) alike."""
+    spark_version(session)
+    session.streams  # noqa: B018 - its manager registers the StateStoreCoordinator, which the rewrite needs (a fresh session has none)
+    try:
+        session._streamingCheckpointManager.repartition(destination.spark_url_of(), partitions, True)
+    except Exception as exc:  # noqa: BLE001 - py4j and pyspark errors: mapped by Spark's error class
+        raise spark_error(exc, destination) from exc
+    listing = destination.list_files()
+    if f"commits/{batch}" not in listing:
+        raise RescaleFailedError(f"Spark's repartition of {destination.url} returned without committing batch {batch}",
+                                 "nothing was restored; retry into a new, empty checkpoint location")
+    if file_sink is not None:
+        _record_in_sink(session, file_sink, batch)
+    return formats.state_partitions(listing, version=batch + 1)
 
 
 def _record_in_sink(session: Any, sink: Store, batch: int) -> None:
@@ -211,6 +223,16 @@ def spark_error(exc: BaseException, destination: Store) -> Exception:
             "and keep its partition count; nothing was restored")
     return RescaleRefusedError(message, "Spark's repartition refused the restored copy for the reason it gives; "
                                "nothing was restored")
+
+
+_ERRORS_BY_CODE = {error.code: error for error in (RescaleUnavailableError, RescaleUnsupportedStateError,
+                                                    RescaleUnsupportedOperatorError, RescaleRefusedError, RescaleFailedError)}
+
+
+def reported_error(reported: dict[str, Any]) -> RescaleError:
+    """The typed error a rescale that ran elsewhere reported (its ``to_dict()``: code, message, hint)."""
+    error = _ERRORS_BY_CODE.get(str(reported.get("code")), RescaleFailedError)
+    return error(str(reported.get("message") or "the rescale failed without a message"), reported.get("hint"))
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ itself is only read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import posixpath
@@ -168,6 +169,9 @@ class RestoreRequest(Request):
     kafka_options: dict[str, Any] | None = None  # kafka-python client options for them (security_protocol, sasl_*, ...)
     state_partitions: int | None = Field(default=None, ge=1)  # rescale the state into this many partitions (Spark 4.2+)
     spark_session: Any = None  # the SparkSession that rescales (None: the active one, else a local one)
+    # runs the rescale elsewhere instead (a job's rescale application: jobs/rescale_job.py), called as
+    # rescaler(destination, plan, manifest, conf, file_sink) -> (repartition batch, partitions after)
+    rescaler: Any = None
 
 
 def check_age(location: Store, manifest: SavepointManifest, max_age: str | None) -> None:
@@ -198,7 +202,8 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
 
     ``state_partitions=N`` rescales the state: after the copy, Spark's offline repartition (Spark 4.2+,
     RocksDB state; ``core/rescale.py``) rewrites the COPY into N partitions, in ``spark_session`` (else the
-    active session, else a local one). A savepoint's planned, uncommitted batch is left out of the copy
+    active session, else a local one), or through ``rescaler`` (a job's own Spark application, submitted to
+    its master: ``jobs/rescale_job.py``). A savepoint's planned, uncommitted batch is left out of the copy
     (Spark repartitions only a checkpoint whose last batch committed). Already N partitions: restored
     as usual (``rescaled`` False). Refused before anything is copied: HDFS-backed state, no Spark 4.2;
     a failure in Spark's rewrite removes everything from the target (the savepoint is only read).
@@ -212,7 +217,8 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     location, manifest = resolve_pointer(pointer, request.storage_options)
     refuse_symlinks(location, "savepoint")
     check_age(location, manifest, request.max_age)
-    rescale = plan_rescale(manifest, request.state_partitions, location.url) if request.state_partitions else None
+    rescale = plan_rescale(manifest, request.state_partitions, location.url, local=request.rescaler is None) \
+        if request.state_partitions else None
     destination = _fresh_target(location, Store(target, request.target_storage_options))
     if request.sink_path:
         check_sink(manifest, request.sink_path, request.sink_storage_options, committed_only=bool(rescale and rescale.trailing))
@@ -350,8 +356,8 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
         _check_complete(destination, manifest, rewritten)
         rescaled, after = None, before
         if rescale is not None and not rescale.noop:
-            rescaled, after = repartition(destination, rescale, manifest, spark_conf_to_set(manifest), request.spark_session,
-                                          _file_sink(request))
+            rescaler = request.rescaler or functools.partial(repartition, spark=request.spark_session)
+            rescaled, after = rescaler(destination, rescale, manifest, spark_conf_to_set(manifest), file_sink=_file_sink(request))
     except BaseException:
         _undo(destination, [e.path for e in manifest.files if e.path != MANIFEST_FILE] + _unclaimed(destination))
         raise

@@ -6,7 +6,8 @@ running version's state, with its sink replaced by Spark's ``noop`` sink.
 1. takes a ``manual`` savepoint (reason ``upgrade check``) of the running version's live checkpoint,
    as any trigger does (retention treats it as any manual savepoint: ``max_manual`` bounds them);
 2. restores it (hard links where the store allows) into ``<savepoint dir>/<job>/_check/<check id>/checkpoint``,
-   a scratch folder of its own: never inside a savepoint, never the live checkpoint;
+   a scratch folder of its own: never inside a savepoint, never the live checkpoint; with ``state_partitions``
+   rescaled by a Spark application of the new version (:mod:`airflow_savepoints.jobs.rescale_job`);
 3. submits the new version on that copy in *check mode*: the Spark conf ``spark.savepoints.check``
    (and, for a driver on this host, the environment variable ``SAVEPOINTS_CHECK``) names the scratch
    folder. The in-job helper (:mod:`airflow_savepoints.jobs.control`) then swaps every streaming
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from airflow_savepoints.jobs import lifecycle
 from airflow_savepoints.jobs.control import CHECK_CONF, CHECK_ENV, CHECKPOINT_CONF, new_run_id
 from airflow_savepoints.jobs.launcher import JobRun, checkpoint_progress, log_tail, start_detached
 from airflow_savepoints.jobs.model import JobVersion, StreamingJob
+from airflow_savepoints.jobs.rescale_job import read_result, rescale_on_the_job
 from airflow_savepoints.jobs.runners import LocalRunner, runner_for
 from airflow_savepoints.storage import Store
 
@@ -153,6 +156,7 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
     ctx.log(f"checking version {version.hash} of job {job.name} on savepoint {saved.pointer} "
             f"(batch {saved.manifest.batch_id}) in {scratch.url}")
     try:
+        restore_options = rescale_on_the_job(replace(ctx, job=new_job), submit_for(new_job), log_dir, restore_options)
         restored = restore_savepoint(saved.pointer, checkpoint.url, storage_options=ctx.root.storage_options,
                                      target_storage_options=ctx.root.storage_options, **restore_options)
         conf = {**restored.spark_conf_to_set, CHECK_CONF: scratch.url, CHECK_AFTER_CONF: str(restored.batch_id),
@@ -205,20 +209,12 @@ def _take_check_savepoint(ctx: lifecycle.JobContext, state: lifecycle.JobState, 
             lifecycle.wait_for_savepoint_in_flight(ctx, max(deadline - time.monotonic(), 1))
 
 
-def _read_result(scratch: Store) -> dict[str, Any] | None:
-    try:
-        value = json.loads(scratch.read_bytes(CHECK_RESULT_FILE))
-    except (FileNotFoundError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 0.5) -> dict[str, Any]:
     """The check driver's ``result.json``; a failure when it exits without one or is not done in time."""
     deadline = time.monotonic() + timeout
-    while (result := _read_result(scratch)) is None:
+    while (result := read_result(scratch)) is None:
         if LocalRunner().status(run.target()).state == "ended":
-            return _read_result(scratch) or {
+            return read_result(scratch) or {
                 "outcome": "failed", "error": f"its driver exited before it checked a batch; last log lines:\n"
                                               f"{log_tail(run.log_file)}"}
         if time.monotonic() >= deadline:

@@ -68,6 +68,7 @@ from airflow_savepoints.jobs.launcher import (
     write_run,
 )
 from airflow_savepoints.jobs.model import StreamingJob
+from airflow_savepoints.jobs.rescale_job import rescale_on_the_job
 from airflow_savepoints.jobs.runfiles import control_folder, safe_run_id
 from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, RunLease, RunLeaseHolder, age_on_store_clock
 from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, runner_for
@@ -392,7 +393,8 @@ def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, poin
     root, is refused (:class:`ForeignSavepointError`) unless ``allow_foreign_savepoint``; the new
     checkpoint must be one the job owns (its own, or ``<checkpoint>-<suffix>``) and apart from the root."""
     return _launch(ctx, submit_command, log_dir, wait_timeout,
-                   lambda: _prepare_checkpoint(ctx, pointer, fresh, target_checkpoint, restore_checks,
+                   lambda: _prepare_checkpoint(ctx, pointer, fresh, target_checkpoint,
+                                               rescale_on_the_job(ctx, submit_command, log_dir, restore_checks),
                                                allow_foreign_savepoint))
 
 

@@ -15,6 +15,8 @@ Structured Streaming jobs started by :mod:`airflow_savepoints.jobs.lifecycle`:
 Before anything stops (by default in ``savepoint`` mode, ``check_first``), the new version runs one
 batch on a scratch copy of the running version's state with a ``noop`` sink
 (:mod:`airflow_savepoints.jobs.check`); a version Spark refuses is refused there, the old one untouched.
+A rescale (``state_partitions``) the running version's state cannot take (HDFS-backed state, operators
+without Spark's metadata) is refused before even that, from the live checkpoint's files (no Spark).
 
 Healthy: the new version commits a batch past the stop batch within ``health_timeout`` and has
 not failed. Otherwise (with ``rollback``, the default) the new run is ended and marked failed, its
@@ -40,6 +42,7 @@ from airflow_savepoints.jobs import lifecycle
 from airflow_savepoints.jobs.check import check_upgrade, rescale_options
 from airflow_savepoints.jobs.lifecycle import JobContext
 from airflow_savepoints.jobs.model import JobVersion, StreamingJob
+from airflow_savepoints.jobs.rescale_job import refuse_unrescalable
 
 SubmitFor = Callable[[StreamingJob], Callable[[str, dict[str, str]], list[str]]]
 UPGRADE_MODES = ("savepoint", "last-state", "stateless")
@@ -167,6 +170,8 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
     new version's error) after a rollback."""
     state = lifecycle.status(ctx)
     mode = _mode(ctx, request, state)
+    if request.state_partitions is not None:  # what the rescale would refuse, refused before the check and the stop
+        refuse_unrescalable(ctx, state, request.state_partitions)
     previous = JobVersion.model_validate(state.version) if state.version else ctx.job.version()
     old_ctx = replace(ctx, job=ctx.job.with_version(previous))
     new_ctx = replace(ctx, job=ctx.job.with_version(request.version))

@@ -1,0 +1,77 @@
+"""A declared job's rescale without Spark: its submit command, the errors its application reports, and the
+refusal of an unrescalable upgrade from the live checkpoint (Spark 3.5's checkpoints in tests/data)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from airflow_savepoints import errors
+from airflow_savepoints.core.rescale import reported_error
+from airflow_savepoints.jobs import StreamingJob, rescale_app
+from airflow_savepoints.jobs.launcher import spark_submit_command
+from airflow_savepoints.jobs.lifecycle import JobContext, JobState
+from airflow_savepoints.jobs.rescale_job import JobRescaler, application_command, refuse_unrescalable, rescale_on_the_job
+from airflow_savepoints.storage import Store
+
+DATA35 = Path(__file__).parents[2] / "data" / "spark35"
+
+
+def _job(tmp_path: Path) -> StreamingJob:
+    return StreamingJob(name="orders", application="/apps/orders.py", application_args=["--in", "/in", "{checkpoint}"],
+                        master="spark://master:7077", spark_conf={"spark.executor.memory": "2g"},
+                        checkpoint=str(tmp_path / "cp"), savepoint_dir=str(tmp_path / "sp"))
+
+
+def test_the_rescale_application_takes_the_place_of_the_jobs_own_in_its_submit_command(tmp_path):
+    job = _job(tmp_path)
+    command = application_command(job, lambda checkpoint, conf: spark_submit_command(job, checkpoint, conf), "/cp-1",
+                                  {"spark.sql.streaming.stateStore.checkpointFormatVersion": "1"}, rescale_app.__file__,
+                                  ["/cp-1", "8", "5", "/sp/orders/_rescale/x", ""])
+    assert command[:7] == ["spark-submit", "--master", "spark://master:7077", "--deploy-mode", "client", "--name", "orders"]
+    assert "spark.executor.memory=2g" in command and "spark.sql.streaming.stateStore.checkpointFormatVersion=1" in command
+    assert command[-6:] == [rescale_app.__file__, "/cp-1", "8", "5", "/sp/orders/_rescale/x", ""]
+    assert "/apps/orders.py" not in command and "--in" not in command
+
+
+def test_a_submit_command_that_does_not_end_with_the_application_is_refused(tmp_path):
+    job = _job(tmp_path)
+    with pytest.raises(errors.RescaleFailedError, match="does not end with its application"):
+        application_command(job, lambda checkpoint, conf: ["spark-submit", job.application, "--late-option"], "/c", {},
+                            "rescale_app.py", [])
+
+
+@pytest.mark.parametrize("error", [errors.RescaleUnavailableError, errors.RescaleUnsupportedStateError,
+                                   errors.RescaleUnsupportedOperatorError, errors.RescaleRefusedError,
+                                   errors.RescaleFailedError])
+def test_the_error_the_application_reports_is_raised_as_the_same_type(error):
+    raised = reported_error(error("[STATE_REPARTITION_X] Spark's words", "what to do").to_dict())
+    assert type(raised) is error and raised.message == "[STATE_REPARTITION_X] Spark's words" and raised.hint == "what to do"
+    assert type(reported_error({"code": "not_ours", "message": "m"})) is errors.RescaleFailedError
+
+
+def test_only_a_rescale_gets_the_jobs_rescaler(tmp_path):
+    ctx = JobContext(_job(tmp_path), Store(str(tmp_path / "sp")))
+    assert rescale_on_the_job(ctx, lambda c, conf: [], tmp_path, {"max_age": "1d"}) == {"max_age": "1d"}
+    options = rescale_on_the_job(ctx, lambda c, conf: [], tmp_path, {"state_partitions": 4})
+    assert options["state_partitions"] == 4 and isinstance(options["rescaler"], JobRescaler)
+
+
+@pytest.mark.parametrize(("name", "error", "words"), [
+    ("hdfs", errors.RescaleUnsupportedStateError, "HDFSBackedStateStoreProvider state"),
+    ("rocksdb", errors.RescaleRefusedError, "no operator metadata"),
+])
+def test_an_unrescalable_live_state_is_refused_before_anything_stops(tmp_path, name, error, words):
+    live = tmp_path / "live"
+    shutil.copytree(DATA35 / name, live)
+    before = sorted(p.relative_to(live) for p in live.rglob("*"))
+    ctx = JobContext(_job(tmp_path), Store(str(tmp_path / "sp")))
+    state = JobState(job="orders", state="running", run_id="r1", checkpoint=str(live))
+    with pytest.raises(error) as raised:
+        refuse_unrescalable(ctx, state, 4)
+    assert words in raised.value.message and "refused before anything stopped: run r1 goes on" in raised.value.message
+    assert raised.value.hint.endswith("nothing was stopped or restored")
+    refuse_unrescalable(ctx, state, 2)  # its count already: nothing to refuse
+    assert sorted(p.relative_to(live) for p in live.rglob("*")) == before and not (tmp_path / "sp").exists()
