@@ -20,13 +20,13 @@ from airflow_savepoints.core import list_savepoints
 from airflow_savepoints.jobs.control import _stop_between_batches
 from airflow_savepoints.jobs.launcher import (
     checkpoint_progress,
-    job_status,
     process_alive,
     read_run,
     start_detached,
-    stop_process,
     wait_for_commit,
 )
+from airflow_savepoints.jobs.lifecycle import job_status
+from airflow_savepoints.jobs.run import stop_process
 from airflow_savepoints.operators.job import RestoreJobOperator, StopJobWithSavepointOperator
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger
