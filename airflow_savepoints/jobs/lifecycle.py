@@ -61,6 +61,7 @@ from airflow_savepoints.jobs.launcher import (
 )
 from airflow_savepoints.jobs.model import StreamingJob
 from airflow_savepoints.jobs.run import LIVE_STATES, JobContext, JobState, Run, State  # noqa: F401 - imported from here
+from airflow_savepoints.jobs.runfiles import control_folder
 from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT
 from airflow_savepoints.jobs.runners import LocalRunner
 from airflow_savepoints.storage import Store
@@ -124,7 +125,11 @@ def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, poin
     """Start the job: from ``pointer``, else its newest completed savepoint, or with empty state
     (``fresh``). Refuses while another run lives; takes over the lease of a lost run (after applying
     its checkpoint retention policy, which keeps and savepoints its last committed batch). Returns
-    once the run has committed its first batch; the run goes on detached. ``restore_checks``
+    once the run is live: its heartbeat says its query is active, at the restored batch (a source
+    with no new input is healthy; a fresh start waits for its first batch); a job without the
+    helper once it commits a batch past the one it started from. ``first_batch`` is the newest
+    committed batch then, ``live`` how it was seen (``heartbeat`` or ``commit``). The run goes on
+    detached. ``restore_checks``
     (``max_age``, ``skip_missing_input``) go to the restore: see :func:`restore_savepoint`.
 
     A ``pointer`` to a savepoint of another job, or outside this job's folder of the savepoint
@@ -177,11 +182,13 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     except BaseException:
         ctx.lease.release(run_id)
         raise
-    batch = _wait_for_first_commit(ctx, run, wait_timeout)
-    ctx.log(f"job {job.name} runs as run {run_id} (pid {run.pid}) and committed batch {batch}")
+    batch, live = _wait_until_live(ctx, run, wait_timeout)
+    ctx.log(f"job {job.name} runs as run {run_id} (pid {run.pid}): " + (
+        f"live (heartbeat), at batch {batch}" if live == "heartbeat" else f"committed batch {batch}"))
+    application_id = read_run(ctx.folder).application_id or (JobControl(control).heartbeat() or {}).get("application_id")
     return {"job": job.name, "run_id": run_id, "pid": run.pid, "host": run.host, "checkpoint": checkpoint,
-            "first_batch": batch, "log_file": run.log_file, "savepoint_dir": ctx.root.url, "restored": restored,
-            "application_id": read_run(ctx.folder).application_id, "version": version.model_dump(),
+            "first_batch": batch, "live": live, "log_file": run.log_file, "savepoint_dir": ctx.root.url,
+            "restored": restored, "application_id": application_id, "version": version.model_dump(),
             "start_batch": run.start_batch}
 
 
@@ -255,11 +262,19 @@ def _resume_checkpoint(ctx: JobContext, checkpoint: str) -> tuple[str, dict[str,
     return checkpoint, {}, None
 
 
-def _wait_for_first_commit(ctx: JobContext, run: JobRun, timeout: float, poll: float = 1.0) -> int:
-    """Wait until the run commits a batch newer than when it started; fail fast if it dies or is
-    fenced. Keeps the run's lease until its driver renews it, and records its application id."""
+def _wait_until_live(ctx: JobContext, run: JobRun, timeout: float, poll: float = 1.0, *,
+                     new_batch: bool = False) -> tuple[int, str]:
+    """Wait until the run is live; returns its newest committed batch and how it was seen live.
+
+    Live (``"heartbeat"``): its heartbeat says its query is active (``running``) and its checkpoint
+    holds a committed batch (a restored run's at once, so an idle source is healthy; a fresh one's
+    first). A run without the helper writes no heartbeat, and so does ``new_batch``'s wait ignore
+    it: then a batch newer than the one it started from must commit (``"commit"``). Fails fast if
+    the run exits or is fenced before. Keeps the run's lease until its driver renews it, and
+    records its application id."""
     checkpoint = ctx.checkpoint(run.checkpoint)
-    control = JobControl(Store(run.control, ctx.root.storage_options)) if run.control else None
+    folder = control_folder(ctx.folder, run.run_id)
+    control = JobControl(folder) if folder is not None else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if run.application_id is None and (app := application_id_from_log(run.log_file)):
@@ -267,7 +282,10 @@ def _wait_for_first_commit(ctx: JobContext, run: JobRun, timeout: float, poll: f
             write_run(ctx.folder, run)
         batch, _ = checkpoint_progress(checkpoint)
         if batch is not None and (run.start_batch is None or batch > run.start_batch):
-            return batch
+            return batch, "commit"
+        heartbeat = control.heartbeat() if control is not None else None
+        if heartbeat is not None and heartbeat.get("state") == "running" and batch is not None and not new_batch:
+            return batch, "heartbeat"
         if control is not None and (fenced := control.fenced()) is not None:
             raise JobFailedError(f"job '{run.job}' run {run.run_id} stopped itself: {fenced.get('reason')}",
                                  "another run holds the job's lease; see `airflow-savepoints job status`")
@@ -276,11 +294,20 @@ def _wait_for_first_commit(ctx: JobContext, run: JobRun, timeout: float, poll: f
             raise JobFailedError(
                 f"job '{run.job}' (pid {run.pid}) exited before committing a batch; last log lines:\n"
                 + log_tail(run.log_file), f"see the full log in {run.log_file}")
-        if control is not None and control.heartbeat() is None and run.run_id:
+        if heartbeat is None and run.run_id:
             ctx.lease.renew(run.run_id, {})  # the driver has not taken its lease over yet
         time.sleep(poll)
     raise JobFailedError(f"job '{run.job}' committed no batch within {timeout:.0f}s",
                          f"see its log in {run.log_file}; it is still running as pid {run.pid}")
+
+
+def wait_for_new_batch(ctx: JobContext, timeout: float) -> int:
+    """Wait until the recorded run commits a batch newer than the one it started from (an
+    upgrade's health: a live run that does not progress is not healthy); fail fast as a start does."""
+    run = read_run(ctx.folder)
+    if run is None:
+        raise JobFailedError(f"job '{ctx.job.name}' has no recorded run to wait for", "start it first")
+    return _wait_until_live(ctx, run, timeout, new_batch=True)[0]
 
 
 def wait_for_savepoint_in_flight(ctx: JobContext, timeout: float) -> None:
