@@ -10,7 +10,10 @@ these, wherever the driver runs:
 * ``<savepoint dir>/<job>/_run.json``: the run a start launched (pid, host, log, command);
 * the runner back ends (:mod:`airflow_savepoints.jobs.runners`) for what storage cannot say.
 
-These files only describe a run (:mod:`airflow_savepoints.jobs.runfiles` reads and checks them):
+The verbs here are short scripts over one run object, :class:`~airflow_savepoints.jobs.run.Run`,
+which reads these files once (through :mod:`airflow_savepoints.jobs.runfiles`, which checks them)
+and is the only code that signals a process, keeps or deletes a checkpoint or writes a stop request.
+These files only describe a run:
 the checkpoint deleted, kept or copied is always one the job owns (its configured checkpoint or
 ``<checkpoint>-<UTC time>``), the control folder written is ``_control/<run id>`` of the job's
 folder, and a process is signalled only when host, pid and start time match. A damaged file
