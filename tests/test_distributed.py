@@ -216,7 +216,8 @@ def story(bed) -> Story:
 def test_a_start_on_a_savepoints_on_both_stop_and_restart_from_b(story):
     """a) + b) + f): started by worker-a; a start from worker-b is refused; periodic savepoints from
     both workers; a worker whose clock is 5 minutes ahead sees it running; stop with savepoint from
-    worker-b at the last committed batch; restart from worker-b; every event once in the sink."""
+    worker-b at the last committed batch; restart from worker-b with no new input, live within a minute;
+    every event once in the sink."""
     from airflow_savepoints.core import list_savepoints
 
     bed = story.bed
@@ -267,13 +268,20 @@ def test_a_start_on_a_savepoints_on_both_stop_and_restart_from_b(story):
     assert stopped["run_id"] == started["run_id"]
     assert story.status().state == "stopped"
 
-    # restart from worker-b: from the stop savepoint
-    story.feed()
-    _, restarted = story.run("start", "worker-b")
+    # restart from worker-b: from the stop savepoint, with NO new input (issue 29, item 7): the start returns
+    # once the run is live (its heartbeat), within a minute, reporting the restored batch
+    begun = time.monotonic()
+    run_id, restarted = story.run("start", "worker-b")
+    took = time.monotonic() - begun
+    (start_task,) = bed.task_instances("job_start_on_worker_b", run_id).values()
+    print(f"idle restart: the start task took {start_task['duration']:.0f}s, its DAG run {took:.0f}s")
     story.runs["second"] = restarted
     assert restarted["host"] == "worker-b" and restarted["run_id"] != started["run_id"], restarted
     assert restarted["restored"]["pointer"] == stopped["pointer"] and restarted["restored"]["batch_id"] == last
-    story.feed()
+    assert restarted["live"] == "heartbeat" and restarted["first_batch"] == last, restarted
+    assert start_task["duration"] < 60, f"the idle restart's start task took {start_task['duration']:.0f}s"
+    assert story.committed(restarted["checkpoint"]) == last  # no input, no batch: live all the same
+    story.feed(files=2)
     story.wait_sink_complete()
 
 

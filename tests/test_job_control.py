@@ -7,6 +7,7 @@ killed mid-run making the progress trigger fail with a reason.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import threading
@@ -14,19 +15,21 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import airflow_savepoints.demo.app as demo
+from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints
 from airflow_savepoints.jobs.control import _stop_between_batches
 from airflow_savepoints.jobs.launcher import (
     checkpoint_progress,
-    job_status,
     process_alive,
     read_run,
     start_detached,
-    stop_process,
     wait_for_commit,
 )
+from airflow_savepoints.jobs.lifecycle import job_status
+from airflow_savepoints.jobs.run import stop_process
 from airflow_savepoints.operators.job import RestoreJobOperator, StopJobWithSavepointOperator
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger
@@ -91,6 +94,32 @@ def test_cooperative_stop_lands_between_batches_and_status_names_the_application
     saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo")
     assert [(s.type.value, s.batch_id) for s in saved] == [("stop", result["batch_id"])]
     assert not job_status("demo", job_folder).running
+
+    # issue 29, item 7: a driver that dies before it is live still fails the start fast; a restart from the stop
+    # savepoint with NO new input is live within a minute (its heartbeat), at the restored batch
+    dying = tmp_path / "dying.yaml"
+    dying.write_text(Path(jobs).read_text().replace(f"application: {demo.__file__}", f"application: {tmp_path}/gone.py"))
+    start = ["job", "start", "demo", "--from", result["pointer"], "--json", "--wait-timeout", "120"]
+    begun = time.monotonic()
+    failed = CliRunner().invoke(cli_app, [*start, "--jobs-file", str(dying)])
+    failed_in = time.monotonic() - begun
+    error = json.loads(failed.stdout)["error"]
+    assert failed.exit_code == 1 and error["code"] == "job_failed" and "exited before committing" in error["message"], \
+        failed.output[-2000:]
+    assert failed_in < 60, failed_in
+    begun = time.monotonic()
+    try:
+        restarted = CliRunner().invoke(cli_app, [*start, "--jobs-file", jobs])
+        live_in = time.monotonic() - begun
+        assert restarted.exit_code == 0, restarted.output[-3000:]
+        body = json.loads(restarted.stdout)
+        assert body["live"] == "heartbeat" and body["first_batch"] == body["restored"]["batch_id"] == result["batch_id"]
+        assert live_in < 60, live_in
+        assert job_status("demo", job_folder).state == "running"
+        assert committed_batches(body["checkpoint"])[1][-1] == result["batch_id"]  # no input: no new batch, and healthy
+    finally:
+        stop_process(read_run(job_folder), grace=10)
+    print(f"dead driver failed the start in {failed_in:.1f}s; idle restart live in {live_in:.1f}s")
 
 
 def test_6_stops_while_input_keeps_arriving_cut_no_batch(spark, tmp_path):
@@ -203,7 +232,8 @@ def test_a_job_on_a_standalone_cluster_restarts_from_its_stop_savepoint(tmp_path
                 sent.update(demo.write_events(tmp_path / "input", index))
             restarted = RestoreJobOperator(task_id="restore", job="demo", jobs_file=jobs, wait_timeout=240).execute({})
             assert restarted["restored"]["batch_id"] == stopped["batch_id"]
-            assert restarted["first_batch"] >= stopped["batch_id"] + 1
+            assert restarted["first_batch"] >= stopped["batch_id"]  # live by its heartbeat at the restored batch, or later
+            wait_past(restarted["checkpoint"], stopped["batch_id"])
             _, commits = committed_batches(restarted["checkpoint"])
             assert commits[:2] == [stopped["batch_id"], stopped["batch_id"] + 1]  # resumed right after the savepoint
             new_app = job_status("demo", job_folder).application_id

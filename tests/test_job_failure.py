@@ -19,10 +19,10 @@ from airflow_savepoints.jobs.launcher import (
     process_alive,
     read_run,
     start_detached,
-    stop_process,
     wait_for_commit,
 )
 from airflow_savepoints.jobs.lifecycle import JobContext, found_failed, handle_failure, status
+from airflow_savepoints.jobs.run import stop_process
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
 

@@ -33,9 +33,9 @@ from airflow_savepoints.jobs.launcher import (
     process_alive,
     read_run,
     spark_submit_command,
-    stop_process,
 )
 from airflow_savepoints.jobs.lifecycle import JobContext, JobRunningError
+from airflow_savepoints.jobs.run import stop_process
 from airflow_savepoints.jobs.runlease import RunLease
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT

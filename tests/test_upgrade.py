@@ -21,8 +21,9 @@ from airflow_savepoints.errors import SavepointTooOldError
 from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
 from airflow_savepoints.jobs.check import run_check
 from airflow_savepoints.jobs.control import CHECK_CONF, CHECKPOINT_CONF, JobControl, claim_run
-from airflow_savepoints.jobs.launcher import read_run, spark_submit_command, stop_process
+from airflow_savepoints.jobs.launcher import read_run, spark_submit_command
 from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.jobs.run import stop_process
 from airflow_savepoints.jobs.upgrade import UpgradeRefusedError, UpgradeRequest, new_version, upgrade
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT

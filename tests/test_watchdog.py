@@ -19,8 +19,9 @@ import airflow_savepoints.demo.app as demo
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import take_savepoint
 from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs, watchdog
-from airflow_savepoints.jobs.launcher import read_run, spark_submit_command, stop_process
+from airflow_savepoints.jobs.launcher import read_run, spark_submit_command
 from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.jobs.run import stop_process
 from airflow_savepoints.jobs.upgrade import checkpoint_problem
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT

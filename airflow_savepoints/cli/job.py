@@ -155,7 +155,8 @@ def start(
     job: JobArgument,
     *,
     origin: StartFrom,
-    wait_timeout: Annotated[float, typer.Option(help="Seconds to wait for the first committed batch.")] = 300,
+    wait_timeout: Annotated[float, typer.Option(help="Seconds to wait until the run is live (its heartbeat; "
+                                                     "without the helper: a new committed batch).")] = 300,
     log_dir: Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the driver's log goes "
                                                  "(default: $TMPDIR/airflow-savepoints-jobs).")] = None,
     target: JobTarget,
@@ -175,7 +176,8 @@ def start(
                                  target_checkpoint=origin.to, wait_timeout=wait_timeout,
                                  allow_foreign_savepoint=origin.from_other_job)
         return result, (f"[green]started[/] job {job}: run {result['run_id']} (pid {result['pid']} on {result['host']}), "
-                        f"first batch {result['first_batch']}\n  checkpoint {result['checkpoint']}\n  log {result['log_file']}")
+                        f"{'live at' if result.get('live') == 'heartbeat' else 'committed'} batch {result['first_batch']}"
+                        f"\n  checkpoint {result['checkpoint']}\n  log {result['log_file']}")
 
     _report(as_json, action)
 

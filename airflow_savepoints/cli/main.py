@@ -448,7 +448,8 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """Show whether the job's recorded run is alive, its application id and its last committed batch."""
-    from airflow_savepoints.jobs.launcher import job_status, read_run
+    from airflow_savepoints.jobs.launcher import read_run
+    from airflow_savepoints.jobs.lifecycle import job_status
 
     job_folder = open_root(conn_id, savepoint_dir).child(validate_job_name(job))
     state = job_status(job, job_folder).model_dump(mode="json")

@@ -44,7 +44,8 @@ from airflow_savepoints.jobs.control import CHECK_CONF, CHECK_ENV, CHECKPOINT_CO
 from airflow_savepoints.jobs.launcher import JobRun, checkpoint_progress, log_tail, start_detached
 from airflow_savepoints.jobs.model import JobVersion, StreamingJob
 from airflow_savepoints.jobs.rescale_job import read_result, rescale_on_the_job
-from airflow_savepoints.jobs.runners import LocalRunner, runner_for
+from airflow_savepoints.jobs.run import kill
+from airflow_savepoints.jobs.runners import LocalRunner
 from airflow_savepoints.storage import Store
 
 CHECK_AFTER_CONF = "spark.savepoints.check.afterBatch"  # the restored batch: the check waits for one past it
@@ -229,7 +230,4 @@ def _end_check_run(run: JobRun, grace: float) -> None:
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and LocalRunner().status(target).state == "running":
         time.sleep(0.2)
-    runner = runner_for(run.master)
-    runner.kill(target, grace)
-    if not isinstance(runner, LocalRunner) and target.pid:
-        LocalRunner().kill(target, grace)
+    kill(target, grace)

@@ -3,8 +3,9 @@
 A started job is recorded in ``<savepoint dir>/<job>/_run.json`` (run id, pid and its start time,
 host, log file, command, control folder, master), so a later task on any worker or an engineer at
 a terminal finds it. Its progress comes from its checkpoint: the newest ``commits/N`` and when it
-was written. Whether it runs, and how it is stopped, is :mod:`airflow_savepoints.jobs.lifecycle`'s
-business: nothing here compares hosts.
+was written. Whether it runs, and how it is stopped, is the run object's business
+(:mod:`airflow_savepoints.jobs.run`): nothing here compares hosts or signals a process, and
+nothing here imports the lifecycle.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from airflow_savepoints.core.names import RUN_FILE
 from airflow_savepoints.core.redaction import redact_command
 from airflow_savepoints.errors import JobFailedError
-from airflow_savepoints.jobs.control import CONTROL_FOLDER, JobControl, new_run_id
+from airflow_savepoints.jobs.control import CONTROL_FOLDER, new_run_id
 from airflow_savepoints.jobs.runfiles import read_json, tolerant
 from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, process_started
 from airflow_savepoints.storage import Store
@@ -97,15 +99,12 @@ def _resolve_binary(command: list[str]) -> list[str]:
 
 
 def process_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` runs here (a zombie, exited but not reaped, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not reaped) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
+    except psutil.AccessDenied:
         return True
 
 
@@ -201,43 +200,3 @@ def record_end(job_folder: Store, run: JobRun, ended: Literal["stopped", "cancel
     if current is not None and (current.run_id, current.pid, current.started_at) == (run.run_id, run.pid, run.started_at):
         job_folder.write_bytes_atomic(RUN_FILE, finished.model_dump_json(indent=1).encode())
     return finished
-
-
-def run_control(run: JobRun) -> JobControl | None:
-    return JobControl(Store(run.control)) if run.control else None
-
-
-def stop_process(run: JobRun | None, grace: float = 60) -> bool:
-    """SIGTERM the run's process group, SIGKILL after ``grace`` seconds (the local runner, on the
-    run's own host only). True if it was running here."""
-    if run is None or not run.pid:
-        return False
-    return bool(LocalRunner().kill(run.target(), grace)["killed"])
-
-
-class JobStatus(BaseModel):
-    """A short status of the job's current run (see :func:`airflow_savepoints.jobs.lifecycle.status`)."""
-
-    job: str
-    state: str
-    running: bool
-    pid: int | None
-    application_id: str | None = None  # what the driver announced, or its log said (local-…, app-…)
-    last_committed_batch: int | None
-    last_progress_at: datetime | None
-
-
-def job_status(job: str, job_folder: Store) -> JobStatus:
-    """Whether the job's current run is alive (by its heartbeats, else its runner), its application
-    id, and its checkpoint's progress."""
-    from airflow_savepoints.jobs.lifecycle import JobContext, status
-    from airflow_savepoints.jobs.model import StreamingJob
-
-    run = read_run(job_folder)
-    placeholder = StreamingJob.model_construct(name=job, application="", checkpoint=run.checkpoint if run else "",
-                                               master=(run.master if run else None) or "local[2]", master_ui=None)
-    state = status(JobContext(placeholder, job_folder.parent()))
-    batch, at = checkpoint_progress(Store(state.checkpoint)) if state.checkpoint else (None, None)
-    return JobStatus(job=job, state=state.state, running=state.state in ("starting", "running", "stopping"),
-                     pid=state.pid, application_id=state.application_id, last_committed_batch=batch,
-                     last_progress_at=at)

@@ -10,7 +10,10 @@ these, wherever the driver runs:
 * ``<savepoint dir>/<job>/_run.json``: the run a start launched (pid, host, log, command);
 * the runner back ends (:mod:`airflow_savepoints.jobs.runners`) for what storage cannot say.
 
-These files only describe a run (:mod:`airflow_savepoints.jobs.runfiles` reads and checks them):
+The verbs here are short scripts over one run object, :class:`~airflow_savepoints.jobs.run.Run`,
+which reads these files once (through :mod:`airflow_savepoints.jobs.runfiles`, which checks them)
+and is the only code that signals a process, keeps or deletes a checkpoint or writes a stop request.
+These files only describe a run:
 the checkpoint deleted, kept or copied is always one the job owns (its configured checkpoint or
 ``<checkpoint>-<UTC time>``), the control folder written is ``_control/<run id>`` of the job's
 folder, and a process is signalled only when host, pid and start time match. A damaged file
@@ -27,20 +30,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
-from airflow_savepoints.core.lease import CLOCK_SLACK, JobLock, store_now
+from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.names import RUN_FILE
 from airflow_savepoints.core.pointer import latest_savepoint, resolve_pointer
 from airflow_savepoints.core.savepoint import check_apart
-from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
-from airflow_savepoints.errors import (
+from airflow_savepoints.core.termination import parse_policy
+from airflow_savepoints.errors import (  # noqa: F401 - JobNotStoppedError, NoSavepointError: imported from here
     ForeignSavepointError,
     InvalidInputError,
     JobNotStoppedError,
@@ -49,13 +51,7 @@ from airflow_savepoints.errors import (
     SavepointInFlightError,
     UntrustedRunFileError,
 )
-from airflow_savepoints.jobs.control import (
-    CONTROL_FOLDER,
-    HEARTBEAT_FILE,
-    JobControl,
-    new_run_id,
-    run_conf,
-)
+from airflow_savepoints.jobs.control import CONTROL_FOLDER, JobControl, new_run_id, run_conf
 from airflow_savepoints.jobs.launcher import (
     JobFailedError,
     JobRun,
@@ -63,165 +59,21 @@ from airflow_savepoints.jobs.launcher import (
     checkpoint_progress,
     log_tail,
     read_run,
-    record_end,
     start_detached,
     write_run,
 )
 from airflow_savepoints.jobs.model import StreamingJob
 from airflow_savepoints.jobs.rescale_job import rescale_on_the_job
-from airflow_savepoints.jobs.runfiles import control_folder, safe_run_id
-from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, RunLease, RunLeaseHolder, age_on_store_clock
-from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, runner_for
+from airflow_savepoints.jobs.run import LIVE_STATES, JobContext, JobState, Run, State  # noqa: F401 - imported from here
+from airflow_savepoints.jobs.runfiles import control_folder
+from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT
+from airflow_savepoints.jobs.runners import LocalRunner
 from airflow_savepoints.storage import Store
 
-LIVE_STATES = ("starting", "running", "stopping", "unknown")
-State = Literal["not_started", "starting", "running", "stopping", "stopped", "failed", "lost", "unknown"]
 
-
-class JobState(BaseModel):
-    """A job's state as seen from storage (and its runner)."""
-
-    job: str
-    state: State
-    run_id: str | None = None
-    host: str | None = None
-    application_id: str | None = None
-    last_batch: int | None = None  # the last committed batch (the heartbeat's, else the checkpoint's)
-    heartbeat_age_s: float | None = None  # on the store's clock
-    error: str | None = None
-    detail: str | None = None  # why this state (the runner's words, the fencing, ...)
-    pid: int | None = None
-    checkpoint: str | None = None
-    control: str | None = None
-    runner: str | None = None
-    helper: bool = False  # the run writes heartbeats (it calls run_until_stopped)
-    ended: str | None = None  # stopped / cancelled / failed once a stop, cancel or failure was handled
-    log_file: str | None = None
-    spark_version: str | None = None  # the driver's (its heartbeat or lease), for the manifests of its savepoints
-    version: dict[str, Any] | None = None  # the job version the run was started with (its run record)
-    watchdog: dict[str, Any] | None = None  # the watchdog's last decision and restarts (status(..., watchdog=True))
-    warnings: list[str] = []  # damaged or untrusted run files, and what was done instead
-
-    @property
-    def live(self) -> bool:
-        return self.state in LIVE_STATES
-
-
-@dataclass
-class JobContext:
-    """A job and where its things are: the savepoint directory (with its storage options) and the
-    storage options of its checkpoints."""
-
-    job: StreamingJob
-    root: Store
-    checkpoint_options: dict[str, Any] | None = None
-    heartbeat_interval: float | None = None  # passed to runs this context starts (default 5 s)
-    lease_timeout: float | None = None  # (default 30 s)
-    log: Callable[[str], None] = field(default=lambda message: None)
-
-    def __post_init__(self) -> None:
-        self.heartbeat_interval = self.heartbeat_interval or self.job.heartbeat_interval
-        self.lease_timeout = self.lease_timeout or self.job.lease_timeout
-
-    @property
-    def folder(self) -> Store:
-        return self.root.child(self.job.name)
-
-    @property
-    def lease(self) -> RunLease:
-        return RunLease(self.folder)
-
-    def checkpoint(self, url: str) -> Store:
-        return Store(url, self.checkpoint_options)
-
-
-@dataclass
-class _Run:
-    """What is known of the job's current run: its record (if a start launched it) and lease."""
-
-    record: JobRun | None
-    holder: RunLeaseHolder | None
-    run_id: str | None
-    control: JobControl | None
-    warnings: list[str] = field(default_factory=list)
-
-    def target(self, job: StreamingJob) -> RunTarget:
-        target = self.record.target() if self.record else RunTarget(job=job.name, master=job.master,
-                                                                     master_ui=job.master_ui)
-        holder = self.holder if self.holder and self.holder.run_id == self.run_id else None
-        if holder is not None:  # the driver's own facts are the better ones
-            target.host = holder.host or target.host
-            target.application_id = holder.application_id or target.application_id
-            target.master = holder.master or target.master
-            target.driver_pod = holder.driver_pod
-            if self.record is None or self.record.pid is None:
-                target.pid, target.pid_started = holder.pid, holder.pid_started
-        if self.control is not None and not target.application_id:
-            target.application_id = (self.control.announcement() or {}).get("application_id")
-        return target
-
-    @property
-    def checkpoint(self) -> str | None:
-        """The checkpoint the run's files name (see :func:`_owned_checkpoint` before touching it)."""
-        if self.record is not None:
-            return self.record.checkpoint
-        return self.holder.checkpoint if self.holder else None
-
-
-def _owned_checkpoint(ctx: JobContext, current: _Run) -> str | None:
-    """The run's checkpoint if the job owns it (:meth:`StreamingJob.owns_checkpoint`), the job's
-    configured one if its files name none; None, with a warning, when they name another location."""
-    recorded = current.checkpoint
-    if not recorded:
-        return ctx.job.checkpoint
-    if ctx.job.owns_checkpoint(recorded):
-        return recorded
-    if (warning := _untrusted(ctx, current)) not in current.warnings:
-        current.warnings.append(warning)
-    return None
-
-
-def _untrusted(ctx: JobContext, current: _Run) -> str:
-    return (f"the run files of job '{ctx.job.name}' name checkpoint {current.checkpoint}, which is neither its "
-            f"configured checkpoint {ctx.job.checkpoint} nor one named after it: it is not touched")
-
-
-def _current_run(ctx: JobContext) -> _Run:
-    warnings: list[str] = []
-    record = read_run(ctx.folder, warnings)
-    holder = ctx.lease.holder(warnings)
-    run_id = holder.run_id if holder else (record.run_id if record else None)
-    if record is not None and holder is not None and record.run_id != holder.run_id:
-        record = None  # the recorded run is an older one: the lease holder (started by another tool) is current
-    if holder is None:  # no run holds the lease: the newest run that wrote heartbeats may be newer than the record
-        latest = _latest_beating_run(ctx)
-        if latest is not None and (record is None or (latest[0] != record.run_id and latest[1] > record.started_at.timestamp())):
-            record, run_id = None, latest[0]
-    folder = control_folder(ctx.folder, run_id)
-    if run_id and folder is None:
-        warnings.append(f"run id {run_id!r} in {ctx.lease.url if holder else ctx.folder.url_of(RUN_FILE)} is no folder "
-                        "name: the run has no control folder")
-    named = {(holder.control if holder and holder.run_id == run_id else None), (record.control if record else None)}
-    for url in named - {None, folder.url if folder else None}:
-        warnings.append(f"the run files name control folder {url}; ignored: a run's control folder is "
-                        f"{ctx.folder.url_of(CONTROL_FOLDER)}/<run id>")
-    control = JobControl(folder) if folder is not None else None
-    return _Run(record, holder, run_id, control, warnings)
-
-
-def _latest_beating_run(ctx: JobContext) -> tuple[str, float] | None:
-    """The run whose heartbeat was written last (its id and the heartbeat's mtime), if any."""
-    folder = ctx.folder.child(CONTROL_FOLDER)
-    try:
-        listing = folder.list_files()
-    except FileNotFoundError:
-        return None
-    beats = [(path.split("/")[0], stat.modified or 0.0) for path, stat in listing.items()
-             if path.endswith("/" + HEARTBEAT_FILE) and path.count("/") == 1 and safe_run_id(path.split("/")[0])]
-    if beats and max(beat[1] for beat in beats) > store_now(ctx.folder) + CLOCK_SLACK:  # one dated ahead never wins
-        now = store_now(ctx.folder, fresh=True) + CLOCK_SLACK
-        beats = [beat for beat in beats if beat[1] <= now]
-    return max(beats, key=lambda beat: beat[1]) if beats else None
+def status(ctx: JobContext) -> JobState:
+    """The job's state from its lease, the run's heartbeat (aged on the store's clock) and runner."""
+    return Run.read(ctx).state()
 
 
 def found_failed(run: JobRun | None) -> str | None:
@@ -241,87 +93,6 @@ def found_failed(run: JobRun | None) -> str | None:
     return None
 
 
-def status(ctx: JobContext) -> JobState:
-    """The job's state from its lease, the run's heartbeat (aged on the store's clock) and runner."""
-    current = _current_run(ctx)
-    record, holder, control = current.record, current.holder, current.control
-    if current.run_id is None and record is None:
-        return JobState(job=ctx.job.name, state="not_started", detail=f"no run recorded in {ctx.folder.url}",
-                        warnings=current.warnings)
-    target = current.target(ctx.job)
-    checkpoint = _owned_checkpoint(ctx, current)
-    base: dict[str, Any] = {"job": ctx.job.name, "run_id": current.run_id, "host": target.host,
-                            "application_id": target.application_id, "pid": target.pid,
-                            "checkpoint": checkpoint, "control": control.folder.url if control else None,
-                            "version": ctx.job.redacted(record.version) if record else None,
-                            **{key: getattr(record, key) if record else None for key in ("ended", "log_file")}}
-    heartbeat = control.heartbeat(current.warnings) if control else None
-    age = age_on_store_clock(control.folder, HEARTBEAT_FILE) if heartbeat is not None else None
-    base.update(helper=heartbeat is not None, heartbeat_age_s=round(age, 3) if age is not None else None,
-                last_batch=(heartbeat or {}).get("last_committed_batch"), warnings=current.warnings,
-                spark_version=(heartbeat or {}).get("spark_version") or (holder.spark_version if holder else None))
-    if base["last_batch"] is None and checkpoint:
-        base["last_batch"], _ = checkpoint_progress(ctx.checkpoint(checkpoint))
-    runner = runner_for(target.master)
-    base["runner"] = runner.name
-
-    if record is not None and record.ended is not None:
-        failed = record.ended == "failed"
-        return JobState(**base, state="failed" if failed else "stopped",
-                        error=(record.termination or {}).get("reason") if failed else None,
-                        detail=f"{record.ended} at {record.ended_at}")
-    failure = control.failure() if control else None
-    if failure is not None:
-        return JobState(**base, state="failed", error=failure.get("error"))
-    if control is not None and control.stopped() is not None:
-        return JobState(**base, state="stopped", detail="it acknowledged a stop request")
-    fenced = control.fenced() if control else None
-    if fenced is not None:
-        return JobState(**base, state="stopped", detail=f"fenced off: {fenced.get('reason')}")
-    if heartbeat is not None:
-        beat_state = heartbeat.get("state")
-        if beat_state in ("stopped", "finished", "fenced"):
-            return JobState(**base, state="stopped", detail=f"its last heartbeat says {beat_state}")
-        if beat_state == "failed":
-            return JobState(**base, state="failed", error=heartbeat.get("error"))
-        local = LocalRunner().status(target) if target.pid else None
-        timeout = heartbeat.get("timeout_s") or DEFAULT_LEASE_TIMEOUT
-        if local is not None and local.state == "ended":
-            return JobState(**base, state="failed", error=f"{local.detail} without a stop request",
-                            detail=log_tail(record.log_file if record else None, 10) or None)
-        if age is not None and age < 0:
-            current.warnings.append(f"{control.folder.url_of(HEARTBEAT_FILE)} is dated {-age:.0f}s ahead of the store's "
-                                    "clock: treated as lapsed")
-            return JobState(**{**base, "heartbeat_age_s": None}, state="lost",
-                            detail=f"its heartbeat is dated {-age:.0f}s ahead of the store's clock")
-        if age is not None and age > timeout:
-            return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
-        stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
-        return JobState(**base, state="stopping" if stopping else "running")
-    view = runner.status(target)
-    if view.state == "unknown" and not isinstance(runner, LocalRunner) and target.pid:
-        view = LocalRunner().status(target)  # a client-mode driver on this host
-    held = holder is not None and holder.run_id == current.run_id
-    if held and not holder.lapsed and view.state != "ended":
-        return JobState(**base, state="starting", detail=view.detail)
-    if view.state == "running":
-        return JobState(**base, state="running", detail=f"{view.detail} (no heartbeats: a job without the helper)")
-    if view.state == "ended":
-        return JobState(**base, state="failed", error=f"{view.detail} without a stop request",
-                        detail=log_tail(record.log_file if record else None, 10) or None)
-    if not _checkable(target):  # no heartbeat, no live lease, nothing a runner could look up: nothing runs that we know of
-        lease = (f"its run lease lapsed {holder.age_s or 0:.0f}s ago" if held and holder.age_s is not None
-                 else "its run lease lapsed" if held else "no run lease")
-        return JobState(**base, state="lost", detail=f"{lease}, it wrote no heartbeat, and no runner can tell of it"
-                        + (f" ({view.detail})" if target.pid else ""))
-    return JobState(**base, state="unknown", detail=view.detail)
-
-
-def _checkable(target: RunTarget) -> bool:
-    """Whether a runner could find the run: a driver pid with its start time, or an application id."""
-    return bool((target.pid and target.pid_started is not None) or target.application_id or target.driver_pod)
-
-
 def _running_error(ctx: JobContext, state: JobState) -> JobRunningError:
     pid = f" as pid {state.pid}" if state.pid else ""
     return JobRunningError(
@@ -333,48 +104,20 @@ def _running_error(ctx: JobContext, state: JobState) -> JobRunningError:
     )
 
 
-def handle_failure(ctx: JobContext, state: JobState, policy: str | None = None) -> dict[str, Any] | None:
+def handle_failure(ctx: JobContext, state: JobState, policy: str | None = None, *,
+                   run: Run | None = None) -> dict[str, Any] | None:
     """Apply the checkpoint retention policy for a failure to a failed or lost run, once: keep (and
-    register as a ``retained_checkpoint`` savepoint) or delete its checkpoint; mark the run ended."""
-    current = _current_run(ctx)
+    register as a ``retained_checkpoint`` savepoint) or delete its checkpoint; mark the run ended.
+    ``run``: the run ``state`` was read from (read again if not given)."""
+    current = run or Run.read(ctx)
     if state.state not in ("failed", "lost") or state.ended is not None or not current.checkpoint:
         return None
     reason = state.error or state.detail or state.state
-    outcome = _retention(ctx, current, policy or ctx.job.checkpoint_retention, "failed", state)
+    outcome = current.apply_retention(policy or ctx.job.checkpoint_retention, "failed", state)
     outcome = {**outcome, "reason": f"{'lost: ' if state.state == 'lost' else ''}{reason}", "pid": state.pid,
                "run_id": state.run_id}
-    _record_end(ctx, current, "failed", outcome)
+    current.record_end("failed", outcome)
     return outcome
-
-
-def _retention(ctx: JobContext, current: _Run, policy: Any, termination: Literal["cancelled", "failed"],
-               state: JobState, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Apply the checkpoint retention ``policy`` to the run's checkpoint, if the job owns it; else
-    leave it as it is and say why (``warning``)."""
-    checkpoint = _owned_checkpoint(ctx, current)
-    if checkpoint is None:
-        warning = _untrusted(ctx, current)
-        ctx.log(f"warning: {warning}")
-        return {"policy": parse_policy(policy).value, "termination": termination, "checkpoint": current.checkpoint,
-                "action": "left as it is", "warning": warning}
-    return apply_checkpoint_retention(ctx.checkpoint(checkpoint), ctx.job.name, policy, termination,
-                                      savepoint_dir=ctx.root, spark_version=state.spark_version,
-                                      job_version=state.version, on_event=on_event)
-
-
-def _record_end(ctx: JobContext, current: _Run, ended: Literal["stopped", "cancelled", "failed"],
-                termination: dict[str, Any] | None = None) -> None:
-    record = current.record
-    if record is None:  # a run started by another tool: recorded now, so its end is known
-        record = JobRun(job=ctx.job.name, checkpoint=current.checkpoint or ctx.job.checkpoint,
-                        started_at=datetime.now(UTC), run_id=current.run_id,
-                        control=current.control.folder.url if current.control else None,
-                        host=current.holder.host if current.holder else None,
-                        master=current.holder.master if current.holder else None)
-        write_run(ctx.folder, record)
-    record_end(ctx.folder, record, ended, termination)
-    if current.run_id:
-        ctx.lease.release(current.run_id)
 
 
 SubmitCommand = Callable[[str, dict[str, str]], list[str]]
@@ -386,7 +129,11 @@ def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, poin
     """Start the job: from ``pointer``, else its newest completed savepoint, or with empty state
     (``fresh``). Refuses while another run lives; takes over the lease of a lost run (after applying
     its checkpoint retention policy, which keeps and savepoints its last committed batch). Returns
-    once the run has committed its first batch; the run goes on detached. ``restore_checks``
+    once the run is live: its heartbeat says its query is active, at the restored batch (a source
+    with no new input is healthy; a fresh start waits for its first batch); a job without the
+    helper once it commits a batch past the one it started from. ``first_batch`` is the newest
+    committed batch then, ``live`` how it was seen (``heartbeat`` or ``commit``). The run goes on
+    detached. ``restore_checks``
     (``max_age``, ``skip_missing_input``) go to the restore: see :func:`restore_savepoint`.
 
     A ``pointer`` to a savepoint of another job, or outside this job's folder of the savepoint
@@ -409,10 +156,11 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
             prepare: Callable[[], tuple[str, dict[str, str], dict[str, Any] | None]]) -> dict[str, Any]:
     """Take the lease, ``prepare()`` the checkpoint, launch the run and wait for its first commit."""
     job = ctx.job
-    previous = status(ctx)
+    previous_run = Run.read(ctx)
+    previous = previous_run.state()
     if previous.live:
         raise _running_error(ctx, previous)
-    handled = handle_failure(ctx, previous)
+    handled = handle_failure(ctx, previous, run=previous_run)
     if handled is not None:
         ctx.log(f"previous run {previous.run_id} was {previous.state}: checkpoint {handled['action']} "
                 f"({handled['policy']})")
@@ -439,11 +187,13 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     except BaseException:
         ctx.lease.release(run_id)
         raise
-    batch = _wait_for_first_commit(ctx, run, wait_timeout)
-    ctx.log(f"job {job.name} runs as run {run_id} (pid {run.pid}) and committed batch {batch}")
+    batch, live = _wait_until_live(ctx, run, wait_timeout)
+    ctx.log(f"job {job.name} runs as run {run_id} (pid {run.pid}): " + (
+        f"live (heartbeat), at batch {batch}" if live == "heartbeat" else f"committed batch {batch}"))
+    application_id = read_run(ctx.folder).application_id or (JobControl(control).heartbeat() or {}).get("application_id")
     return {"job": job.name, "run_id": run_id, "pid": run.pid, "host": run.host, "checkpoint": checkpoint,
-            "first_batch": batch, "log_file": run.log_file, "savepoint_dir": ctx.root.url, "restored": restored,
-            "application_id": read_run(ctx.folder).application_id, "version": version.model_dump(),
+            "first_batch": batch, "live": live, "log_file": run.log_file, "savepoint_dir": ctx.root.url,
+            "restored": restored, "application_id": application_id, "version": version.model_dump(),
             "start_batch": run.start_batch}
 
 
@@ -517,11 +267,19 @@ def _resume_checkpoint(ctx: JobContext, checkpoint: str) -> tuple[str, dict[str,
     return checkpoint, {}, None
 
 
-def _wait_for_first_commit(ctx: JobContext, run: JobRun, timeout: float, poll: float = 1.0) -> int:
-    """Wait until the run commits a batch newer than when it started; fail fast if it dies or is
-    fenced. Keeps the run's lease until its driver renews it, and records its application id."""
+def _wait_until_live(ctx: JobContext, run: JobRun, timeout: float, poll: float = 1.0, *,
+                     new_batch: bool = False) -> tuple[int, str]:
+    """Wait until the run is live; returns its newest committed batch and how it was seen live.
+
+    Live (``"heartbeat"``): its heartbeat says its query is active (``running``) and its checkpoint
+    holds a committed batch (a restored run's at once, so an idle source is healthy; a fresh one's
+    first). A run without the helper writes no heartbeat, and so does ``new_batch``'s wait ignore
+    it: then a batch newer than the one it started from must commit (``"commit"``). Fails fast if
+    the run exits or is fenced before. Keeps the run's lease until its driver renews it, and
+    records its application id."""
     checkpoint = ctx.checkpoint(run.checkpoint)
-    control = JobControl(Store(run.control, ctx.root.storage_options)) if run.control else None
+    folder = control_folder(ctx.folder, run.run_id)
+    control = JobControl(folder) if folder is not None else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if run.application_id is None and (app := application_id_from_log(run.log_file)):
@@ -529,7 +287,10 @@ def _wait_for_first_commit(ctx: JobContext, run: JobRun, timeout: float, poll: f
             write_run(ctx.folder, run)
         batch, _ = checkpoint_progress(checkpoint)
         if batch is not None and (run.start_batch is None or batch > run.start_batch):
-            return batch
+            return batch, "commit"
+        heartbeat = control.heartbeat() if control is not None else None
+        if heartbeat is not None and heartbeat.get("state") == "running" and batch is not None and not new_batch:
+            return batch, "heartbeat"
         if control is not None and (fenced := control.fenced()) is not None:
             raise JobFailedError(f"job '{run.job}' run {run.run_id} stopped itself: {fenced.get('reason')}",
                                  "another run holds the job's lease; see `airflow-savepoints job status`")
@@ -538,11 +299,20 @@ def _wait_for_first_commit(ctx: JobContext, run: JobRun, timeout: float, poll: f
             raise JobFailedError(
                 f"job '{run.job}' (pid {run.pid}) exited before committing a batch; last log lines:\n"
                 + log_tail(run.log_file), f"see the full log in {run.log_file}")
-        if control is not None and control.heartbeat() is None and run.run_id:
+        if heartbeat is None and run.run_id:
             ctx.lease.renew(run.run_id, {})  # the driver has not taken its lease over yet
         time.sleep(poll)
     raise JobFailedError(f"job '{run.job}' committed no batch within {timeout:.0f}s",
                          f"see its log in {run.log_file}; it is still running as pid {run.pid}")
+
+
+def wait_for_new_batch(ctx: JobContext, timeout: float) -> int:
+    """Wait until the recorded run commits a batch newer than the one it started from (an
+    upgrade's health: a live run that does not progress is not healthy); fail fast as a start does."""
+    run = read_run(ctx.folder)
+    if run is None:
+        raise JobFailedError(f"job '{ctx.job.name}' has no recorded run to wait for", "start it first")
+    return _wait_until_live(ctx, run, timeout, new_batch=True)[0]
 
 
 def wait_for_savepoint_in_flight(ctx: JobContext, timeout: float) -> None:
@@ -564,54 +334,6 @@ def wait_for_savepoint_in_flight(ctx: JobContext, timeout: float) -> None:
         time.sleep(0.5)
 
 
-def _end_run(ctx: JobContext, state: JobState, grace: float, request_id: str) -> dict[str, Any]:
-    """End the current run: through its control folder first, then its runner. Returns how."""
-    current = _current_run(ctx)
-    if not state.live and state.state != "lost":
-        return {"method": "not_running", "pid": state.pid, "state": state.state}
-    if state.helper and state.state != "lost" and current.control is not None:
-        current.control.request_stop(request_id)
-        acknowledged = current.control.wait_until_stopped(request_id, timeout=grace)
-        if acknowledged is not None:
-            _wait_for_driver_exit(ctx, current, grace)
-            return {"method": "cooperative", "pid": state.pid, "run_id": state.run_id, "acknowledgement": acknowledged}
-        ctx.log(f"run {state.run_id} did not acknowledge the stop within {grace:.0f}s: forcing it")
-    target = current.target(ctx.job)
-    runner = runner_for(target.master)
-    outcome = runner.kill(target, grace)
-    if not isinstance(runner, LocalRunner) and target.pid:
-        LocalRunner().kill(target, grace)  # a client-mode driver on this host outlives its application
-    if outcome["killed"] or outcome["method"] == "not_running":
-        return {**outcome, "pid": state.pid, "run_id": state.run_id}
-    if state.state == "lost":
-        return {"method": "lease_lapsed", "pid": state.pid, "run_id": state.run_id, "detail": outcome["detail"]}
-    if state.helper:  # it beats but does not answer, and cannot be signalled from here: wait for its lease to lapse
-        lapsed = _wait_for_lapse(ctx, current, grace + float(current.holder.timeout_s if current.holder else 30))
-        if lapsed:
-            return {"method": "lease_lapsed", "pid": state.pid, "run_id": state.run_id, "detail": outcome["detail"]}
-    raise JobNotStoppedError(
-        f"run {state.run_id} of job '{ctx.job.name}' could not be stopped from here: {outcome['detail']}",
-        f"stop it from {state.host or 'its host'} or through its cluster manager; nothing else was changed",
-    )
-
-
-def _wait_for_driver_exit(ctx: JobContext, current: _Run, grace: float) -> None:
-    """After a stop is acknowledged: wait until the driver has gone (where that can be seen)."""
-    target = current.target(ctx.job)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and LocalRunner().status(target).state == "running":
-        time.sleep(0.2)
-
-
-def _wait_for_lapse(ctx: JobContext, current: _Run, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if status(ctx).state not in ("running", "stopping", "starting"):
-            return True
-        time.sleep(1)
-    return False
-
-
 def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, inflight_wait: float = 300,
          on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Stop the job with a ``stop`` savepoint of its last committed batch.
@@ -621,19 +343,19 @@ def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, i
     between two batches (a ``clean`` savepoint); one that does not answer within ``grace`` seconds
     is ended through its runner; its savepoint is ``crash-consistent`` when the kill caught a batch in
     flight (that batch re-runs on restore), ``clean`` when it did not."""
-    state = status(ctx)
-    checkpoint = _owned_checkpoint(ctx, before := _current_run(ctx))
+    run = Run.read(ctx)
+    state = run.state()
+    checkpoint = run.owned_checkpoint()
     if checkpoint is None:
-        raise UntrustedRunFileError(f"{_untrusted(ctx, before)}; job '{ctx.job.name}' was not stopped",
+        raise UntrustedRunFileError(f"{run.untrusted()}; job '{ctx.job.name}' was not stopped",
                                     f"cancel it (`airflow-savepoints job cancel {ctx.job.name}`: the checkpoint is left as "
                                     f"it is), or correct {ctx.folder.url_of(RUN_FILE)}")
     wait_for_savepoint_in_flight(ctx, inflight_wait)
     stop_request = request_id or f"stop-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
-    stopped = _end_run(ctx, state, grace, stop_request)
+    stopped = run.end(state, grace, stop_request)
     ctx.log(f"job {ctx.job.name} stopped: {stopped}")
-    current = _current_run(ctx)
-    if current.record is not None or current.holder is not None:
-        _record_end(ctx, current, "stopped", {"stop": stopped})
+    if (ended := Run.read(ctx)).recorded:  # as the end left it
+        ended.record_end("stopped", {"stop": stopped})
     deadline = time.monotonic() + inflight_wait
     while True:  # a periodic savepoint that began meanwhile is waited for, not raced
         try:
@@ -657,13 +379,14 @@ def cancel(ctx: JobContext, *, policy: str | None = None, grace: float = 60,
     """End the job without a savepoint (its control folder first, then its runner), then apply its
     checkpoint retention policy for a cancellation."""
     chosen = parse_policy(policy or ctx.job.checkpoint_retention)  # bad input fails before the cancel
-    state = status(ctx)
-    ended = _end_run(ctx, state, grace, f"cancel-{datetime.now(UTC):%Y%m%dT%H%M%S%f}")
+    run = Run.read(ctx)
+    state = run.state()
+    ended = run.end(state, grace, f"cancel-{datetime.now(UTC):%Y%m%dT%H%M%S%f}")
     ctx.log(f"job {ctx.job.name} ended: {ended}")
-    current = _current_run(ctx)
-    outcome = _retention(ctx, current, chosen, "cancelled", state, on_event)
-    if current.record is not None or current.holder is not None:
-        _record_end(ctx, current, "cancelled", outcome)
+    current = Run.read(ctx)  # as the end left it
+    outcome = current.apply_retention(chosen, "cancelled", state, on_event)
+    if current.recorded:
+        current.record_end("cancelled", outcome)
     return {**outcome, "stop_method": ended["method"], "run_id": state.run_id,
             **({"warnings": state.warnings} if state.warnings else {}),
             **({"detail": ended["detail"]} if ended.get("detail") else {})}
@@ -673,23 +396,25 @@ def abandon(ctx: JobContext, reason: str, *, grace: float = 60) -> dict[str, Any
     """End the current run (if it still runs) and record it as failed with ``reason``, leaving its
     checkpoint as it is: no savepoint, no retention policy (an upgrade's rollback goes back to the
     state that run started from; a last-state restart resumes on that checkpoint)."""
-    state = status(ctx)
-    ended = _end_run(ctx, state, grace, f"abandon-{datetime.now(UTC):%Y%m%dT%H%M%S%f}")
-    current = _current_run(ctx)
-    if (current.record is not None or current.holder is not None) and state.ended is None:
-        _record_end(ctx, current, "failed", {"reason": reason, "action": "left as it is", "run_id": state.run_id,
-                                             "checkpoint": current.checkpoint})
-    return {**ended, "checkpoint": _owned_checkpoint(ctx, current)}
+    run = Run.read(ctx)
+    state = run.state()
+    ended = run.end(state, grace, f"abandon-{datetime.now(UTC):%Y%m%dT%H%M%S%f}")
+    current = Run.read(ctx)  # as the end left it
+    if current.recorded and state.ended is None:
+        current.record_end("failed", {"reason": reason, "action": "left as it is", "run_id": state.run_id,
+                                      "checkpoint": current.checkpoint})
+    return {**ended, "checkpoint": current.owned_checkpoint()}
 
 
 def check(ctx: JobContext) -> JobState:
     """The job's state; a failed (or lost) run gets its checkpoint retention policy for a failure
     applied once, and raises :class:`JobFailedError` with the reason."""
-    state = status(ctx)
+    run = Run.read(ctx)
+    state = run.state()
     if state.state == "lost":
         raise JobFailedError(f"job '{ctx.job.name}' run {state.run_id} is lost: {state.detail}",
                              "restart it with restore_from_savepoint: the start takes its lapsed lease over")
-    outcome = handle_failure(ctx, state)
+    outcome = handle_failure(ctx, state, run=run)
     if outcome is not None:
         kept = outcome.get("retained_savepoint") or {}
         raise JobFailedError(
@@ -733,3 +458,28 @@ def submit_conf(job: StreamingJob, savepoint_dir: Store | str, *, checkpoint: st
     root = savepoint_dir if isinstance(savepoint_dir, Store) else Store(savepoint_dir)
     return run_conf(root.child(job.name).url, checkpoint=checkpoint or job.checkpoint,
                     heartbeat_interval=heartbeat_interval, lease_timeout=lease_timeout)
+
+
+class JobStatus(BaseModel):
+    """A short status of the job's current run (see :func:`status`)."""
+
+    job: str
+    state: str
+    running: bool
+    pid: int | None
+    application_id: str | None = None  # what the driver announced, or its log said (local-…, app-…)
+    last_committed_batch: int | None
+    last_progress_at: datetime | None
+
+
+def job_status(job: str, job_folder: Store) -> JobStatus:
+    """Whether the job's current run is alive (by its heartbeats, else its runner), its application
+    id, and its checkpoint's progress."""
+    run = read_run(job_folder)
+    placeholder = StreamingJob.model_construct(name=job, application="", checkpoint=run.checkpoint if run else "",
+                                               master=(run.master if run else None) or "local[2]", master_ui=None)
+    state = status(JobContext(placeholder, job_folder.parent()))
+    batch, at = checkpoint_progress(Store(state.checkpoint)) if state.checkpoint else (None, None)
+    return JobStatus(job=job, state=state.state, running=state.state in ("starting", "running", "stopping"),
+                     pid=state.pid, application_id=state.application_id, last_committed_batch=batch,
+                     last_progress_at=at)

@@ -151,6 +151,8 @@ def _start_healthy(ctx: JobContext, kwargs: dict[str, Any], request: UpgradeRequ
     else:
         started = lifecycle.start(ctx, submit_command=submit_for(ctx.job), log_dir=log_dir,
                                   wait_timeout=request.health_timeout, **kwargs)
+    if past_batch is not None and started["first_batch"] <= past_batch:  # live by its heartbeat: health is a new batch
+        started = {**started, "first_batch": lifecycle.wait_for_new_batch(ctx, request.health_timeout)}
     if past_batch is not None and started["first_batch"] <= past_batch:
         raise lifecycle.JobFailedError(f"run {started['run_id']} committed batch {started['first_batch']}, not past "
                                        f"the stop batch {past_batch}", "see its log in " + str(started["log_file"]))

@@ -1,0 +1,364 @@
+"""One run of a streaming job: its files read once, and the only code that acts on it.
+
+A :class:`Run` is what the job folder says of the job's current run, read in one pass (through
+:mod:`airflow_savepoints.jobs.runfiles`, which validates every file): its record (``_run.json``),
+its run lease, its control folder (derived from the job folder and the run id, never read from a
+file) and heartbeat, and its runner's handle (:class:`RunTarget`). It answers the run's state and
+is the only code that
+
+* signals a process (:meth:`Run.end`, :func:`kill`: the runner back ends of
+  :mod:`airflow_savepoints.jobs.runners` stay behind it),
+* deletes or keeps a checkpoint (:meth:`Run.apply_retention`: only one the job owns), and
+* writes a control file (a stop request, in :meth:`Run.end`).
+
+The lifecycle verbs (:mod:`airflow_savepoints.jobs.lifecycle`) are short scripts over it; this
+module imports neither the lifecycle nor Airflow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from airflow_savepoints.core.lease import CLOCK_SLACK, store_now
+from airflow_savepoints.core.names import RUN_FILE
+from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
+from airflow_savepoints.errors import JobNotStoppedError
+from airflow_savepoints.jobs.control import CONTROL_FOLDER, HEARTBEAT_FILE, JobControl
+from airflow_savepoints.jobs.launcher import JobRun, checkpoint_progress, log_tail, read_run, record_end, write_run
+from airflow_savepoints.jobs.model import StreamingJob
+from airflow_savepoints.jobs.runfiles import control_folder, safe_run_id
+from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, RunLease, RunLeaseHolder, age_on_store_clock
+from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, runner_for
+from airflow_savepoints.storage import Store
+
+LIVE_STATES = ("starting", "running", "stopping", "unknown")
+State = Literal["not_started", "starting", "running", "stopping", "stopped", "failed", "lost", "unknown"]
+
+
+class JobState(BaseModel):
+    """A job's state as seen from storage (and its runner)."""
+
+    job: str
+    state: State
+    run_id: str | None = None
+    host: str | None = None
+    application_id: str | None = None
+    last_batch: int | None = None  # the last committed batch (the heartbeat's, else the checkpoint's)
+    heartbeat_age_s: float | None = None  # on the store's clock
+    error: str | None = None
+    detail: str | None = None  # why this state (the runner's words, the fencing, ...)
+    pid: int | None = None
+    checkpoint: str | None = None
+    control: str | None = None
+    runner: str | None = None
+    helper: bool = False  # the run writes heartbeats (it calls run_until_stopped)
+    ended: str | None = None  # stopped / cancelled / failed once a stop, cancel or failure was handled
+    log_file: str | None = None
+    spark_version: str | None = None  # the driver's (its heartbeat or lease), for the manifests of its savepoints
+    version: dict[str, Any] | None = None  # the job version the run was started with (its run record)
+    watchdog: dict[str, Any] | None = None  # the watchdog's last decision and restarts (status(..., watchdog=True))
+    warnings: list[str] = []  # damaged or untrusted run files, and what was done instead
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+
+@dataclass
+class JobContext:
+    """A job and where its things are: the savepoint directory (with its storage options) and the
+    storage options of its checkpoints."""
+
+    job: StreamingJob
+    root: Store
+    checkpoint_options: dict[str, Any] | None = None
+    heartbeat_interval: float | None = None  # passed to runs this context starts (default 5 s)
+    lease_timeout: float | None = None  # (default 30 s)
+    log: Callable[[str], None] = field(default=lambda message: None)
+
+    def __post_init__(self) -> None:
+        self.heartbeat_interval = self.heartbeat_interval or self.job.heartbeat_interval
+        self.lease_timeout = self.lease_timeout or self.job.lease_timeout
+
+    @property
+    def folder(self) -> Store:
+        return self.root.child(self.job.name)
+
+    @property
+    def lease(self) -> RunLease:
+        return RunLease(self.folder)
+
+    def checkpoint(self, url: str) -> Store:
+        return Store(url, self.checkpoint_options)
+
+
+
+@dataclass
+class Run:
+    """The job's current run as its files describe it: its record (if a start launched it), lease,
+    control folder, and the warnings reading them gave. Read it with :meth:`read`."""
+
+    ctx: JobContext
+    record: JobRun | None
+    holder: RunLeaseHolder | None
+    run_id: str | None
+    control: JobControl | None
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, ctx: JobContext) -> Run:
+        """The current run: the lease holder's, else the recorded one, else the newest that wrote heartbeats."""
+        warnings: list[str] = []
+        record = read_run(ctx.folder, warnings)
+        holder = ctx.lease.holder(warnings)
+        run_id = holder.run_id if holder else (record.run_id if record else None)
+        if record is not None and holder is not None and record.run_id != holder.run_id:
+            record = None  # the recorded run is an older one: the lease holder (started by another tool) is current
+        if holder is None:  # no run holds the lease: the newest run that wrote heartbeats may be newer than the record
+            latest = _latest_beating_run(ctx)
+            if latest is not None and (record is None or (latest[0] != record.run_id
+                                                           and latest[1] > record.started_at.timestamp())):
+                record, run_id = None, latest[0]
+        folder = control_folder(ctx.folder, run_id)
+        if run_id and folder is None:
+            warnings.append(f"run id {run_id!r} in {ctx.lease.url if holder else ctx.folder.url_of(RUN_FILE)} is no "
+                            "folder name: the run has no control folder")
+        named = {(holder.control if holder and holder.run_id == run_id else None), (record.control if record else None)}
+        for url in named - {None, folder.url if folder else None}:
+            warnings.append(f"the run files name control folder {url}; ignored: a run's control folder is "
+                            f"{ctx.folder.url_of(CONTROL_FOLDER)}/<run id>")
+        control = JobControl(folder) if folder is not None else None
+        return cls(ctx, record, holder, run_id, control, warnings)
+
+    @property
+    def recorded(self) -> bool:
+        return self.record is not None or self.holder is not None
+
+    def target(self) -> RunTarget:
+        """Where the run's driver is: the record's facts, bettered by the driver's own (its lease, its announcement)."""
+        job = self.ctx.job
+        target = self.record.target() if self.record else RunTarget(job=job.name, master=job.master,
+                                                                     master_ui=job.master_ui)
+        holder = self.holder if self.holder and self.holder.run_id == self.run_id else None
+        if holder is not None:  # the driver's own facts are the better ones
+            target.host = holder.host or target.host
+            target.application_id = holder.application_id or target.application_id
+            target.master = holder.master or target.master
+            target.driver_pod = holder.driver_pod
+            if self.record is None or self.record.pid is None:
+                target.pid, target.pid_started = holder.pid, holder.pid_started
+        if self.control is not None and not target.application_id:
+            target.application_id = (self.control.announcement() or {}).get("application_id")
+        return target
+
+    @property
+    def checkpoint(self) -> str | None:
+        """The checkpoint the run's files name (see :meth:`owned_checkpoint` before touching it)."""
+        if self.record is not None:
+            return self.record.checkpoint
+        return self.holder.checkpoint if self.holder else None
+
+    def owned_checkpoint(self) -> str | None:
+        """The run's checkpoint if the job owns it (:meth:`StreamingJob.owns_checkpoint`), the job's
+        configured one if its files name none; None, with a warning, when they name another location."""
+        recorded = self.checkpoint
+        if not recorded:
+            return self.ctx.job.checkpoint
+        if self.ctx.job.owns_checkpoint(recorded):
+            return recorded
+        if (warning := self.untrusted()) not in self.warnings:
+            self.warnings.append(warning)
+        return None
+
+    def untrusted(self) -> str:
+        job = self.ctx.job
+        return (f"the run files of job '{job.name}' name checkpoint {self.checkpoint}, which is neither its "
+                f"configured checkpoint {job.checkpoint} nor one named after it: it is not touched")
+
+    def state(self) -> JobState:
+        """The run's state from its lease, heartbeat (aged on the store's clock) and runner."""
+        ctx, record, holder, control = self.ctx, self.record, self.holder, self.control
+        if self.run_id is None and record is None:
+            return JobState(job=ctx.job.name, state="not_started", detail=f"no run recorded in {ctx.folder.url}",
+                            warnings=self.warnings)
+        target = self.target()
+        checkpoint = self.owned_checkpoint()
+        base: dict[str, Any] = {"job": ctx.job.name, "run_id": self.run_id, "host": target.host,
+                                "application_id": target.application_id, "pid": target.pid,
+                                "checkpoint": checkpoint, "control": control.folder.url if control else None,
+                                "version": ctx.job.redacted(record.version) if record else None,
+                                **{key: getattr(record, key) if record else None for key in ("ended", "log_file")}}
+        heartbeat = control.heartbeat(self.warnings) if control else None
+        age = age_on_store_clock(control.folder, HEARTBEAT_FILE) if heartbeat is not None else None
+        base.update(helper=heartbeat is not None, heartbeat_age_s=round(age, 3) if age is not None else None,
+                    last_batch=(heartbeat or {}).get("last_committed_batch"), warnings=self.warnings,
+                    spark_version=(heartbeat or {}).get("spark_version") or (holder.spark_version if holder else None))
+        if base["last_batch"] is None and checkpoint:
+            base["last_batch"], _ = checkpoint_progress(ctx.checkpoint(checkpoint))
+        runner = runner_for(target.master)
+        base["runner"] = runner.name
+
+        if record is not None and record.ended is not None:
+            failed = record.ended == "failed"
+            return JobState(**base, state="failed" if failed else "stopped",
+                            error=(record.termination or {}).get("reason") if failed else None,
+                            detail=f"{record.ended} at {record.ended_at}")
+        failure = control.failure() if control else None
+        if failure is not None:
+            return JobState(**base, state="failed", error=failure.get("error"))
+        if control is not None and control.stopped() is not None:
+            return JobState(**base, state="stopped", detail="it acknowledged a stop request")
+        fenced = control.fenced() if control else None
+        if fenced is not None:
+            return JobState(**base, state="stopped", detail=f"fenced off: {fenced.get('reason')}")
+        if heartbeat is not None:
+            beat_state = heartbeat.get("state")
+            if beat_state in ("stopped", "finished", "fenced"):
+                return JobState(**base, state="stopped", detail=f"its last heartbeat says {beat_state}")
+            if beat_state == "failed":
+                return JobState(**base, state="failed", error=heartbeat.get("error"))
+            local = LocalRunner().status(target) if target.pid else None
+            timeout = heartbeat.get("timeout_s") or DEFAULT_LEASE_TIMEOUT
+            if local is not None and local.state == "ended":
+                return JobState(**base, state="failed", error=f"{local.detail} without a stop request",
+                                detail=log_tail(record.log_file if record else None, 10) or None)
+            if age is not None and age < 0:
+                self.warnings.append(f"{control.folder.url_of(HEARTBEAT_FILE)} is dated {-age:.0f}s ahead of the "
+                                     "store's clock: treated as lapsed")
+                return JobState(**{**base, "heartbeat_age_s": None}, state="lost",
+                                detail=f"its heartbeat is dated {-age:.0f}s ahead of the store's clock")
+            if age is not None and age > timeout:
+                return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
+            stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
+            return JobState(**base, state="stopping" if stopping else "running")
+        view = runner.status(target)
+        if view.state == "unknown" and not isinstance(runner, LocalRunner) and target.pid:
+            view = LocalRunner().status(target)  # a client-mode driver on this host
+        held = holder is not None and holder.run_id == self.run_id
+        if held and not holder.lapsed and view.state != "ended":
+            return JobState(**base, state="starting", detail=view.detail)
+        if view.state == "running":
+            return JobState(**base, state="running", detail=f"{view.detail} (no heartbeats: a job without the helper)")
+        if view.state == "ended":
+            return JobState(**base, state="failed", error=f"{view.detail} without a stop request",
+                            detail=log_tail(record.log_file if record else None, 10) or None)
+        if not _checkable(target):  # no heartbeat, no live lease, nothing a runner could look up: nothing runs that we know of
+            lease = (f"its run lease lapsed {holder.age_s or 0:.0f}s ago" if held and holder.age_s is not None
+                     else "its run lease lapsed" if held else "no run lease")
+            return JobState(**base, state="lost", detail=f"{lease}, it wrote no heartbeat, and no runner can tell of it"
+                            + (f" ({view.detail})" if target.pid else ""))
+        return JobState(**base, state="unknown", detail=view.detail)
+
+    def end(self, state: JobState, grace: float, request_id: str) -> dict[str, Any]:
+        """End the run (``state``: its :meth:`state`): through its control folder first (a stop
+        request, answered within ``grace`` seconds), then its runner. Returns how."""
+        if not state.live and state.state != "lost":
+            return {"method": "not_running", "pid": state.pid, "state": state.state}
+        if state.helper and state.state != "lost" and self.control is not None:
+            self.control.request_stop(request_id)
+            acknowledged = self.control.wait_until_stopped(request_id, timeout=grace)
+            if acknowledged is not None:
+                self._wait_for_driver_exit(grace)
+                return {"method": "cooperative", "pid": state.pid, "run_id": state.run_id, "acknowledgement": acknowledged}
+            self.ctx.log(f"run {state.run_id} did not acknowledge the stop within {grace:.0f}s: forcing it")
+        outcome = kill(self.target(), grace)
+        if outcome["killed"] or outcome["method"] == "not_running":
+            return {**outcome, "pid": state.pid, "run_id": state.run_id}
+        if state.state == "lost":
+            return {"method": "lease_lapsed", "pid": state.pid, "run_id": state.run_id, "detail": outcome["detail"]}
+        if state.helper:  # it beats but does not answer, and cannot be signalled from here: wait for its lease to lapse
+            if self._wait_for_lapse(grace + float(self.holder.timeout_s if self.holder else 30)):
+                return {"method": "lease_lapsed", "pid": state.pid, "run_id": state.run_id, "detail": outcome["detail"]}
+        raise JobNotStoppedError(
+            f"run {state.run_id} of job '{self.ctx.job.name}' could not be stopped from here: {outcome['detail']}",
+            f"stop it from {state.host or 'its host'} or through its cluster manager; nothing else was changed",
+        )
+
+    def _wait_for_driver_exit(self, grace: float) -> None:
+        """After a stop is acknowledged: wait until the driver has gone (where that can be seen)."""
+        target = self.target()
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and LocalRunner().status(target).state == "running":
+            time.sleep(0.2)
+
+    def _wait_for_lapse(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if Run.read(self.ctx).state().state not in ("running", "stopping", "starting"):
+                return True
+            time.sleep(1)
+        return False
+
+    def apply_retention(self, policy: Any, termination: Literal["cancelled", "failed"], state: JobState,
+                        on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Apply the checkpoint retention ``policy`` to the run's checkpoint, if the job owns it; else
+        leave it as it is and say why (``warning``)."""
+        checkpoint = self.owned_checkpoint()
+        if checkpoint is None:
+            warning = self.untrusted()
+            self.ctx.log(f"warning: {warning}")
+            return {"policy": parse_policy(policy).value, "termination": termination, "checkpoint": self.checkpoint,
+                    "action": "left as it is", "warning": warning}
+        return apply_checkpoint_retention(self.ctx.checkpoint(checkpoint), self.ctx.job.name, policy, termination,
+                                          savepoint_dir=self.ctx.root, spark_version=state.spark_version,
+                                          job_version=state.version, on_event=on_event)
+
+    def record_end(self, ended: Literal["stopped", "cancelled", "failed"], termination: dict[str, Any] | None = None) -> None:
+        """Mark the run ended in its record (recording a run another tool started first) and free its lease."""
+        record = self.record
+        if record is None:  # a run started by another tool: recorded now, so its end is known
+            record = JobRun(job=self.ctx.job.name, checkpoint=self.checkpoint or self.ctx.job.checkpoint,
+                            started_at=datetime.now(UTC), run_id=self.run_id,
+                            control=self.control.folder.url if self.control else None,
+                            host=self.holder.host if self.holder else None,
+                            master=self.holder.master if self.holder else None)
+            write_run(self.ctx.folder, record)
+        record_end(self.ctx.folder, record, ended, termination)
+        if self.run_id:
+            self.ctx.lease.release(self.run_id)
+
+
+def kill(target: RunTarget, grace: float) -> dict[str, Any]:
+    """Force a run to end through its runner (``{"method", "killed", "detail"}``); a client-mode
+    driver on this host, which outlives its application, is signalled too."""
+    runner = runner_for(target.master)
+    outcome = runner.kill(target, grace)
+    if not isinstance(runner, LocalRunner) and target.pid:
+        LocalRunner().kill(target, grace)
+    return outcome
+
+
+def stop_process(run: JobRun | None, grace: float = 60) -> bool:
+    """SIGTERM the run's process group, SIGKILL after ``grace`` seconds (the local runner, on the
+    run's own host only, and only when its pid and start time match). True if it was running here."""
+    if run is None or not run.pid:
+        return False
+    return bool(LocalRunner().kill(run.target(), grace)["killed"])
+
+
+def _checkable(target: RunTarget) -> bool:
+    """Whether a runner could find the run: a driver pid with its start time, or an application id."""
+    return bool((target.pid and target.pid_started is not None) or target.application_id or target.driver_pod)
+
+
+def _latest_beating_run(ctx: JobContext) -> tuple[str, float] | None:
+    """The run whose heartbeat was written last (its id and the heartbeat's mtime), if any."""
+    folder = ctx.folder.child(CONTROL_FOLDER)
+    try:
+        listing = folder.list_files()
+    except FileNotFoundError:
+        return None
+    beats = [(path.split("/")[0], stat.modified or 0.0) for path, stat in listing.items()
+             if path.endswith("/" + HEARTBEAT_FILE) and path.count("/") == 1 and safe_run_id(path.split("/")[0])]
+    if beats and max(beat[1] for beat in beats) > store_now(ctx.folder) + CLOCK_SLACK:  # one dated ahead never wins
+        now = store_now(ctx.folder, fresh=True) + CLOCK_SLACK
+        beats = [beat for beat in beats if beat[1] <= now]
+    return max(beats, key=lambda beat: beat[1]) if beats else None
+
+
