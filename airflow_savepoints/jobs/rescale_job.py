@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from airflow_savepoints.errors import RescaleError, RescaleFailedError
 from airflow_savepoints.jobs import rescale_app
 from airflow_savepoints.jobs.control import new_run_id
 from airflow_savepoints.jobs.launcher import _resolve_binary, log_tail
+from airflow_savepoints.jobs.runners import kill_own_child
 from airflow_savepoints.storage import Store
 
 if TYPE_CHECKING:
@@ -115,13 +115,11 @@ class JobRescaler:
         try:
             process.wait(self.timeout)
         except subprocess.TimeoutExpired as exc:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            kill_own_child(process)
             raise RescaleFailedError(f"the rescale application of job '{self.ctx.job.name}' did not end within "
                                      f"{self.timeout:.0f}s: ended", f"see {log_file}; nothing was restored") from exc
         except BaseException:
-            os.killpg(process.pid, signal.SIGKILL)  # interrupted: nothing may go on writing into the target
-            process.wait()
+            kill_own_child(process)  # interrupted: nothing may go on writing into the target
             raise
         return str(log_file)
 

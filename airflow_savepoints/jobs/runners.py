@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -145,6 +146,14 @@ def _signal_group(process: psutil.Process, sig: int) -> None:
             os.killpg(process.pid, sig)
         else:
             process.send_signal(sig)
+
+
+def kill_own_child(process: subprocess.Popen) -> None:
+    """SIGKILL a one-shot child this process started in a session of its own (spark-submit with its
+    JVM and Python driver), and reap it."""
+    with _quiet():
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _quiet() -> contextlib.suppress:
