@@ -234,7 +234,7 @@ class PinHold:
             self._thread.join(timeout=10)
         if self.released:
             if also is not None:
-                self.catalog.update(also, then)
+                self.catalog.update(also, *([then] if then is not None else []))
             elif then is not None:
                 then()
             return
@@ -397,7 +397,7 @@ class Catalog:
         return lambda d: d.records.__setitem__(savepoint_id, record)
 
     def complete(self, manifest: SavepointManifest, then: Callable[[], object] | None = None) -> None:
-        self.update(self.record_completed(manifest), then)
+        self.update(self.record_completed(manifest), *([then] if then is not None else []))
 
     @staticmethod
     def record_completed(manifest: SavepointManifest) -> Change:
@@ -523,7 +523,7 @@ class Catalog:
             if also is not None:
                 also(document)
 
-        self.update(remove, then)
+        self.update(remove, *([then] if then is not None else []))
 
     @contextlib.contextmanager
     def held(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None,
