@@ -21,7 +21,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
@@ -59,7 +59,20 @@ CATALOG_VERSION = 1
 LOCK_STALE_AFTER = 30.0  # seconds; the lease is held for one read and one write
 PIN_TTL = 120.0  # seconds a pin lives without its holder's heartbeat (the savepoint lease's stale time)
 T = TypeVar("T")
-_AFTER_WRITE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="catalog-then")  # Catalog.update's ``then``
+
+
+def _in_thread(fn: Callable[[], object]) -> Future:
+    """``fn()`` started in a thread of its own (no pool kept: a forked child gets none of its threads)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="catalog-then", daemon=True).start()
+    return future
 
 
 class SavepointState(StrEnum):
@@ -346,7 +359,7 @@ class Catalog:
             document.records = {k: v.model_copy(update={"pointer": ""}) for k, v in document.records.items()}
             self.store.write_bytes_atomic(CATALOG_FILE, document.model_dump_json().encode())
             if then is not None:
-                after = _AFTER_WRITE.submit(then)
+                after = _in_thread(then)
             return result
         finally:
             lease.release()
