@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -200,8 +201,13 @@ def test_the_serial_requests_overlap(counted):
     counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"GET"}, path=listing),
                             Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", every=2))
     info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
-    with counted.proxy.lock:
-        log = list(counted.proxy.log)
+    deadline = time.monotonic() + 10  # the proxy logs a request just after its response: wait for the last ones
+    while True:
+        with counted.proxy.lock:
+            log, arrived = list(counted.proxy.log), len(counted.proxy.request_log)
+        if len(log) >= arrived or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     done = [(m, t.split("?")[0].rsplit("/", 1)[-1] if "list-type" not in t else "LIST checkpoint") for m, t, _ in log
             if "list-type" not in t or re.search(listing, t)]
     assert done.index(("PUT", "_inflight.json")) < done.index(("GET", "LIST checkpoint"))
