@@ -1,17 +1,21 @@
-"""Savepoints on object stores at request scale: ``python benchmarks/run.py --object-store [--quick] [--json]``.
+"""Savepoints on object stores at request scale: ``python benchmarks/run.py --object-store [--quick|--medium] [--json]``.
 
 A synthetic checkpoint in Spark's RocksDB layout (checkpoint format v1 with changelog checkpointing:
 per partition one snapshot ``<S>.zip`` listing its SSTs, the SSTs, and the changelogs ``S+1..N``) of
-20,000 files over 200 partitions (2,000 with ``--quick``) lies on moto's S3 server, reached through
+20,000 files over 200 partitions (2,000 with ``--quick``, 800 with ``--medium``: four per partition,
+where a savepoint's fixed costs are a large share) lies on moto's S3 server, reached through
 the counting proxy (tests/support/fault_proxy.py) that adds a fixed latency to every request: 20 ms,
 then 50 ms in a second pass. In each pass, on the same server:
 
 * our savepoint (server-side copies), the incremental second savepoint after one more batch (a new
   changelog per partition: 1% of the full checkpoint's files, 10% of the quick one's), a restore of
-  the first savepoint to local disk;
+  the first savepoint to local disk; and the same savepoint by the command line
+  (``airflow-savepoints trigger`` for a new job, fsspec's configuration pointing at the proxy): the
+  whole run of its process, its start and the S3 client's included;
 * the peers on exactly the planned files (the synthetic checkpoint holds nothing else, checked):
   ``s5cmd cp`` (one ``cp`` per file through ``s5cmd run``, server-side) and ``aws s3 cp --recursive``,
-  each at our concurrency and at its own default, for the savepoint and for the restore.
+  each at our concurrency and at its own default (``s5cmd`` also at 8 workers, the command line's
+  yardstick), for the savepoint and for the restore.
 
 Figures: seconds, requests by kind (counted at the proxy), payload bytes through the worker (object
 bodies read and written, at the proxy), peak resident memory above the process's baseline.
@@ -323,6 +327,17 @@ def our_parallelism() -> int:
     return default_parallelism()
 
 
+def cli_savepoint(endpoint: str, bucket: str, work: Path) -> dict:
+    """``airflow-savepoints trigger`` of the checkpoint for a new job, the whole run of its process (its start,
+    the S3 client's, the savepoint); no connection named, fsspec's configuration pointing at ``endpoint``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__SAVEPOINTS__"))}
+    env.update(PYTHONPATH=str(ROOT), AIRFLOW_HOME=str(work / "cli-airflow-home"), FSSPEC_S3_ENDPOINT_URL=endpoint,
+               FSSPEC_S3_KEY=KEYS["key"], FSSPEC_S3_SECRET=KEYS["secret"], AWS_EC2_METADATA_DISABLED="true")
+    command = [sys.executable, "-m", "airflow_savepoints.cli.main", "trigger", f"s3://{bucket}/checkpoint",
+               "--job", "bench-cli", "--dir", f"s3://{bucket}/savepoints", "--json", "--parallelism", str(our_parallelism())]
+    return measured_child(command, env, work)
+
+
 # --- one pass at one latency -----------------------------------------------------------------------------
 def _s5cmd_savepoint(tool: str, proxy_url: str, keys: list[str], src: str, dst: str, workers: int | None,
                      work: Path) -> list[str]:
@@ -344,14 +359,15 @@ def run_peers(proxy: Proxy, bucket_fs, bucket: str, planned: list[str], pointer_
               concurrency: int) -> dict:
     """s5cmd and aws s3 cp on the planned files (savepoint: server-side; restore: to local disk)."""
     tools, out = peer_tools(), {}
-    settings = {"s5cmd": [(f"equal ({concurrency})", concurrency), ("default (256)", None)],
+    settings = {"s5cmd": [(f"equal ({concurrency})", concurrency), *([("8 workers", 8)] if concurrency != 8 else []),
+                          ("default (256)", None)],
                 "aws": [(f"equal ({concurrency})", concurrency), ("default (10)", None)]}
     for name, tool in tools.items():
         if tool is None:
             out[name] = {"skipped": f"{name} is not installed (make bench installs it into .tools/peers)"}
             continue
         for label, setting in settings[name]:
-            tag = f"{name}-{'eq' if setting else 'default'}"
+            tag = f"{name}-{setting or 'default'}"
             target, restore_dir = f"{bucket}/peer-{tag}", work / f"restore-{tag}"
             if name == "s5cmd":
                 save = _s5cmd_savepoint(tool, proxy.url, planned, f"{bucket}/checkpoint", target, setting, work)
@@ -405,6 +421,8 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
 
         ours = {"savepoint": counted(proxy, savepoint)}
         info = first["info"]
+        log(f"{latency * 1000:.0f} ms: the CLI's savepoint of the same checkpoint (a new job: no file reused)")
+        ours["savepoint (CLI)"] = counted(proxy, lambda: cli_savepoint(proxy.url, bucket, work))
         planned = sorted(e.path for e in info.manifest.files)
         ours["savepoint"].update(copied_files(info.manifest.files))
         pointer_key = info.pointer.removeprefix("s3://")
@@ -639,6 +657,11 @@ def evaluate(passes: list[dict]) -> list[dict]:
         if s5_eq:
             r = save["seconds"] / s5_eq["savepoint"]["seconds"]
             add(f"S3 at {at}: savepoint / s5cmd cp at equal concurrency (seconds)", r, "<= 1.0", r <= 1.0)
+        s5_8, cli = peers.get("s5cmd 8 workers") or peers.get("s5cmd equal (8)"), ours.get("savepoint (CLI)")
+        if s5_8 and cli:
+            r = cli["seconds"] / s5_8["savepoint"]["seconds"]
+            add(f"S3 at {at}: the CLI's whole savepoint run / s5cmd cp at 8 workers (seconds; goal 0.6)", r, "<= 1.0",
+                r <= 1.0, f"CLI {cli['seconds']:.2f}s, {cli['requests']} requests; s5cmd {s5_8['savepoint']['seconds']:.2f}s")
         if aws_default:
             r = save["seconds"] / aws_default["savepoint"]["seconds"]
             add(f"S3 at {at}: savepoint / aws s3 cp --recursive (seconds)", r, "<= 0.5", r <= 0.5)
@@ -724,13 +747,17 @@ def print_table(report: dict) -> None:
     log("\n".join(lines))
 
 
+SIZES = {"medium": 800, "quick": 2_000, "full": 20_000}  # state files over 200 partitions
+
+
 def run(quick: bool, files: int | None = None, latencies: tuple[float, ...] = (0.02, 0.05),
         with_peers: bool = True, workdir: str | None = None, emulators: tuple[str, ...] = ("gcs", "azure"),
-        parallelism: int | None = None) -> dict:
+        parallelism: int | None = None, size: str | None = None) -> dict:
     """The whole object-store benchmark; returns the report (``targets``, ``passes`` on S3, ``emulated``
     on GCS and Azure, ``figures``). ``parallelism``: ours on S3 (and the peers' "equal" runs); the
-    default is the savepoint's own default."""
-    files = files or (2_000 if quick else 20_000)
+    default is the savepoint's own default. ``size``: medium, quick or full (``quick``: quick)."""
+    size = size or ("quick" if quick else "full")
+    files = files or SIZES[size]
     work = Path(workdir or tempfile.mkdtemp(prefix="objstore-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     started, load = time.perf_counter(), os.getloadavg()
@@ -744,7 +771,8 @@ def run(quick: bool, files: int | None = None, latencies: tuple[float, ...] = (0
             shutil.rmtree(work, ignore_errors=True)
     figures = {"load_average_at_start": load, "load_average_at_end": os.getloadavg(),
                "wall_seconds": round(time.perf_counter() - started, 1), "peers": peer_versions()}
-    report = {"benchmark": "object-store", "quick": quick, "targets": evaluate(passes) + evaluate_emulated(emulated),
+    report = {"benchmark": "object-store", "quick": size == "quick", "size": size,
+              "targets": evaluate(passes) + evaluate_emulated(emulated),
               "passes": passes, "emulated": emulated, "figures": figures}
     print_table(report)
     return report

@@ -2,6 +2,7 @@
 
     python benchmarks/run.py                 # full size (1.2 GB of state in two stores, 2,000+ files)
     python benchmarks/run.py --quick --json  # small size, a few minutes, one JSON object on stdout
+    python benchmarks/run.py --object-store --medium  # S3 at 800 files against s5cmd and aws (see object_store.py)
     python benchmarks/run.py --size-gb 4 --partitions 400
     python benchmarks/run.py --cli-start     # only the CLI's start: list and trigger against python -c pass
     python benchmarks/run.py --rescale       # only the rescale: 1M RocksDB keys 2 -> 8, ours against Spark's own
@@ -456,6 +457,8 @@ def s3_compare(job: Job, work: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small size: a few minutes")
+    parser.add_argument("--medium", action="store_true", help="with --object-store: the medium size (800 state "
+                        "files over 200 partitions, where a savepoint's fixed costs show), a minute or two")
     parser.add_argument("--json", action="store_true", help="print one JSON object (targets, figures) on stdout")
     parser.add_argument("--size-gb", type=float, help="state of both stores together (default 1.2, quick 0.2)")
     parser.add_argument("--partitions", type=int, help="shuffle partitions (default 200, quick 40)")
@@ -483,7 +486,8 @@ def main() -> int:
         from benchmarks import object_store
 
         skipped = set(args.skip.split(","))
-        report = object_store.run(args.quick, workdir=args.workdir, with_peers="peers" not in skipped,
+        report = object_store.run(args.quick, size="medium" if args.medium else None, workdir=args.workdir,
+                                  with_peers="peers" not in skipped,
                                   latencies=() if "s3" in skipped else
                                   tuple(float(ms) / 1000 for ms in args.latency_ms.split(",") if ms),
                                   emulators=tuple(s for s in ("gcs", "azure") if s not in skipped),

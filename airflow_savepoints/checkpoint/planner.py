@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,12 +90,22 @@ class _PlanInputs:
     is one the caller already knows the content of (a previous savepoint's manifest) is not read
     again; every zip's file list is kept for the new manifest."""
 
-    def __init__(self, read: Reader, listing: Mapping[str, FileStat], known: Mapping[str, KnownSnapshot]):
+    def __init__(self, read: Reader, listing: Mapping[str, FileStat], known: Mapping[str, KnownSnapshot],
+                 pending: Mapping[str, Future[bytes]] | None = None):
         self.read, self.listing, self.known = read, listing, known
         self.snapshots: dict[str, dict[str, int]] = {}
+        self.pending: dict[str, Future[bytes]] = dict(pending or {})  # reads already under way
 
     def __call__(self, path: str) -> bytes:
-        return self.read(path)
+        future = self.pending.pop(path, None)
+        return self.read(path) if future is None else future.result()
+
+    def prefetch(self, paths: list[str], parallelism: int) -> None:
+        """Read ``paths`` together (one request each on an object store) when reads may run in parallel."""
+        wanted = [p for p in dict.fromkeys(paths) if p not in self.pending]
+        if parallelism > 1 and len(wanted) > 1:
+            with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="plan") as pool:
+                self.pending.update({p: pool.submit(self.read, p) for p in wanted})
 
     def snapshot(self, zip_path: str) -> dict[str, int]:
         known = self.known.get(zip_path)
@@ -155,17 +165,20 @@ def _collector(listing: Mapping[str, FileStat], into: dict[str, PlannedFile], pu
 
 
 def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str = "the checkpoint",
-                    parallelism: int = 1, known_snapshots: Mapping[str, KnownSnapshot] | None = None) -> CheckpointPlan:
+                    parallelism: int = 1, known_snapshots: Mapping[str, KnownSnapshot] | None = None,
+                    pending: Mapping[str, Future[bytes]] | None = None) -> CheckpointPlan:
     """Plan the savepoint of the newest committed batch of the checkpoint described by ``listing``.
 
     The state stores are planned ``parallelism`` at a time: on an object store, reading the RocksDB
     snapshot zips (one request each) dominates planning, and each store's zips are independent.
     ``known_snapshots``: zips whose content is known for a version token; one still listed with that
-    token is not read."""
+    token is not read. ``pending``: reads the caller started already (by path). With ``parallelism``
+    above 1, the metadata and the batch's logs are read together."""
     listing = _VisibleFiles(listing)
-    read = _PlanInputs(read, listing, known_snapshots or {})
+    read = _PlanInputs(read, listing, known_snapshots or {}, pending)
     offsets, commits = _int_names(listing, "offsets"), _int_names(listing, "commits")
     n = _newest_committed(listing, offsets, commits, where)
+    read.prefetch([METADATA, offsets[n], commits[n], *([offsets[n + 1]] if (n + 1) in offsets else [])], parallelism)
     planned: dict[str, PlannedFile] = {}
     add = _collector(listing, planned, f"{where}: needed for batch {n}")
 

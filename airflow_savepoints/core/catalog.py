@@ -21,6 +21,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
@@ -58,6 +59,20 @@ CATALOG_VERSION = 1
 LOCK_STALE_AFTER = 30.0  # seconds; the lease is held for one read and one write
 PIN_TTL = 120.0  # seconds a pin lives without its holder's heartbeat (the savepoint lease's stale time)
 T = TypeVar("T")
+
+
+def _in_thread(fn: Callable[[], object]) -> Future:
+    """``fn()`` started in a thread of its own (no pool kept: a forked child gets none of its threads)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="catalog-then", daemon=True).start()
+    return future
 
 
 class SavepointState(StrEnum):
@@ -224,16 +239,19 @@ class PinHold:
             except Exception as exc:  # noqa: BLE001 - the next beat tries again
                 log.warning("could not extend the pin on %s (%s)", self.savepoint_id, exc)
 
-    def release(self, also: Change | None = None) -> None:
-        """Remove the pin, writing ``also`` in the same update (once released: ``also`` alone)."""
+    def release(self, also: Change | None = None, then: Callable[[], object] | None = None) -> None:
+        """Remove the pin, writing ``also`` in the same update (once released: ``also`` alone); ``then``
+        as in :meth:`Catalog.update`."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         if self.released:
             if also is not None:
-                self.catalog.update(also)
+                self.catalog.update(also, *([then] if then is not None else []))
+            elif then is not None:
+                then()
             return
-        self.catalog.unpin(self.pin_id, also)
+        self.catalog.unpin(self.pin_id, also, then)
         self.released = True
 
 
@@ -329,17 +347,28 @@ class Catalog:
         return None
 
     # --- writing ------------------------------------------------------------------------------------
-    def update(self, change: Callable[[CatalogDocument], T]) -> T:
-        """Apply ``change`` to the catalog under its lease and write it back atomically."""
+    def update(self, change: Callable[[CatalogDocument], T], then: Callable[[], object] | None = None) -> T:
+        """Apply ``change`` to the catalog under its lease and write it back atomically. ``then`` runs
+        once the catalog is written, at the same time as its lease is released (two requests each on
+        an object store); its error is raised after the release."""
         lease = self._acquire()
+        after: Future | None = None
         try:
             document = self._read() or self._crawl()
             result = change(document)
             document.records = {k: v.model_copy(update={"pointer": ""}) for k, v in document.records.items()}
             self.store.write_bytes_atomic(CATALOG_FILE, document.model_dump_json().encode())
+            if then is not None:
+                after = _in_thread(then)
             return result
         finally:
             lease.release()
+            if after is not None:
+                after.result()
+
+    def look(self) -> None:
+        """Read the catalog once: its in-progress records are what ``reconcile(as_last_read=True)`` settles."""
+        self._read()
 
     def rebuild(self) -> CatalogDocument:
         """Recreate the catalog from the ``_metadata`` files; keeps live pins and in-progress records."""
@@ -380,8 +409,8 @@ class Catalog:
                                  created_at=now, updated_at=now)
         return lambda d: d.records.__setitem__(savepoint_id, record)
 
-    def complete(self, manifest: SavepointManifest) -> None:
-        self.update(self.record_completed(manifest))
+    def complete(self, manifest: SavepointManifest, then: Callable[[], object] | None = None) -> None:
+        self.update(self.record_completed(manifest), *([then] if then is not None else []))
 
     @staticmethod
     def record_completed(manifest: SavepointManifest) -> Change:
@@ -501,13 +530,13 @@ class Catalog:
         self.update(add)
         return pin.pin_id
 
-    def unpin(self, pin_id: str, also: Change | None = None) -> None:
+    def unpin(self, pin_id: str, also: Change | None = None, then: Callable[[], object] | None = None) -> None:
         def remove(document: CatalogDocument) -> None:
             document.pins.pop(pin_id, None)
             if also is not None:
                 also(document)
 
-        self.update(remove)
+        self.update(remove, *([then] if then is not None else []))
 
     @contextlib.contextmanager
     def held(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None,

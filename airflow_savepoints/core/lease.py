@@ -390,6 +390,7 @@ class JobLock:
         self.stale_after = stale_after
         self.lease = Lease(job_store, LOCK_FILE, stale_after=stale_after,
                            facts={"request_id": request_id, "savepoint_id": None, "started_at": time.time()})
+        self._released = False
 
     def current(self) -> InflightHolder | None:
         state = self.lease.read()
@@ -409,6 +410,7 @@ class JobLock:
         holder = self.lease.try_acquire()
         if holder is not None:
             return InflightHolder.of(holder)
+        self._released = False
         self.lease.start_heartbeat()
         return None
 
@@ -438,4 +440,7 @@ class JobLock:
         return Lease(job_store, LOCK_FILE, token=state.token, stale_after=120.0).release()
 
     def release(self) -> None:
-        self.lease.release()
+        """Remove the lease if it is still ours; once done, again is a no-op (no request)."""
+        if not self._released:
+            self.lease.release()
+            self._released = True

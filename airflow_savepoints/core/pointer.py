@@ -16,6 +16,7 @@ from airflow_savepoints.core.models import JOB_NAME, SavepointInfo, SavepointMan
 from airflow_savepoints.core.names import MANIFEST_FILE
 from airflow_savepoints.errors import (
     IncompleteSavepointError,
+    ManifestUnreadableError,
     SavepointNotFoundError,
     SavepointRootMissingError,
     SymlinkError,
@@ -28,6 +29,18 @@ def resolve_pointer(pointer: str, storage_options: dict[str, Any] | None = None)
     store = Store(pointer, storage_options)
     if store.name == MANIFEST_FILE:
         store = store.parent()
+    if not store.is_local:  # on an object store the manifest is read first: each check below costs requests
+        try:
+            return store, read_manifest(store)
+        except (IncompleteSavepointError, ManifestUnreadableError):
+            _refuse_no_savepoint(store)
+            raise
+    _refuse_no_savepoint(store)
+    return store, read_manifest(store)
+
+
+def _refuse_no_savepoint(store: Store) -> None:
+    """Nothing at ``store``, or a file: no savepoint there."""
     if not store.exists():
         raise SavepointNotFoundError(
             f"no savepoint at {store.url}: nothing exists there", "check the pointer (list the job's savepoints)"
@@ -37,7 +50,6 @@ def resolve_pointer(pointer: str, storage_options: dict[str, Any] | None = None)
             f"{store.url} is a file, not a savepoint directory or its {MANIFEST_FILE}",
             "point at the savepoint-<id>-<random> directory or its _metadata file",
         )
-    return store, read_manifest(store)
 
 
 def refuse_symlinks(store: Store, what: str) -> None:

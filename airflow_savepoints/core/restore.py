@@ -18,6 +18,7 @@ import posixpath
 import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import google_crc32c
@@ -225,17 +226,22 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     if not request.skip_missing_input:
         check_input(location, manifest, request.input_storage_options, request.kafka_bootstrap_servers,
                     request.kafka_options)
-    with claimed(destination), pinned(location, manifest):
-        secondary = _usable_secondary(manifest, request.secondary_storage_options) if request.prefer_secondary else None
-        if secondary is not None:
-            try:
-                result = _restore_pinned(secondary, manifest, destination, request, on_event, rescale)
-                return result.model_copy(update={"pointer": location.url, "restored_from": secondary.url})
-            except (VerificationError, FileNotFoundError, StorageError) as exc:
-                log.warning("the secondary copy %s is not usable (%s); restoring from the primary %s",
-                            secondary.url, getattr(exc, "message", exc), location.url)
-        result = _restore_pinned(location, manifest, destination, request, on_event, rescale)
-        return result.model_copy(update={"restored_from": location.url})
+    # on an object store the primary's listing runs while the restore claims its target and pins the savepoint
+    # (a savepoint being disposed cannot be pinned; every file copied is checked against the manifest anyway)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-listing") as pool:
+        listed = None if location.is_local or (request.prefer_secondary and manifest.secondary) else \
+            pool.submit(location.list_files)
+        with claimed(destination), pinned(location, manifest):
+            secondary = _usable_secondary(manifest, request.secondary_storage_options) if request.prefer_secondary else None
+            if secondary is not None:
+                try:
+                    result = _restore_pinned(secondary, manifest, destination, request, on_event, rescale)
+                    return result.model_copy(update={"pointer": location.url, "restored_from": secondary.url})
+                except (VerificationError, FileNotFoundError, StorageError) as exc:
+                    log.warning("the secondary copy %s is not usable (%s); restoring from the primary %s",
+                                secondary.url, getattr(exc, "message", exc), location.url)
+            result = _restore_pinned(location, manifest, destination, request, on_event, rescale, listed)
+            return result.model_copy(update={"restored_from": location.url})
 
 
 def _fresh_target(location: Store, destination: Store) -> Store:
@@ -332,14 +338,16 @@ def pinned(location: Store, manifest: SavepointManifest) -> Iterator[bool]:
 
 
 def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, request: RestoreRequest,
-                    on_event: Notify | None = None, rescale: RescalePlan | None = None) -> RestoreResult:
+                    on_event: Notify | None = None, rescale: RescalePlan | None = None,
+                    listed: Future[dict[str, FileStat]] | None = None) -> RestoreResult:
     """Copy and check the savepoint's files, rewrite the paths Spark stores, write ``metadata`` last, then
-    rescale the copy if asked; on any failure remove what was written (Spark's files too)."""
+    rescale the copy if asked; on any failure remove what was written (Spark's files too). ``listed``:
+    the location's listing, under way."""
     before = manifest.state_partitions()
     if rescale is not None and rescale.trailing:  # the planned, uncommitted batch stays out of the copy
         kept = [e for e in manifest.files if e.path not in rescale.trailing]
         manifest = manifest.model_copy(update={"files": kept, "total_bytes": sum(e.size for e in kept)})
-    listing = location.list_files()
+    listing = location.list_files() if listed is None else listed.result()
     missing = [e.path for e in manifest.files if e.path not in listing]
     if missing:
         raise VerificationError(

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -61,6 +62,7 @@ log = logging.getLogger(__name__)
 # job's: the manifest leaves it out (null) unless the caller knows (spark_version=).
 
 Notify = Callable[[str, dict[str, Any]], None]
+_NOT_TRIED = object()  # no try for the job's lease made yet
 Listed = tuple[CheckpointPlan, Mapping[str, FileStat]]
 
 
@@ -163,12 +165,14 @@ class PreviousSavepoint:
         return found
 
 
-def plan_listed(source: Store, parallelism: int | None = None, previous: PreviousSavepoint | None = None) -> Listed:
+def plan_listed(source: Store, parallelism: int | None = None, previous: PreviousSavepoint | None = None, *,
+                listing: Mapping[str, FileStat] | None = None, pending: Mapping[str, Future[bytes]] | None = None) -> Listed:
     """The plan and the one listing it was made from (on a local disk, only planned files are stat'ed).
     On an object store the snapshot zips are read ``parallelism`` at a time (one request each); on a
     local disk planning is Python work on cached pages, which threads only slow down: one at a time.
-    A zip ``previous`` holds unchanged is planned from its manifest, not read."""
-    listing = source.list_files_lazily()
+    A zip ``previous`` holds unchanged is planned from its manifest, not read. ``listing`` and
+    ``pending`` (reads under way, by path): what the caller fetched already."""
+    listing = source.list_files_lazily() if listing is None else listing
     if not listing and not source.exists():
         raise CheckpointNotFoundError(
             f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
@@ -176,7 +180,7 @@ def plan_listed(source: Store, parallelism: int | None = None, previous: Previou
     workers = 1 if source.is_local else parallelism or default_parallelism()  # reads: no upload buffer
     known = previous.snapshots() if previous is not None else None
     return plan_checkpoint(listing, source.read_bytes, where=source.url, parallelism=workers,
-                           known_snapshots=known), listing
+                           known_snapshots=known, pending=pending), listing
 
 
 class SavepointRun:
@@ -201,6 +205,7 @@ class SavepointRun:
         self._first_plan: Listed | None = None
         self._latest: SavepointInfo | None = None  # the previous savepoint found before planning
         self._pin: PinHold | None = None  # the pin on it while the attempts run, written with our in-progress record
+        self._early_holder: InflightHolder | None | object = _NOT_TRIED  # the first try for the lease, if planning made it
 
     # --- before the lease -----------------------------------------------------------------------------
     def already_taken(self) -> SavepointInfo | None:
@@ -210,17 +215,53 @@ class SavepointRun:
         return self.catalog.find_request(self.request.request_id)
 
     def plan_first(self) -> None:
-        """Plan before anything is written (bad input fails here); the first attempt uses this plan."""
-        self._latest = self._latest_of_checkpoint()
-        lender = None if self._latest is None else \
-            PreviousSavepoint(self.job_folder.child(self._latest.manifest.savepoint_id), self._latest.manifest)
-        self._first_plan = plan_listed(self.source, self.request.parallelism, lender)
-        self.lease.set_savepoint(new_savepoint_id(self._first_plan[0].query_id))  # named as the lease is taken
+        """Plan before anything but the job's lease is written (bad input fails here and changes nothing);
+        the first attempt uses this plan.
+
+        Where the checkpoint or the savepoints are on an object store, the serial requests overlap: the
+        checkpoint's listing, its ``metadata``, the job's catalog and (on an object store, once the
+        ``metadata`` names the query) the first try for the job's lease run together, and the lease is
+        released again if planning fails. On local disks (requests cost microseconds) one after another."""
+        if self.source.is_local and self.root.is_local:
+            self._latest = self._latest_of_checkpoint()
+            self._first_plan = plan_listed(self.source, self.request.parallelism, self._lender())
+            self.lease.set_savepoint(new_savepoint_id(self._first_plan[0].query_id))  # named as the lease is taken
+            return
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="savepoint-start") as pool:
+            metadata = pool.submit(self.source.read_bytes, formats.METADATA_FILE)
+            latest = pool.submit(self._latest_of_checkpoint)
+            early = None if self.root.is_local else pool.submit(self._lease_early, metadata)
+            try:
+                listing = self.source.list_files_lazily()
+                self._latest = latest.result()
+                self._first_plan = plan_listed(self.source, self.request.parallelism, self._lender(),
+                                               listing=listing, pending={formats.METADATA_FILE: metadata})
+                if early is not None:
+                    self._early_holder = early.result()
+            except BaseException:
+                if early is not None and not early.cancel() and early.exception() is None and early.result() is None:
+                    self.lease.release()  # taken for a plan that failed: nothing is left behind
+                raise
+        if self.lease.savepoint_id is None:
+            self.lease.set_savepoint(new_savepoint_id(self._first_plan[0].query_id))  # named as the lease is taken
+
+    def _lender(self) -> PreviousSavepoint | None:
+        latest = self._latest
+        return None if latest is None else \
+            PreviousSavepoint(self.job_folder.child(latest.manifest.savepoint_id), latest.manifest)
+
+    def _lease_early(self, metadata: Future[bytes]) -> InflightHolder | None:
+        """The first try for the job's lease, named after the query the checkpoint's ``metadata`` names
+        (a checkpoint without a readable one gets no lease: its plan fails)."""
+        query_id = formats.parse_stream_metadata(metadata.result())
+        self.lease.set_savepoint(new_savepoint_id(query_id))
+        return self.lease.try_acquire()
 
     def wait_for_lease(self) -> SavepointInfo | None:
         """Take the job's lease (None), or return the result of the same request finishing elsewhere."""
         request, started = self.request, time.monotonic()
-        while (holder := self.lease.try_acquire()) is not None:
+        holder, self._early_holder = self._early_holder, _NOT_TRIED
+        while (holder := self.lease.try_acquire() if holder is _NOT_TRIED else holder) is not None:
             same_request = bool(request.request_id) and holder.request_id == request.request_id
             # a lease from the future has no age on the store's clock: it goes stale once seen unchanged
             # for lock_stale_after seconds, so wait that long for it rather than fail
@@ -231,6 +272,7 @@ class SavepointRun:
             time.sleep(1.0 if same_request else 0.5)  # the same request is in flight elsewhere: wait for its result
             if same_request and (done := self.already_taken()) is not None:
                 return done
+            holder = _NOT_TRIED
         return None
 
     def _in_flight(self, holder: InflightHolder) -> SavepointInFlightError:
@@ -257,6 +299,8 @@ class SavepointRun:
     def _latest_of_checkpoint(self) -> SavepointInfo | None:
         """The job's newest completed savepoint of the same checkpoint, when files may be reused."""
         if not (self.request.incremental and self.request.copy_mode == "auto"):
+            with contextlib.suppress(Exception):  # read now, reconcile (under the lease) needs no request of its own
+                self.catalog.look()
             return None
         try:
             latest = self.catalog.latest()
@@ -441,11 +485,11 @@ class SavepointRun:
     def finish(self, manifest: SavepointManifest) -> SavepointInfo:
         """Record the completed savepoint in the catalog and announce it."""
         info = savepoint_info(self.location, manifest)
-        try:
+        try:  # once the record is written, the job's lease goes as the catalog's lock does
             if self._pin is not None:  # the pin goes in the same update
-                self._pin.release(also=self.catalog.record_completed(manifest))
+                self._pin.release(also=self.catalog.record_completed(manifest), then=self.lease.release)
             else:
-                self.catalog.complete(manifest)
+                self.catalog.complete(manifest, then=self.lease.release)
         except Exception as exc:  # noqa: BLE001 - the savepoint is complete; the next trigger or retention records it
             log.warning("savepoint %s is complete but its catalog record was not updated (%s)", self.location.url, exc)
         self.notify("completed", info.summary())

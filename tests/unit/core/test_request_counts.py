@@ -22,6 +22,8 @@ request per zip), and the lease, catalog and `_metadata` take 17 requests. The t
 from __future__ import annotations
 
 import math
+import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from airflow_savepoints.checkpoint.planner import plan_checkpoint
 from airflow_savepoints.core import take_savepoint
 from airflow_savepoints.storage import Store
 from benchmarks import object_store as bench
-from tests.support.fault_proxy import FaultProxy
+from tests.support.fault_proxy import FaultProxy, Rule
 
 PARTITIONS = 6
 LISTING_PAGE = 1000
@@ -184,3 +186,34 @@ def test_an_incremental_savepoint_that_outlives_the_pin_heartbeat_makes_no_more_
     second_info, second, _ = counted.savepoint()
     assert any(e.reused_from for e in second_info.manifest.files)  # it did lend files
     assert second["requests"] <= first["requests"], (first["by_kind"], second["by_kind"])
+
+
+def test_the_serial_requests_overlap(counted):
+    """Issue 32: the checkpoint's listing, its ``metadata``, the job's catalog and the job's lease are
+    asked for together (the lease once the ``metadata`` names the query), and the job's lease is
+    released while the catalog's lock is. The listing and the last release of the catalog's lock
+    are held back 1 s at the proxy: what overlaps them completes before they do."""
+    listing = r"list-type=2.*prefix=checkpoint"
+    checkpoint, savepoints = counted.stores()
+    for store in (checkpoint, savepoints):  # each S3 client made (credentials, endpoint) before the clock starts
+        store.exists("warm-up")
+    counted.proxy.reset()
+    counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"GET"}, path=listing),
+                            Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", every=2))
+    info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
+    deadline = time.monotonic() + 10  # the proxy logs a request just after its response: wait for the last ones
+    while True:
+        with counted.proxy.lock:
+            log, arrived = list(counted.proxy.log), len(counted.proxy.request_log)
+        if len(log) >= arrived or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    done = [(m, t.split("?")[0].rsplit("/", 1)[-1] if "list-type" not in t else "LIST checkpoint") for m, t, _ in log
+            if "list-type" not in t or re.search(listing, t)]
+    assert done.index(("PUT", "_inflight.json")) < done.index(("GET", "LIST checkpoint"))
+    assert done.index(("GET", "_catalog.json")) < done.index(("GET", "LIST checkpoint"))
+    assert done.index(("GET", "metadata")) < done.index(("GET", "LIST checkpoint"))
+    last_lock_release = max(i for i, d in enumerate(done) if d == ("DELETE", "_catalog.lock"))
+    assert done.index(("DELETE", "_inflight.json")) < last_lock_release
+    assert done.index(("PUT", "_metadata")) < done.index(("DELETE", "_inflight.json"))  # the manifest before the release
+    assert info.manifest.files
