@@ -365,7 +365,8 @@ def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
     import sys
 
     import airflow_savepoints.demo.app as demo
-    from airflow_savepoints.jobs.launcher import read_run, stop_process
+    from airflow_savepoints.jobs.launcher import read_run
+    from airflow_savepoints.jobs.run import stop_process
     from tests.support.feeding import wait_for_sink
 
     sent: set[int] = set()
