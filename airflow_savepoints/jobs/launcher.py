@@ -150,18 +150,24 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
     log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     start_batch, _ = checkpoint_progress(checkpoint)
     command = _resolve_binary(command)
-    child_env = {**os.environ, **(env or {})}
-    child_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{child_env.get('PATH', '')}"
-    child_env.setdefault("PYSPARK_PYTHON", sys.executable)
-    with open(log_file, "ab") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, env=child_env)
+    process = spawn_submit(command, log_file, env)
     run = JobRun(job=job, pid=process.pid, pid_started=process_started(process.pid), host=socket.gethostname(),
                  command=redact_command(command, secrets), log_file=str(log_file), checkpoint=checkpoint.url,
                  started_at=datetime.now(UTC), start_batch=start_batch, control=control.url if control else None,
                  run_id=control.name if control else None, **recorded)
     write_run(job_folder, run)
     return run
+
+
+def spawn_submit(command: list[str], log_file: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a submit command in a session of its own, its output appended to ``log_file``, with this
+    Python's bin folder first on PATH and as PySpark's Python unless set."""
+    child_env = {**os.environ, **(env or {})}
+    child_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{child_env.get('PATH', '')}"
+    child_env.setdefault("PYSPARK_PYTHON", sys.executable)
+    with open(log_file, "ab") as log:
+        return subprocess.Popen(_resolve_binary(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=child_env)
 
 
 def write_run(job_folder: Store, run: JobRun) -> None:

@@ -17,9 +17,7 @@ process. The caller (an Airflow worker, a terminal) needs no pyspark for it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +31,7 @@ from airflow_savepoints.core.savepoint import plan_listed
 from airflow_savepoints.errors import RescaleError, RescaleFailedError
 from airflow_savepoints.jobs import rescale_app
 from airflow_savepoints.jobs.control import new_run_id
-from airflow_savepoints.jobs.launcher import _resolve_binary, log_tail
+from airflow_savepoints.jobs.launcher import log_tail, spawn_submit
 from airflow_savepoints.jobs.runners import kill_own_child
 from airflow_savepoints.storage import Store
 
@@ -107,11 +105,7 @@ class JobRescaler:
         """Run the submit command to its end (its own process group, ended on a timeout); its log file."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_file = self.log_dir / f"{self.ctx.job.name}-rescale-{datetime.now(UTC):%Y%m%dT%H%M%S%f}.log"
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        env.setdefault("PYSPARK_PYTHON", sys.executable)
-        with open(log_file, "ab") as log:
-            process = subprocess.Popen(_resolve_binary(command), stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        process = spawn_submit(command, log_file)
         try:
             process.wait(self.timeout)
         except subprocess.TimeoutExpired as exc:
