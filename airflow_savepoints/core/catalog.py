@@ -247,7 +247,7 @@ class PinHold:
             self._thread.join(timeout=10)
         if self.released:
             if also is not None:
-                self.catalog.update(also, *([then] if then is not None else []))
+                self.catalog.update(also, then)
             elif then is not None:
                 then()
             return
@@ -410,7 +410,7 @@ class Catalog:
         return lambda d: d.records.__setitem__(savepoint_id, record)
 
     def complete(self, manifest: SavepointManifest, then: Callable[[], object] | None = None) -> None:
-        self.update(self.record_completed(manifest), *([then] if then is not None else []))
+        self.update(self.record_completed(manifest), then)
 
     @staticmethod
     def record_completed(manifest: SavepointManifest) -> Change:
@@ -536,7 +536,7 @@ class Catalog:
             if also is not None:
                 also(document)
 
-        self.update(remove, *([then] if then is not None else []))
+        self.update(remove, then)
 
     @contextlib.contextmanager
     def held(self, savepoint_id: str, purpose: str, manifest: SavepointManifest | None = None,

@@ -198,7 +198,7 @@ def test_a_pin_can_go_with_other_changes_in_the_same_updates(taken, monkeypatch)
     sid, other = info.manifest.savepoint_id, "savepoint-abc123-00000000beef"
     updates = []
     real_update = catalog.update
-    monkeypatch.setattr(catalog, "update", lambda change: updates.append(change) or real_update(change))
+    monkeypatch.setattr(catalog, "update", lambda change, then=None: updates.append(change) or real_update(change, then))
     with catalog.held(sid, "incremental savepoint", also=catalog.record_begun(other, SavepointType.MANUAL, None, None)) \
             as hold:
         document = catalog.load()
