@@ -143,6 +143,15 @@ class KafkaBroker(Emulator):
             admin.close()
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id, as Kafka's ``Uuid.randomUuid`` makes one: never starting with ``-``
+    (the storage tool reads such an id as an option; one CI run in 64 drew one)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def start_kafka() -> KafkaBroker:
     """One broker+controller on free ports of 127.0.0.1, its data and log in a fresh work folder."""
     port, controller = free_port(), free_port()
@@ -150,9 +159,11 @@ def start_kafka() -> KafkaBroker:
     properties = workdir / "server.properties"
     properties.write_text(SERVER_PROPERTIES.format(port=port, controller=controller, logs=workdir / "data"))
     classpath = str(BROKER_JARS / "*")
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    subprocess.run(["java", "-cp", classpath, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)],
-                   check=True, capture_output=True, timeout=120)
+    formatted = subprocess.run(["java", "-cp", classpath, "kafka.tools.StorageTool", "format",
+                                "--cluster-id", new_cluster_id(), "-c", str(properties)],
+                               capture_output=True, text=True, timeout=120)
+    if formatted.returncode != 0:
+        raise RuntimeError(f"kafka-storage format failed ({formatted.returncode}):\n{formatted.stdout}{formatted.stderr}")
     process, log = _spawn("kafka", ["java", "-Xmx384m", "-XX:+UseSerialGC", "-cp", classpath, "kafka.Kafka", str(properties)],
                           workdir)
     broker = KafkaBroker("kafka", f"127.0.0.1:{port}", process, workdir, log)
