@@ -21,7 +21,7 @@ from airflow_savepoints.jobs.launcher import (
     start_detached,
     wait_for_commit,
 )
-from airflow_savepoints.jobs.lifecycle import JobContext, found_failed, handle_failure, status
+from airflow_savepoints.jobs.lifecycle import JobContext, handle_failure, status
 from airflow_savepoints.jobs.run import stop_process
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
@@ -62,9 +62,10 @@ def test_the_failure_is_found_with_its_reason(failed_job):
     run = read_run(Store(str(failed_job / "savepoints" / JOB)))
     failure = JobControl(Store(run.control)).failure()
     assert failure is not None and "bad record: negative id -1" in failure["error"]
-    assert "bad record" in found_failed(run)
-    stopped = run.model_copy(update={"ended": "stopped"})
-    assert found_failed(stopped) is None
+    ctx = JobContext(StreamingJob(name=JOB, application=demo.__file__, checkpoint=str(failed_job / "checkpoint")),
+                     Store(str(failed_job / "savepoints")))
+    seen = status(ctx)
+    assert seen.state == "failed" and "bad record: negative id -1" in seen.error, seen
 
 
 @pytest.mark.parametrize("policy, kept", [("RETAIN_ON_CANCELLATION", True), ("RETAIN_ON_FAILURE", True),

@@ -76,23 +76,6 @@ def status(ctx: JobContext) -> JobState:
     return Run.read(ctx).state()
 
 
-def found_failed(run: JobRun | None) -> str | None:
-    """Why a recorded run counts as failed: its query reported a failure, or its process exited
-    without a stop request (seen by the local runner, on the run's host). None while it runs,
-    once its end was handled, or when that cannot be told from here."""
-    if run is None or run.ended is not None:
-        return None
-    control = JobControl(Store(run.control)) if run.control else None
-    failure = control.failure() if control else None
-    if failure is not None:
-        return f"the query failed: {failure.get('error', 'unknown error')}"
-    if control is not None and control.stopped() is not None:
-        return None
-    if LocalRunner().status(run.target()).state == "ended":
-        return f"its process (pid {run.pid}) exited without a stop request; last log lines:\n{log_tail(run.log_file)}"
-    return None
-
-
 def _running_error(ctx: JobContext, state: JobState) -> JobRunningError:
     pid = f" as pid {state.pid}" if state.pid else ""
     return JobRunningError(
