@@ -10,7 +10,9 @@ between. A listing is one recursive ``getListing`` walk on the NameNode; HDFS ha
 so savepoints stream their files (read from the DataNodes, written back).
 
 fsspec's own ``hdfs`` filesystem (pyarrow's, which needs Hadoop's native libhdfs) is not used: without
-hdfs-native an ``hdfs://`` URL fails with ``missing_backend``.
+hdfs-native an ``hdfs://`` URL fails with ``missing_backend``. A NameNode that refuses connections fails
+in seconds (:data:`FAIL_FAST_CONF`); one whose address drops them fails within ``ipc.client.connect.timeout``
+(a TCP connect tried before hdfs-native's, which has no timeout).
 
 Tested against a real NameNode and DataNode (Hadoop 3.5.0, the version in pyspark's jars) with
 hdfs-native 0.14.7 (tests/test_hdfs.py).
@@ -22,11 +24,12 @@ import contextlib
 import ctypes
 import os
 import re
+import socket
 import weakref
 from typing import IO, Any, ClassVar
 from xml.etree import ElementTree
 
-from airflow_savepoints.errors import InvalidInputError, InvalidPathError
+from airflow_savepoints.errors import InvalidInputError, InvalidPathError, StorageUnreachableError
 from airflow_savepoints.storage.backends.base import UNREACHABLE_ERRNOS, FileStat
 from airflow_savepoints.storage.backends.generic import FsspecBackend, temporary_name
 
@@ -35,6 +38,10 @@ from airflow_savepoints.storage.backends.generic import FsspecBackend, temporary
 # options or the Hadoop configuration files set these keys
 FAIL_FAST_CONF = {"dfs.client.failover.max.attempts": "3", "dfs.client.failover.sleep.base.millis": "200",
                   "dfs.client.failover.sleep.max.millis": "1000"}
+# hdfs-native 0.14.7 connects to the NameNode without a timeout: an address that drops packets (a firewall,
+# an unroutable host) hung the first call for ever. One TCP connect with Hadoop's connect timeout comes first.
+CONNECT_TIMEOUT_KEY, CONNECT_TIMEOUT_MS = "ipc.client.connect.timeout", "20000"  # Hadoop's key and default
+_NAMENODES_REACHED: set[tuple[str, int]] = set()  # probed once per address and process
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how hdfs-native's OSError names its cause (its errno is None)
 
 # hdfs-native's client owns a tokio runtime whose threads a forked child does not inherit: freeing the
@@ -83,7 +90,8 @@ class HdfsBackend(FsspecBackend):
     @classmethod
     def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
         """hdfs-native takes its options (but the NameNode's ``host`` and ``port``) as Hadoop configuration:
-        strings; :data:`FAIL_FAST_CONF` applies where neither the options nor the Hadoop configuration set a key."""
+        strings; :data:`FAIL_FAST_CONF` applies where neither the options nor the Hadoop configuration set a key.
+        A NameNode given by host and port is probed first (:func:`_probe_namenode`)."""
         if "webhdfs" in options:
             raise InvalidInputError("the HDFS storage option 'webhdfs' is not supported: it addressed WebHDFS for "
                                     "pyarrow's HDFS client, which was removed",
@@ -92,7 +100,9 @@ class HdfsBackend(FsspecBackend):
             if key not in ("host", "port") and not isinstance(value, str):
                 raise InvalidInputError(f"the HDFS storage option {key!r} is not a string ({value!r})",
                                         "give Hadoop configuration keys with string values, e.g. {\"dfs.replication\": \"2\"}")
-        configured = _hadoop_conf_keys()
+        configured = _hadoop_conf()
+        _probe_namenode(options.get("host"), options.get("port"),
+                        options.get(CONNECT_TIMEOUT_KEY) or configured.get(CONNECT_TIMEOUT_KEY) or CONNECT_TIMEOUT_MS)
         return {**{k: v for k, v in FAIL_FAST_CONF.items() if k not in configured}, **options}
 
     def is_unreachable(self, exc: BaseException) -> bool:
@@ -205,13 +215,37 @@ def _native_stat(millis: int, size: int) -> FileStat:
     return FileStat(size=size, version=f"{millis}:{size}", modified=millis / 1000)
 
 
-def _hadoop_conf_keys() -> set[str]:
-    """The keys the Hadoop configuration files set that hdfs-native reads (core-site.xml and hdfs-site.xml
-    in ``HADOOP_CONF_DIR``, else ``$HADOOP_HOME/etc/hadoop``)."""
+def _probe_namenode(host: str | None, port: int | None, timeout_ms: str) -> None:
+    """One TCP connect to ``host:port`` within ``timeout_ms``, before hdfs-native's first: no answer at all
+    fails with ``storage_unreachable``; a refusal or an unknown host is left to hdfs-native's own error. An
+    HA nameservice or the configuration's NameNode (no port given) is not probed."""
+    if not host or not port or (host, port) in _NAMENODES_REACHED:
+        return
+    try:
+        seconds = int(timeout_ms) / 1000
+    except ValueError:
+        raise InvalidInputError(f"the HDFS option {CONNECT_TIMEOUT_KEY} is not a number of milliseconds ({timeout_ms!r})",
+                                "give it in milliseconds, e.g. \"20000\"") from None
+    try:
+        socket.create_connection((host, port), timeout=seconds).close()
+    except TimeoutError as exc:
+        raise StorageUnreachableError(
+            f"cannot reach the NameNode at hdfs://{host}:{port}: no answer to a connection within {seconds:g} s",
+            "check the NameNode's address and that no firewall drops its RPC port; a slower network sets the "
+            f"storage option or Hadoop configuration key {CONNECT_TIMEOUT_KEY} (milliseconds)") from exc
+    except OSError:
+        return
+    _NAMENODES_REACHED.add((host, port))
+
+
+def _hadoop_conf() -> dict[str, str]:
+    """What the Hadoop configuration files set that hdfs-native reads (core-site.xml and hdfs-site.xml
+    in ``HADOOP_CONF_DIR``, else ``$HADOOP_HOME/etc/hadoop``): name and value of each property."""
     folder = os.environ.get("HADOOP_CONF_DIR") or (os.environ.get("HADOOP_HOME") and os.path.join(os.environ["HADOOP_HOME"],
                                                                                                  "etc", "hadoop"))
-    keys: set[str] = set()
+    conf: dict[str, str] = {}
     for name in ("core-site.xml", "hdfs-site.xml") if folder else ():
         with contextlib.suppress(OSError, ElementTree.ParseError):
-            keys |= {(p.findtext("name") or "").strip() for p in ElementTree.parse(os.path.join(folder, name)).iter("property")}
-    return keys
+            conf |= {(p.findtext("name") or "").strip(): (p.findtext("value") or "").strip()
+                     for p in ElementTree.parse(os.path.join(folder, name)).iter("property")}
+    return conf

@@ -1,13 +1,17 @@
-"""The HDFS back end without a NameNode: its URLs, and the storage options it refuses before anything
-is reached. hdfs-native's client reaches the NameNode only when first used, so a store is made here
-without one; what needs a NameNode (renames, listings, the lease, no hdfs-native installed) is tested
-on a real one in tests/test_hdfs.py and tests/unit/storage/test_backends.py."""
+"""The HDFS back end without a NameNode: its URLs, the storage options it refuses before anything
+is reached, and a NameNode address that never answers a connection. hdfs-native's client reaches the
+NameNode only when first used (and the store's probe leaves an unknown host to it), so a store is made
+here without one; what needs a NameNode (renames, listings, the lease, no hdfs-native installed) is
+tested on a real one in tests/test_hdfs.py and tests/unit/storage/test_backends.py."""
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 
-from airflow_savepoints.errors import InvalidInputError, InvalidPathError
+from airflow_savepoints.errors import InvalidInputError, InvalidPathError, StorageUnreachableError
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.backends import backend_class
 from airflow_savepoints.storage.backends.hdfs import HdfsBackend
@@ -52,3 +56,24 @@ def test_an_hdfs_storage_option_hdfs_native_cannot_take_is_refused_naming_it(opt
     with pytest.raises(InvalidInputError, match=named) as raised:
         Store("hdfs://namenode:8020/sp", options)
     assert raised.value.code == "invalid_input" and raised.value.hint
+
+
+def test_a_namenode_address_that_drops_connections_fails_within_the_connect_timeout(tmp_path, monkeypatch):
+    """A listening socket whose backlog is full drops every new SYN, as a firewall does: hdfs-native 0.14.7
+    alone waits for ever there (no connect timeout). The store fails within ipc.client.connect.timeout,
+    from the storage options or else from the Hadoop configuration files."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):  # fills the backlog: never accepted
+            started = time.monotonic()
+            with pytest.raises(StorageUnreachableError, match=f"NameNode at hdfs://127.0.0.1:{port}") as raised:
+                Store(f"hdfs://127.0.0.1:{port}/sp", {"ipc.client.connect.timeout": "300"})
+            assert raised.value.code == "storage_unreachable" and "ipc.client.connect.timeout" in raised.value.hint
+            (tmp_path / "core-site.xml").write_text("<configuration><property><name>ipc.client.connect.timeout</name>"
+                                                    "<value>300</value></property></configuration>")
+            monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+            with pytest.raises(StorageUnreachableError, match="within 0.3 s"):
+                Store(f"hdfs://127.0.0.1:{port}/sp")
+            assert time.monotonic() - started < 5
