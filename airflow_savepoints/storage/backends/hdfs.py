@@ -89,15 +89,16 @@ class HdfsBackend(FsspecBackend):
 
     @classmethod
     def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """hdfs-native takes its options (but the NameNode's ``host`` and ``port``) as Hadoop configuration:
-        strings; :data:`FAIL_FAST_CONF` applies where neither the options nor the Hadoop configuration set a key.
+        """hdfs-native takes its options (but the NameNode's ``host`` and ``port``, and fsspec's
+        ``skip_instance_cache``) as Hadoop configuration: strings; :data:`FAIL_FAST_CONF` applies where
+        neither the options nor the Hadoop configuration set a key.
         A NameNode given by host and port is probed first (:func:`_probe_namenode`)."""
         if "webhdfs" in options:
             raise InvalidInputError("the HDFS storage option 'webhdfs' is not supported: it addressed WebHDFS for "
                                     "pyarrow's HDFS client, which was removed",
                                     "remove it: hdfs-native renames through the NameNode's RPC address, the URL's host and port")
         for key, value in options.items():
-            if key not in ("host", "port") and not isinstance(value, str):
+            if key not in ("host", "port", "skip_instance_cache") and not isinstance(value, str):  # the last: fsspec's
                 raise InvalidInputError(f"the HDFS storage option {key!r} is not a string ({value!r})",
                                         "give Hadoop configuration keys with string values, e.g. {\"dfs.replication\": \"2\"}")
         configured = _hadoop_conf()
