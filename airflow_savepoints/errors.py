@@ -76,12 +76,6 @@ class OutsideRootError(StorageError):
     code = "outside_root"
 
 
-class AtomicCreateUnavailableError(StorageError):
-    """The store can create a file only if absent through a service it has no address for (HDFS's WebHDFS)."""
-
-    code = "no_atomic_create"
-
-
 # --- the live checkpoint ---------------------------------------------------------------------------
 class CheckpointError(SavepointError):
     code = "checkpoint_error"

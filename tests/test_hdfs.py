@@ -4,7 +4,7 @@
   and again while its batches commit; the last savepoint is restored into a fresh HDFS folder and the
   query continued there: its output equals an uninterrupted run's.
 * The lease on the NameNode's clock (acquire, renew, stale, takeover, release) through hdfs-native.
-* The pyarrow fallback's atomic renames through WebHDFS (``op=RENAME``) on the same NameNode.
+* Without hdfs-native (the ``hdfs`` extra), an ``hdfs://`` URL fails with missing_backend.
 
 The back end contract (atomic write, exclusive create between racers, listings, versions, no
 server-side copy) is run on this NameNode by tests/unit/storage/test_backends.py, and the lease and
@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import socket
+import subprocess
+import sys
 import time
 
-import fsspec
 import pytest
 
 from airflow_savepoints.core.lease import Lease, store_now
@@ -104,22 +105,18 @@ def test_a_dead_namenode_fails_a_command_within_seconds_naming_it(tmp_path, monk
     assert options["dfs.client.failover.sleep.base.millis"] == FAIL_FAST_CONF["dfs.client.failover.sleep.base.millis"]
 
 
-class ThroughWebHdfs(HdfsBackend):
-    """The back end as it is with pyarrow's client: its renames through the NameNode's WebHDFS."""
-
-    native = None
-
-    def __init__(self, fs, http_port: int):
-        super().__init__(fs, "hdfs")
-        self.__dict__["webhdfs"] = fsspec.filesystem("webhdfs", host="127.0.0.1", port=http_port, skip_instance_cache=True)
+NO_HDFS_NATIVE_CLI = ("import sys; sys.modules['hdfs_native'] = None  # importing hdfs-native here fails\n"
+                      "from airflow_savepoints.cli.main import main; main()")
 
 
-def test_the_pyarrow_fallbacks_webhdfs_renames_refuse_a_taken_name_and_replace_in_one_operation(hdfs_namenode, hdfs_root):
+def test_without_hdfs_native_an_hdfs_url_fails_naming_the_extra_and_changes_nothing(hdfs_root):
+    """fsspec's own ``hdfs`` filesystem (pyarrow's) is not a fallback: a command that would write the
+    catalog fails with missing_backend naming the ``hdfs`` extra, and the NameNode's tree is as it was."""
     store = Store(hdfs_root)
-    backend, root = ThroughWebHdfs(store.fs, hdfs_namenode.http_port), store.root
-    assert backend.create_exclusive(f"{root}/job/_lease.json", b"first")
-    assert not backend.create_exclusive(f"{root}/job/_lease.json", b"second")  # renameoptions=NONE: refused
-    backend.write_atomic(f"{root}/job/_catalog.json", b"old")
-    backend.write_atomic(f"{root}/job/_catalog.json", b"new")  # renameoptions=OVERWRITE
-    assert store.read_bytes("job/_lease.json") == b"first" and store.read_bytes("job/_catalog.json") == b"new"
-    assert sorted(store.list_files()) == ["job/_catalog.json", "job/_lease.json"]  # no temporary file left
+    store.write_bytes_atomic("orders/sp-1/_metadata", b"{}")
+    out = subprocess.run([sys.executable, "-c", NO_HDFS_NATIVE_CLI, "catalog", "--job", "orders", "--rebuild",
+                          "--dir", hdfs_root, "--conn-id", "", "--json"], capture_output=True, text=True, timeout=120)
+    error = json.loads(out.stdout)["error"]
+    assert out.returncode != 0 and error["code"] == "missing_backend", out.stdout + out.stderr
+    assert "pip install 'airflow-savepoints[hdfs]'" in error["hint"] and "hdfs-native" in error["hint"], error
+    assert list(store.list_files()) == ["orders/sp-1/_metadata"]

@@ -24,9 +24,9 @@ import pytest
 
 from airflow_savepoints.core import SavepointInfo, take_savepoint
 from airflow_savepoints.errors import (
-    AtomicCreateUnavailableError,
     CredentialsError,
     InvalidJobNameError,
+    MissingBackendError,
     NoSavepointDirError,
     SavepointError,
     SavepointInFlightError,
@@ -53,7 +53,7 @@ def test_error_statuses_and_scrubbing():
     assert http_status(NoSavepointDirError("x")) == 503 and http_status(ConfigurationError("x")) == 503
     assert http_status(SavepointInFlightError("x")) == 409
     assert http_status(CredentialsError("x")) == 502 and http_status(StorageError("x")) == 502
-    assert http_status(AtomicCreateUnavailableError("x")) == 503  # HDFS without a WebHDFS address: configuration
+    assert http_status(MissingBackendError("x")) == 503  # e.g. HDFS without hdfs-native: configuration
     assert http_status(SavepointError("x")) == 500
     scrub = Scrubber({"secret": SECRET, "key": ACCESS_KEY, "endpoint_url": "http://minio:9000"})
     out = scrub({"pointer": f"s3://user:pw@bucket/{SECRET}", "list": [ACCESS_KEY, "http://minio:9000"]})

@@ -38,7 +38,6 @@ from airflow_savepoints.core.pointer import SAVEPOINT_NAME, list_jobs, list_save
 from airflow_savepoints.core.redaction import redact_conf
 from airflow_savepoints.core.settings import DEFAULTS
 from airflow_savepoints.errors import (
-    AtomicCreateUnavailableError,
     ConfigurationError,
     CredentialsError,
     IncompleteSavepointError,
@@ -82,7 +81,7 @@ def http_status(exc: SavepointError) -> int:
         ((SavepointNotFoundError, IncompleteSavepointError), 404),
         (SavepointInFlightError, 409),  # the job's catalog stayed locked
         (StoreTimeoutError, 504),  # the store did not answer in time
-        ((MissingBackendError, UnknownSchemeError, AtomicCreateUnavailableError), 503),
+        ((MissingBackendError, UnknownSchemeError), 503),
         ((CredentialsError, StoragePermissionError, StorageError), 502),  # the store refused or failed
     ]
     for classes, status in table:

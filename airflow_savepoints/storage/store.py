@@ -84,10 +84,11 @@ def _absolute_local(path: str, original: str) -> str:
 
 
 def _make_filesystem(protocol: str, storage_options: dict[str, Any] | None):
+    kind = backend_class(protocol)
     try:
-        cls = fsspec.get_filesystem_class(protocol)
+        cls = kind.filesystem_class(protocol)
     except ImportError as exc:
-        hint = known_implementations.get(protocol, {}).get("err") or str(exc)
+        hint = str(exc)  # fsspec's: the "err" of its known_implementations entry
         extra = EXTRA_OF_PROTOCOL.get(protocol)
         if extra:
             hint = f"pip install 'airflow-savepoints[{extra}]' ({hint})"
@@ -98,7 +99,7 @@ def _make_filesystem(protocol: str, storage_options: dict[str, Any] | None):
         raise UnknownSchemeError(f"unknown URL scheme '{protocol}'", str(exc)) from exc
     options = dict(storage_options or {})
     fsspec.config.apply_config(cls, options)  # fsspec's own configuration (files and FSSPEC_* variables)
-    return cls(**backend_class(protocol).filesystem_options(options))
+    return cls(**kind.filesystem_options(options))
 
 
 class Store:

@@ -3,11 +3,11 @@
 ``make jars`` fetches ``hadoop-hdfs``, ``hadoop-hdfs-client`` and ``hadoop-common`` at the Hadoop
 version inside pyspark's jars (3.5.0) with Maven into ``.tools/jars/hdfs`` (tests/support/jars/hdfs.xml).
 The session fixture ``hdfs_namenode`` writes a core-site.xml and an hdfs-site.xml (RPC and HTTP
-(WebHDFS) on free ports, replication 1, permissions off) into a fresh folder, formats the NameNode
-there, runs ``NameNode`` and ``DataNode`` as two JVMs and waits until the NameNode counts one live
-DataNode and has left safe mode; both are stopped after the session. The jars carry no web UI
-resources: empty ``webapps/<name>`` folders on the classpath are enough for their HTTP servers
-(WebHDFS is served without them).
+(whose JMX tells when the NameNode is ready) on free ports, replication 1, permissions off) into a
+fresh folder, formats the NameNode there, runs ``NameNode`` and ``DataNode`` as two JVMs and waits
+until the NameNode counts one live DataNode and has left safe mode; both are stopped after the
+session. The jars carry no web UI resources: empty ``webapps/<name>`` folders on the classpath are
+enough for their HTTP servers.
 
 Tests reach it with hdfs-native (the ``hdfs`` extra): ``hdfs://127.0.0.1:PORT/...``, as the store does;
 Spark reaches it through its own Hadoop client. Without java, the jars or hdfs-native, the tests are

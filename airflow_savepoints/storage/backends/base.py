@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, ClassVar, NoReturn
 
+import fsspec
+
 # How a file can reach a store, cheapest first (``Backend.copy_methods``); the copier names them too.
 LINK, SERVER_COPY, STREAM = "link", "server_copy", "stream"
 
@@ -73,6 +75,12 @@ class Backend:
 
     def __init__(self, fs: Any, protocol: str):
         self.fs, self.protocol = fs, protocol
+
+    @classmethod
+    def filesystem_class(cls, protocol: str) -> type:
+        """The fsspec filesystem class the store is made with: fsspec's for ``protocol`` (an ImportError
+        names what to install)."""
+        return fsspec.get_filesystem_class(protocol)
 
     @classmethod
     def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""HDFS (``hdfs://``) through hdfs-native's fsspec filesystem (the ``hdfs`` extra), or pyarrow's.
+"""HDFS (``hdfs://``) through hdfs-native's fsspec filesystem (the ``hdfs`` extra): the one HDFS client supported.
 
 hdfs-native speaks the NameNode's RPC protocol itself (Rust: no JVM, no libhdfs). An exclusive create
 (the lease, the catalog) writes the file complete under a temporary name and renames it with the
@@ -9,38 +9,39 @@ a renewed lease) is the same rename with ``OVERWRITE``: replaced in one operatio
 between. A listing is one recursive ``getListing`` walk on the NameNode; HDFS has no server-side copy,
 so savepoints stream their files (read from the DataNodes, written back).
 
-Where only pyarrow's client is installed (it needs Hadoop's native libhdfs), the data goes through
-it and the two renames through WebHDFS (``op=RENAME&renameoptions=NONE|OVERWRITE``): the storage
-option ``webhdfs`` (the keyword arguments of fsspec's ``WebHDFS``: ``host``, ``port``, ``use_https``,
-``kerberos``, ...), else the ``host`` option with port 9870, Hadoop 3's default NameNode HTTP port.
+fsspec's own ``hdfs`` filesystem (pyarrow's, which needs Hadoop's native libhdfs) is not used: without
+hdfs-native an ``hdfs://`` URL fails with ``missing_backend``. A NameNode that refuses connections fails
+in seconds (:data:`FAIL_FAST_CONF`); one whose address drops them fails within ``ipc.client.connect.timeout``
+(a TCP connect tried before hdfs-native's, which has no timeout).
 
 Tested against a real NameNode and DataNode (Hadoop 3.5.0, the version in pyspark's jars) with
-hdfs-native 0.14 (tests/test_hdfs.py); pyarrow's client is not (no libhdfs here: docs/reliability.md).
+hdfs-native 0.14.7 (tests/test_hdfs.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import os
 import re
+import socket
 import weakref
 from typing import IO, Any, ClassVar
 from xml.etree import ElementTree
 
-import fsspec
-
-from airflow_savepoints.errors import AtomicCreateUnavailableError, InvalidPathError
+from airflow_savepoints.errors import InvalidInputError, InvalidPathError, StorageUnreachableError
 from airflow_savepoints.storage.backends.base import UNREACHABLE_ERRNOS, FileStat
 from airflow_savepoints.storage.backends.generic import FsspecBackend, temporary_name
 
-WEBHDFS_PORT = 9870  # dfs.namenode.http-address's default port since Hadoop 3
 # hdfs-native retries a NameNode that refuses connections as Hadoop's client does (15 attempts, sleeps
 # from 0.5 s doubling to 15 s: minutes): a dead NameNode fails within ~2 s instead, unless the storage
 # options or the Hadoop configuration files set these keys
 FAIL_FAST_CONF = {"dfs.client.failover.max.attempts": "3", "dfs.client.failover.sleep.base.millis": "200",
                   "dfs.client.failover.sleep.max.millis": "1000"}
+# hdfs-native 0.14.7 connects to the NameNode without a timeout: an address that drops packets (a firewall,
+# an unroutable host) hung the first call for ever. One TCP connect with Hadoop's connect timeout comes first.
+CONNECT_TIMEOUT_KEY, CONNECT_TIMEOUT_MS = "ipc.client.connect.timeout", "20000"  # Hadoop's key and default
+_NAMENODES_REACHED: set[tuple[str, int]] = set()  # probed once per address and process
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how hdfs-native's OSError names its cause (its errno is None)
 
 # hdfs-native's client owns a tokio runtime whose threads a forked child does not inherit: freeing the
@@ -66,12 +67,11 @@ os.register_at_fork(before=_hold_before_fork, after_in_parent=_release_after_for
 
 
 class HdfsBackend(FsspecBackend):
-    """HDFS: hdfs-native's client (data, listings, the atomic renames); else pyarrow's, with WebHDFS for the renames."""
+    """HDFS through hdfs-native's client: data, listings, and the NameNode's atomic renames."""
 
     credentials_hint: ClassVar[str] = "run kinit (Kerberos), or check the user the NameNode sees and its permissions"
     error_hint: ClassVar[str] = ("check the NameNode in the URL (hdfs://namenode:8020/path) or the Hadoop configuration "
-                                 "(HADOOP_CONF_DIR), and that the NameNode and DataNodes are up; pyarrow's client "
-                                 "(without hdfs-native) needs JAVA_HOME, HADOOP_HOME and CLASSPATH (hadoop classpath --glob)")
+                                 "(HADOOP_CONF_DIR), and that the NameNode and DataNodes are up")
 
     def __init__(self, fs: Any, protocol: str):
         super().__init__(fs, protocol)
@@ -79,14 +79,32 @@ class HdfsBackend(FsspecBackend):
             _NATIVE_FILESYSTEMS.add(fs)
 
     @classmethod
+    def filesystem_class(cls, protocol: str) -> type:
+        """hdfs-native's filesystem (fsspec's own default for ``hdfs://`` is pyarrow's, which is not supported)."""
+        try:
+            from hdfs_native.fsspec import HdfsFileSystem
+        except ImportError as exc:
+            raise ImportError("hdfs-native, the HDFS client, is not installed") from exc
+        return HdfsFileSystem
+
+    @classmethod
     def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """hdfs-native takes its options as Hadoop configuration (strings): the WebHDFS address is pyarrow's
-        only, and :data:`FAIL_FAST_CONF` applies where neither the options nor the Hadoop configuration set a key."""
-        if _native_class():
-            configured = _hadoop_conf_keys()
-            defaults = {k: v for k, v in FAIL_FAST_CONF.items() if k not in configured}
-            return {**defaults, **{k: v for k, v in options.items() if k != "webhdfs"}}
-        return options
+        """hdfs-native takes its options (but the NameNode's ``host`` and ``port``, and fsspec's
+        ``skip_instance_cache``) as Hadoop configuration: strings; :data:`FAIL_FAST_CONF` applies where
+        neither the options nor the Hadoop configuration set a key.
+        A NameNode given by host and port is probed first (:func:`_probe_namenode`)."""
+        if "webhdfs" in options:
+            raise InvalidInputError("the HDFS storage option 'webhdfs' is not supported: it addressed WebHDFS for "
+                                    "pyarrow's HDFS client, which was removed",
+                                    "remove it: hdfs-native renames through the NameNode's RPC address, the URL's host and port")
+        for key, value in options.items():
+            if key not in ("host", "port", "skip_instance_cache") and not isinstance(value, str):  # the last: fsspec's
+                raise InvalidInputError(f"the HDFS storage option {key!r} is not a string ({value!r})",
+                                        "give Hadoop configuration keys with string values, e.g. {\"dfs.replication\": \"2\"}")
+        configured = _hadoop_conf()
+        _probe_namenode(options.get("host"), options.get("port"),
+                        options.get(CONNECT_TIMEOUT_KEY) or configured.get(CONNECT_TIMEOUT_KEY) or CONNECT_TIMEOUT_MS)
+        return {**{k: v for k, v in FAIL_FAST_CONF.items() if k not in configured}, **options}
 
     def is_unreachable(self, exc: BaseException) -> bool:
         """Also hdfs-native's OSError, whose errno is None: ``Connection refused (os error 111)``."""
@@ -115,19 +133,14 @@ class HdfsBackend(FsspecBackend):
         authority = "" if not host or host == "default" else f"{host}:{port}" if port else host
         return f"{scheme}://{authority}{path}"
 
-    @property
-    def native(self) -> Any:
-        """hdfs-native's client of the filesystem (None for pyarrow's)."""
-        return getattr(self.fs, "client", None) if type(self.fs).__module__.startswith("hdfs_native") else None
-
     def exists(self, path: str) -> bool:
-        return self._kind(path) is not None if self.native is not None else super().exists(path)
+        return self._kind(path) is not None
 
     def isdir(self, path: str) -> bool:
-        return self._kind(path) == "directory" if self.native is not None else super().isdir(path)
+        return self._kind(path) == "directory"
 
     def isfile(self, path: str) -> bool:
-        return self._kind(path) == "file" if self.native is not None else super().isfile(path)
+        return self._kind(path) == "file"
 
     def _kind(self, path: str) -> str | None:
         """``file``, ``directory``, or None when nothing is there; any other error (an unreachable NameNode)
@@ -139,19 +152,14 @@ class HdfsBackend(FsspecBackend):
 
     def file_stat(self, info: dict[str, Any]) -> FileStat:
         """hdfs-native's entries: ``modification_time`` in milliseconds (with the size, the version token)."""
-        if "modification_time" not in info:
-            return super().file_stat(info)
         return _native_stat(int(info["modification_time"]), int(info.get("size") or 0))
 
     def list_files(self, base: str) -> dict[str, FileStat]:
-        """One recursive listing on the NameNode (hdfs-native); pyarrow's: fsspec's walk."""
-        client = self.native
-        if client is None:
-            return super().list_files(base)
+        """One recursive listing on the NameNode."""
         prefix = self.strip(base).rstrip("/") + "/"
         try:
             return {status.path[len(prefix):]: _native_stat(status.modification_time, status.length)
-                    for status in client.list_status(prefix.rstrip("/") or "/", True)
+                    for status in self.fs.client.list_status(prefix.rstrip("/") or "/", True)
                     if not status.isdir and status.path.startswith(prefix)}
         except FileNotFoundError:
             return {}
@@ -159,52 +167,19 @@ class HdfsBackend(FsspecBackend):
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         """hdfs-native's reader reads the sizes asked for (with ``block_size`` it wraps itself in an
         ``io.BufferedReader``, which its reader cannot serve)."""
-        if self.native is None:
-            return super().open_read(path, block_size)
         return self.fs.open(path, "rb"), None
 
     def open_write(self, path: str) -> IO[bytes]:
         """A writer of ``path`` with the cluster's block size (hdfs-native takes ``block_size`` as the HDFS block's)."""
-        return self.fs.open(path, "wb") if self.native is not None else super().open_write(path)
-
-    @functools.cached_property
-    def webhdfs(self) -> Any:
-        """The NameNode's WebHDFS client (fsspec's, which brings its Kerberos and proxy settings)."""
-        options = dict(getattr(self.fs, "storage_options", {}) or {})
-        client = dict(options.get("webhdfs") or {})
-        if "host" not in client:
-            host = options.get("host")
-            if not host or host == "default":
-                raise AtomicCreateUnavailableError(
-                    "HDFS has no atomic create-if-absent through pyarrow, and no WebHDFS address is set",
-                    "install hdfs-native (pip install 'airflow-savepoints[hdfs]'), or set the storage option "
-                    "webhdfs={'host': '<namenode>', 'port': 9870} (or the 'host' option): the lease and the catalog "
-                    "are created with the NameNode's rename that refuses an existing file")
-            client.update(host=host, port=client.get("port", WEBHDFS_PORT))
-        if "user" not in client and options.get("user"):
-            client["user"] = options["user"]
-        return fsspec.filesystem("webhdfs", **client)
+        return self.fs.open(path, "wb")
 
     def _rename(self, tmp: str, path: str, overwrite: bool) -> None:
-        """The NameNode's ``rename2(tmp, path, OVERWRITE or NONE)``; raises on a refusal (hdfs-native:
-        ``FileExistsError``). Through WebHDFS, ``_call`` makes the request every public method of
-        fsspec's WebHDFS makes."""
-        client = self.native
-        if client is not None:
-            client.rename(tmp, path, overwrite)
-        else:
-            self.webhdfs._call("RENAME", method="put", path=tmp, destination="/" + path.lstrip("/"),
-                               renameoptions="OVERWRITE" if overwrite else "NONE")
-
-    def _renamer(self) -> None:
-        """Fail before anything is written when the rename cannot be made (pyarrow without a WebHDFS address)."""
-        if self.native is None:
-            self.webhdfs  # noqa: B018 (raises AtomicCreateUnavailableError)
+        """The NameNode's ``rename2(tmp, path, OVERWRITE or NONE)``; a refusal raises ``FileExistsError``."""
+        self.fs.client.rename(tmp, path, overwrite)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Written whole under a temporary name, then renamed over ``path`` in one NameNode operation
-        (pyarrow's ``move`` deletes the target first: a reader could find no file in between)."""
-        self._renamer()
+        (never missing in between, as it would be after a delete and a move)."""
         tmp = temporary_name(path)
         self.fs.pipe_file(tmp, data)
         try:
@@ -215,13 +190,12 @@ class HdfsBackend(FsspecBackend):
             raise
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
-        self._renamer()
         tmp = temporary_name(path)
         self.fs.pipe_file(tmp, data)
         try:
             self._rename(tmp, path, False)
             return True
-        except FileExistsError:  # the NameNode's refusal (hdfs-native): taken, even if released since
+        except FileExistsError:  # the NameNode's refusal: taken, even if released since
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(tmp)
             return False
@@ -242,21 +216,37 @@ def _native_stat(millis: int, size: int) -> FileStat:
     return FileStat(size=size, version=f"{millis}:{size}", modified=millis / 1000)
 
 
-def _hadoop_conf_keys() -> set[str]:
-    """The keys the Hadoop configuration files set that hdfs-native reads (core-site.xml and hdfs-site.xml
-    in ``HADOOP_CONF_DIR``, else ``$HADOOP_HOME/etc/hadoop``)."""
+def _probe_namenode(host: str | None, port: int | None, timeout_ms: str) -> None:
+    """One TCP connect to ``host:port`` within ``timeout_ms``, before hdfs-native's first: no answer at all
+    fails with ``storage_unreachable``; a refusal or an unknown host is left to hdfs-native's own error. An
+    HA nameservice or the configuration's NameNode (no port given) is not probed."""
+    if not host or not port or (host, port) in _NAMENODES_REACHED:
+        return
+    try:
+        seconds = int(timeout_ms) / 1000
+    except ValueError:
+        raise InvalidInputError(f"the HDFS option {CONNECT_TIMEOUT_KEY} is not a number of milliseconds ({timeout_ms!r})",
+                                "give it in milliseconds, e.g. \"20000\"") from None
+    try:
+        socket.create_connection((host, port), timeout=seconds).close()
+    except TimeoutError as exc:
+        raise StorageUnreachableError(
+            f"cannot reach the NameNode at hdfs://{host}:{port}: no answer to a connection within {seconds:g} s",
+            "check the NameNode's address and that no firewall drops its RPC port; a slower network sets the "
+            f"storage option or Hadoop configuration key {CONNECT_TIMEOUT_KEY} (milliseconds)") from exc
+    except OSError:
+        return
+    _NAMENODES_REACHED.add((host, port))
+
+
+def _hadoop_conf() -> dict[str, str]:
+    """What the Hadoop configuration files set that hdfs-native reads (core-site.xml and hdfs-site.xml
+    in ``HADOOP_CONF_DIR``, else ``$HADOOP_HOME/etc/hadoop``): name and value of each property."""
     folder = os.environ.get("HADOOP_CONF_DIR") or (os.environ.get("HADOOP_HOME") and os.path.join(os.environ["HADOOP_HOME"],
                                                                                                  "etc", "hadoop"))
-    keys: set[str] = set()
+    conf: dict[str, str] = {}
     for name in ("core-site.xml", "hdfs-site.xml") if folder else ():
         with contextlib.suppress(OSError, ElementTree.ParseError):
-            keys |= {(p.findtext("name") or "").strip() for p in ElementTree.parse(os.path.join(folder, name)).iter("property")}
-    return keys
-
-
-def _native_class() -> bool:
-    """Whether fsspec serves ``hdfs://`` with hdfs-native (it registers itself through its entry point)."""
-    try:
-        return fsspec.get_filesystem_class("hdfs").__module__.startswith("hdfs_native")
-    except (ImportError, ValueError):
-        return False
+            conf |= {(p.findtext("name") or "").strip(): (p.findtext("value") or "").strip()
+                     for p in ElementTree.parse(os.path.join(folder, name)).iter("property")}
+    return conf

@@ -1,95 +1,26 @@
-"""The HDFS back end without a NameNode: its URLs, and the pyarrow fallback's exclusive create and
-atomic write (WebHDFS renames) where they fail. fsspec's memory store stands in for pyarrow's HDFS
-client (which needs libhdfs), and fsspec's real WebHDFS client is pointed at 127.0.0.1. What needs a
-NameNode (a rename refused because the name is taken, one that replaces, through hdfs-native and
-through WebHDFS) is tested on a real one in tests/test_hdfs.py and tests/unit/storage/test_backends.py."""
+"""The HDFS back end without a NameNode: its URLs, the storage options it refuses before anything
+is reached, and a NameNode address that never answers a connection. hdfs-native's client reaches the
+NameNode only when first used (and the store's probe leaves an unknown host to it), so a store is made
+here without one; what needs a NameNode (renames, listings, the lease, no hdfs-native installed) is
+tested on a real one in tests/test_hdfs.py and tests/unit/storage/test_backends.py."""
 
 from __future__ import annotations
 
 import socket
-import uuid
-from collections.abc import Iterator
-from contextlib import suppress
+import time
 
-import fsspec
-import fsspec.implementations.memory
 import pytest
-import requests
-from fsspec.registry import _registry
 
-from airflow_savepoints.errors import AtomicCreateUnavailableError, InvalidPathError, StorageError
+from airflow_savepoints.errors import InvalidInputError, InvalidPathError, StorageUnreachableError
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.backends import backend_class
 from airflow_savepoints.storage.backends.hdfs import HdfsBackend
 
-
-@pytest.fixture
-def root() -> Iterator[str]:
-    """A folder of its own in fsspec's memory store (one store for the whole process), removed after."""
-    folder = f"/hdfs-unit-{uuid.uuid4().hex}"
-    yield folder
-    with suppress(FileNotFoundError):
-        fsspec.filesystem("memory").rm(folder, recursive=True)
-
-
-def data_filesystem(**options):
-    """An in-memory filesystem carrying ``options`` as pyarrow's would carry its own."""
-    return fsspec.filesystem("memory", skip_instance_cache=True, **options)
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytest.importorskip("hdfs_native")
 
 
 def test_hdfs_urls_get_the_hdfs_back_end():
     assert backend_class("hdfs") is HdfsBackend
-
-
-def test_without_a_webhdfs_address_an_exclusive_create_is_refused_and_leaves_nothing(root):
-    fs = data_filesystem(host="default")  # the NameNode from the Hadoop configuration: no HTTP address known
-    backend = HdfsBackend(fs, "hdfs")
-    with pytest.raises(AtomicCreateUnavailableError, match="webhdfs=") as raised:
-        backend.create_exclusive(f"{root}/job/_inflight.json", b"lease")
-    assert raised.value.code == "no_atomic_create" and "9870" in raised.value.hint
-    assert not fs.find(root)
-
-
-def test_the_webhdfs_address_comes_from_its_option_else_the_namenode_host():
-    derived = HdfsBackend(data_filesystem(host="nn1", user="etl"), "hdfs").webhdfs
-    assert (derived.url, derived.user) == ("http://nn1:9870/webhdfs/v1", "etl")
-    given = HdfsBackend(data_filesystem(host="nn1", webhdfs={"host": "nn2", "port": 50070, "use_https": True}),
-                        "hdfs").webhdfs
-    assert given.url == "https://nn2:50070/webhdfs/v1"
-
-
-def test_an_unreachable_namenode_fails_the_create_and_leaves_no_temporary_file(root):
-    fs = data_filesystem(host="127.0.0.1", webhdfs={"host": "127.0.0.1", "port": closed_port()})
-    backend = HdfsBackend(fs, "hdfs")
-    with pytest.raises(requests.ConnectionError):
-        backend.create_exclusive(f"{root}/job/_inflight.json", b"lease")
-    assert not fs.find(root)
-    fs.pipe_file(f"{root}/job/_inflight.json", b"theirs")  # taken: refused whatever the rename said
-    assert backend.create_exclusive(f"{root}/job/_inflight.json", b"ours") is False
-    assert fs.find(root) == [f"{root}/job/_inflight.json"] and fs.cat_file(f"{root}/job/_inflight.json") == b"theirs"
-
-
-def test_an_hdfs_store_fails_with_a_clear_error_where_pyarrow_finds_no_hadoop(monkeypatch):
-    from fsspec.implementations.arrow import HadoopFileSystem
-
-    monkeypatch.setitem(_registry, "hdfs", HadoopFileSystem)  # pyarrow's client, as without hdfs-native
-    with pytest.raises(StorageError) as raised:
-        Store("hdfs:///sp", {"host": "127.0.0.1", "port": closed_port()}).list_files()
-    assert raised.value.code == "storage_error" and "HADOOP_CONF_DIR" in raised.value.hint
-
-
-def test_an_atomic_write_the_namenode_cannot_rename_keeps_the_old_file_and_no_temporary_one(root):
-    fs = data_filesystem(host="127.0.0.1", webhdfs={"host": "127.0.0.1", "port": closed_port()})
-    fs.pipe_file(f"{root}/job/_catalog.json", b"old")
-    with pytest.raises(requests.ConnectionError):
-        HdfsBackend(fs, "hdfs").write_atomic(f"{root}/job/_catalog.json", b"new")
-    assert fs.find(root) == [f"{root}/job/_catalog.json"] and fs.cat_file(f"{root}/job/_catalog.json") == b"old"
 
 
 @pytest.mark.parametrize(("after_scheme", "path", "options"), [
@@ -106,25 +37,43 @@ def test_an_hdfs_url_with_a_bad_port_is_refused():
         Store("hdfs://namenode:80x/sp")
 
 
-class StandIn(fsspec.implementations.memory.MemoryFileSystem):
-    """fsspec's memory store registered as ``hdfs`` for one test (pyarrow's client needs a Hadoop)."""
-
-    protocol = "hdfs"
-
-
-@pytest.fixture
-def hdfs_stand_in(monkeypatch) -> None:
-    monkeypatch.setitem(_registry, "hdfs", StandIn)  # undone after the test
-
-
-def test_a_store_at_an_hdfs_url_reaches_its_namenode_and_names_it_in_its_urls(hdfs_stand_in, root):
-    store = Store(f"hdfs://namenode:8020{root}", {"user": "etl"})
-    assert (store.root, store.fs.storage_options) == (root, {"host": "namenode", "port": 8020, "user": "etl"})
-    assert store.child("job").url_of("_catalog.json") == f"hdfs://namenode:8020{root}/job/_catalog.json"
-    store.fs.pipe_file(f"{root}/job/x", b"data")
-    assert store.child("job").read_bytes("x") == b"data"  # the path on the NameNode, not "namenode:8020/..."
-    explicit = Store(f"hdfs://namenode:8020{root}", {"host": "other", "port": 9000})  # given options win
-    assert explicit.fs.storage_options == {"host": "other", "port": 9000} and explicit.url == f"hdfs://other:9000{root}"
-    assert Store(f"hdfs://{root}").url == f"hdfs://{root}"  # hdfs:///sp stays as written
-    assert Store.location_of(f"hdfs://namenode:8020{root}") == ("hdfs", root)  # how the console matches jobs
+def test_a_store_at_an_hdfs_url_names_its_namenode_in_its_options_and_urls():
+    store = Store("hdfs://namenode:8020/sp", {"user": "etl"})
+    assert type(store.fs).__module__ == "hdfs_native.fsspec" and store.root == "/sp"
+    assert {k: store.fs.storage_options[k] for k in ("host", "port", "user")} == {"host": "namenode", "port": 8020, "user": "etl"}
+    assert store.child("job").url_of("_catalog.json") == "hdfs://namenode:8020/sp/job/_catalog.json"
+    explicit = Store("hdfs://namenode:8020/sp", {"host": "other", "port": 9000})  # given options win
+    assert (explicit.fs.host, explicit.fs.port, explicit.url) == ("other", 9000, "hdfs://other:9000/sp")
+    assert Store.location_of("hdfs://namenode:8020/sp") == ("hdfs", "/sp")  # how the console matches jobs
     assert Store.location_of("s3a://bucket/sp") == ("s3", "bucket/sp")
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"webhdfs": {"host": "namenode", "port": 9870}}, "'webhdfs' is not supported"),  # pyarrow's WebHDFS address (removed)
+    ({"dfs.replication": 2}, "'dfs.replication' is not a string"),  # hdfs-native takes Hadoop configuration: strings
+])
+def test_an_hdfs_storage_option_hdfs_native_cannot_take_is_refused_naming_it(options, named):
+    with pytest.raises(InvalidInputError, match=named) as raised:
+        Store("hdfs://namenode:8020/sp", options)
+    assert raised.value.code == "invalid_input" and raised.value.hint
+
+
+def test_a_namenode_address_that_drops_connections_fails_within_the_connect_timeout(tmp_path, monkeypatch):
+    """A listening socket whose backlog is full drops every new SYN, as a firewall does: hdfs-native 0.14.7
+    alone waits for ever there (no connect timeout). The store fails within ipc.client.connect.timeout,
+    from the storage options or else from the Hadoop configuration files."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):  # fills the backlog: never accepted
+            started = time.monotonic()
+            with pytest.raises(StorageUnreachableError, match=f"NameNode at hdfs://127.0.0.1:{port}") as raised:
+                Store(f"hdfs://127.0.0.1:{port}/sp", {"ipc.client.connect.timeout": "300"})
+            assert raised.value.code == "storage_unreachable" and "ipc.client.connect.timeout" in raised.value.hint
+            (tmp_path / "core-site.xml").write_text("<configuration><property><name>ipc.client.connect.timeout</name>"
+                                                    "<value>300</value></property></configuration>")
+            monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+            with pytest.raises(StorageUnreachableError, match="within 0.3 s"):
+                Store(f"hdfs://127.0.0.1:{port}/sp")
+            assert time.monotonic() - started < 5
