@@ -3,6 +3,8 @@ Airflow 3.3 with the CeleryExecutor on Postgres and Redis, Celery workers each o
 own (PID and UTS namespaces: worker-a, worker-b, later worker-c with its clock 5 minutes ahead), a
 Spark standalone cluster; checkpoints on a folder every host shares, savepoints on the S3 server
 and on that folder; one job reads a topic of the session's Kafka broker (tests/support/kafka.py).
+No worker can import pyspark (the first test checks it): every operator runs without it, and a
+restart rescales the events job's state through the job's own Spark application on the cluster.
 One test bed serves every test of this module (in order: the scenarios build on each other) and is
 torn down even when a test fails. Every scenario asserts through storage
 and Airflow's REST API."""
