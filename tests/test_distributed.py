@@ -3,6 +3,8 @@ Airflow 3.3 with the CeleryExecutor on Postgres and Redis, Celery workers each o
 own (PID and UTS namespaces: worker-a, worker-b, later worker-c with its clock 5 minutes ahead), a
 Spark standalone cluster; checkpoints on a folder every host shares, savepoints on the S3 server
 and on that folder; one job reads a topic of the session's Kafka broker (tests/support/kafka.py).
+No worker can import pyspark (the first test checks it): every operator runs without it, and a
+restart rescales the events job's state through the job's own Spark application on the cluster.
 One test bed serves every test of this module (in order: the scenarios build on each other) and is
 torn down even when a test fails. Every scenario asserts through storage
 and Airflow's REST API."""
@@ -20,6 +22,7 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.support.distributed import Testbed, distributed_testbed, missing_parts
+from tests.support.spark_shapes import ROCKS_CHANGELOG
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -29,6 +32,8 @@ SPARK_CONF = {  # two jobs share the 2 cores of the Spark worker; executors call
     "spark.driver.memory": "512m", "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
     "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false", "spark.pyspark.python": sys.executable,
 }
+# the events job keeps its state in RocksDB (changelog checkpointing), which Spark can rescale
+EVENTS_CONF = {**SPARK_CONF, **ROCKS_CHANGELOG}
 BUCKET = "testbed"
 KAFKA_PARTITIONS = 3
 
@@ -67,6 +72,9 @@ def test_tasks_run_on_the_worker_their_queue_names(bed):
         assert answer["hostname"] == worker, answer["hostname"]
         assert tis[task_id]["hostname"] == worker and tis[task_id]["queue"] == worker, tis[task_id]
         seen[worker] = answer["processes"]
+        # a host without pyspark: the task cannot import it, a process it executes (spark-submit, the CLI) can
+        assert answer["pyspark"].startswith("ModuleNotFoundError"), answer["pyspark"]
+        assert answer["pyspark_in_subprocess"].startswith("4."), answer["pyspark_in_subprocess"]
         # pid 1 of the task's "host" is its own Celery worker
         assert f"--queues {worker}" in seen[worker]["1"], seen[worker]["1"]
     # neither worker sees the other's processes, nor the Airflow and Spark processes of the real host
@@ -98,15 +106,15 @@ class Story:
         self.jobs: list[dict[str, Any]] = []
         # both on the standalone cluster, in client mode: the driver lives in the namespace of the
         # worker that started it, executors on the Spark worker
-        for name, app, savepoints in (
-                ("events", ROOT / "airflow_savepoints" / "demo" / "app.py", f"s3://{BUCKET}/savepoints"),
-                ("plain", ROOT / "tests" / "support" / "plain_stream_app.py", str(self.shared / "savepoints"))):
+        for name, app, savepoints, conf in (
+                ("events", ROOT / "airflow_savepoints" / "demo" / "app.py", f"s3://{BUCKET}/savepoints", EVENTS_CONF),
+                ("plain", ROOT / "tests" / "support" / "plain_stream_app.py", str(self.shared / "savepoints"), SPARK_CONF)):
             folder = self.shared / name
             self.savepoint_dirs[name] = savepoints
             self.jobs.append({
                 "name": name, "application": str(app),
                 "application_args": [str(folder / "input"), "{checkpoint}", str(folder / "output")],
-                "master": bed.spark.master_url, "master_ui": bed.spark.web_url, "spark_conf": SPARK_CONF,
+                "master": bed.spark.master_url, "master_ui": bed.spark.web_url, "spark_conf": conf,
                 "checkpoint": str(folder / "checkpoint"), "checkpoint_retention": "RETAIN_ON_CANCELLATION",
                 "sink": {"kind": "file", "path": str(folder / "output")},
                 "heartbeat_interval": HEARTBEAT_S, "lease_timeout": LEASE_TIMEOUT_S, "savepoint_dir": savepoints,
@@ -302,7 +310,7 @@ def test_e_a_stale_driver_fences_itself_off(story):
                     heartbeat_interval=HEARTBEAT_S, lease_timeout=LEASE_TIMEOUT_S)
     # the driver runs its own local executor: what it might write goes to the shared checkpoint all the same
     submit = [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[1]", "--name", "stale",
-              *[a for k, v in {**SPARK_CONF, **conf}.items() for a in ("--conf", f"{k}={v}")],
+              *[a for k, v in {**EVENTS_CONF, **conf}.items() for a in ("--conf", f"{k}={v}")],
               str(ROOT / "airflow_savepoints" / "demo" / "app.py"), str(story.shared / "events" / "input"),
               str(checkpoint), str(story.shared / "events" / "output")]
     story.feed()  # new input the stale driver would process if it ran its query
@@ -400,15 +408,29 @@ def test_g_a_kafka_job_stopped_from_b_and_restarted_reads_every_record_once(stor
 
 
 def test_c_host_loss_then_a_start_elsewhere_resumes_from_the_last_batch(story):
-    """c) worker-a's namespace is killed with the driver in it; status from worker-b turns lost within
-    the heartbeat timeout; a start from worker-b takes the lapsed lease and resumes from the dead
-    run's last committed batch (its checkpoint kept and savepointed), not from an older periodic
+    """c) the job moves to worker-a with its state rescaled on the way (2 -> 3 partitions): Spark's
+    repartition as an application of the job, submitted by worker-a (no pyspark there) to the standalone
+    master. Then worker-a's namespace is killed with the driver in it; status from worker-b turns lost
+    within the heartbeat timeout; a start from worker-b takes the lapsed lease and resumes from the dead
+    run's last committed batch (its rescaled checkpoint kept and savepointed), not from an older periodic
     savepoint the sink is already past; every event exactly once in the sink."""
+    from airflow_savepoints.checkpoint import formats
+    from airflow_savepoints.core import verify_savepoint
+
     bed = story.bed
-    story.run("stop", "worker-a")  # the job moves to worker-a
+    _, stopped = story.run("stop", "worker-a")
     story.feed()
-    _, third = story.run("start", "worker-a")
+    # the job moves to worker-a, its state rescaled from 2 partitions (spark.sql.shuffle.partitions) into 3 by
+    # the job's own submit path: the rescale application on the standalone cluster (the kafka job holds the
+    # other core), then the job on the rescaled copy
+    _, third = story.run("start", "worker-a", state_partitions=3, timeout=420)
     assert third["host"] == "worker-a"
+    rescale = third["restored"]
+    assert rescale["pointer"] == stopped["pointer"] and rescale["rescaled"], rescale
+    assert rescale["partitions_before"] == {"0": 2} and rescale["partitions_after"] == {"0": 3}, rescale
+    rescale_apps = [a for a in bed.spark.state().get("completedapps", []) if a["name"] == "airflow-savepoints-rescale"]
+    assert [a["state"] for a in rescale_apps] == ["FINISHED"], bed.spark.state()
+    verify_savepoint(stopped["pointer"], story.s3_options)  # the savepoint it came from is unchanged
     story.feed()
     story.wait_committed_past(third["checkpoint"], story.committed(third["checkpoint"]))
     _, older = story.run("savepoint", "worker-b")
@@ -444,5 +466,9 @@ def test_c_host_loss_then_a_start_elsewhere_resumes_from_the_last_batch(story):
     assert fourth["host"] == "worker-b" and fourth["run_id"] != third["run_id"], fourth
     assert restored["batch_id"] == last and restored["batch_id"] > older["batch_id"], (restored, older)
     assert Path(third["checkpoint"], "commits", str(last)).exists()  # the dead run's checkpoint was kept
+    # the dead run went on in the rescaled state: its checkpoint's state of the last batch has 3 partitions
+    files = [str(p.relative_to(third["checkpoint"])) for p in Path(third["checkpoint"]).rglob("*") if p.is_file()]
+    assert formats.state_partitions(files, version=last + 1) == {"0": 3}, files
+    assert restored["partitions_before"] == {"0": 3}, restored
     story.feed()
     story.wait_sink_complete()

@@ -98,8 +98,9 @@ class RestoreJobOperator(_JobOperator):
     :param wait_timeout: seconds to wait for the first committed batch
     :param allow_foreign_savepoint: allow a ``pointer`` to a savepoint of another job, or outside the
         job's folder of the savepoint root (off by default, and in the example DAGs and the console)
-    :param state_partitions: rescale the state into this many partitions on the way (templated; Spark 4.2
-        and pyspark on the worker, RocksDB state; see docs/evolve.md); empty: keep them
+    :param state_partitions: rescale the state into this many partitions on the way (templated; RocksDB
+        state; the rescale is a Spark application of the job, Spark 4.2 where the job runs, no pyspark on
+        the worker; see docs/evolve.md); empty: keep them
     """
 
     template_fields: Sequence[str] = savepoints_template_fields("job", "pointer", "fresh_start", "max_age",

@@ -59,7 +59,8 @@ class UpgradeJobOperator(_JobOperator):
         only in savepoint mode (templated)
     :param check_timeout: seconds for the check's batch
     :param state_partitions: mode ``savepoint``: rescale the state into this many partitions for the new
-        version and the check's copy (templated; Spark 4.2 and pyspark on the worker; a rollback keeps the old count)
+        version and the check's copy (templated; RocksDB state; a Spark application of the job, Spark 4.2 where the job
+        runs, no pyspark on the worker; a rollback keeps the old count)
     """
 
     template_fields: Sequence[str] = savepoints_template_fields(

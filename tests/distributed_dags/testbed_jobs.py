@@ -2,7 +2,8 @@
 worker ("host") that runs it: ``job_<action>_on_<worker>`` with the job's name in ``params.job``.
 
 The jobs live in ``$TESTBED_SHARED/jobs.yaml`` (written by the test); savepoints go through the
-``savepoints_default`` connection's storage options (the S3 server).
+``savepoints_default`` connection's storage options (the S3 server). ``params.state_partitions`` makes
+a start rescale the restored state (the job's own Spark application, on the job's master).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ PARAMS = {
     "pointer": Param("", type="string"),
     "fresh": Param(False, type="boolean"),
     "savepoint_dir": Param("", type="string"),
+    "state_partitions": Param(None, type=["null", "integer"]),  # a start rescales the state into this many
 }
 
 
@@ -55,7 +57,7 @@ for worker in WORKERS:
     job = {"job": "{{ params.job }}", "jobs_file": JOBS_FILE}
     with DAG(dag_id=f"job_start_on_{slug}", **common):
         RestoreJobOperator(task_id="start", pointer="{{ params.pointer }}", fresh_start="{{ params.fresh }}",
-                           wait_timeout=240, **job)
+                           state_partitions="{{ params.state_partitions }}", wait_timeout=240, **job)
     with DAG(dag_id=f"job_stop_on_{slug}", **common):
         StopJobWithSavepointOperator(task_id="stop", grace=20, inflight_wait=120, **job)
     with DAG(dag_id=f"job_cancel_on_{slug}", **common):

@@ -16,6 +16,10 @@ Every part listens on 127.0.0.1 on a free port and is stopped at exit, also when
   files. The Execution API URL points at the API server.
 - ``tests/support/spark_cluster.py`` runs a Spark standalone master and worker.
 
+No worker can import pyspark, as on an Airflow host without it: ``tests/support/no_pyspark/sitecustomize.py``
+on its PYTHONPATH blocks the import in the worker and the task processes it forks; what they execute
+(spark-submit, a job's driver, the CLI) imports pyspark as usual.
+
 A worker may run with its clock shifted (``clock_offset="+5m"``): libfaketime (Debian ``faketime``)
 preloaded into the worker and everything it starts.
 """
@@ -47,6 +51,7 @@ from tests.support.spark_cluster import StandaloneCluster, standalone_cluster
 
 DAGS = Path(__file__).resolve().parents[1] / "distributed_dags"
 FAKETIME_LIBRARY = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+NO_PYSPARK = Path(__file__).resolve().parent / "no_pyspark"  # its sitecustomize.py: a worker without pyspark
 TERMINAL = ("success", "failed")
 CELERY_EXECUTOR = "airflow.providers.celery.executors.celery_executor.CeleryExecutor"
 
@@ -197,10 +202,12 @@ class Testbed:
         airflow = str(Path(sys.executable).parent / "airflow")
         command = [airflow, "celery", "worker", "--queues", name, "--concurrency", "1", "--skip-serve-logs",
                    "--pid", str(self.airflow.home / f"{name}.pid"), "--without-gossip", "--without-mingle"]
-        env = {}
+        # a host without pyspark: the worker and its task processes cannot import it, what they execute can
+        pythonpath = os.pathsep.join(p for p in (str(NO_PYSPARK), self.airflow.env.get("PYTHONPATH")) if p)
+        env = {"PYTHONPATH": pythonpath, "TESTBED_NO_PYSPARK": "1"}
         if clock_offset:
-            env = {"LD_PRELOAD": FAKETIME_LIBRARY, "FAKETIME": clock_offset, "FAKETIME_DONT_RESET": "1",
-                   "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+            env |= {"LD_PRELOAD": FAKETIME_LIBRARY, "FAKETIME": clock_offset, "FAKETIME_DONT_RESET": "1",
+                    "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
         # as on a real host, its name resolves (Java's InetAddress.getLocalHost needs it): an /etc/hosts
         # of its own, bind-mounted in its private mount namespace
         hosts = self.airflow.home / f"{name}.hosts"
