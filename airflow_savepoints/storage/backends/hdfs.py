@@ -102,6 +102,11 @@ class HdfsBackend(FsspecBackend):
                 raise InvalidInputError(f"the HDFS storage option {key!r} is not a string ({value!r})",
                                         "give Hadoop configuration keys with string values, e.g. {\"dfs.replication\": \"2\"}")
         configured = _hadoop_conf()
+        if not options.get("host") and not options.get("fs.defaultFS") and not configured.get("fs.defaultFS"):
+            raise InvalidPathError("an hdfs:/// URL names no NameNode, and neither the storage options nor the Hadoop "
+                                   "configuration (core-site.xml in HADOOP_CONF_DIR or $HADOOP_HOME/etc/hadoop) set fs.defaultFS",
+                                   "write the NameNode into the URL (hdfs://namenode:8020/path), or point HADOOP_CONF_DIR "
+                                   "at the cluster's configuration")
         _probe_namenode(options.get("host"), options.get("port"),
                         options.get(CONNECT_TIMEOUT_KEY) or configured.get(CONNECT_TIMEOUT_KEY) or CONNECT_TIMEOUT_MS)
         return {**{k: v for k, v in FAIL_FAST_CONF.items() if k not in configured}, **options}

@@ -77,3 +77,16 @@ def test_a_namenode_address_that_drops_connections_fails_within_the_connect_time
             with pytest.raises(StorageUnreachableError, match="within 0.3 s"):
                 Store(f"hdfs://127.0.0.1:{port}/sp")
             assert time.monotonic() - started < 5
+
+
+def test_an_hdfs_url_without_a_namenode_anywhere_is_refused_naming_the_fixes(tmp_path, monkeypatch):
+    """``hdfs:///sp`` with no fs.defaultFS in the options or the Hadoop configuration: a typed error, not
+    hdfs-native's bare RuntimeError; with fs.defaultFS in core-site.xml the URL is taken."""
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    monkeypatch.delenv("HADOOP_HOME", raising=False)
+    with pytest.raises(InvalidPathError, match="names no NameNode") as raised:
+        Store("hdfs:///sp")
+    assert raised.value.code == "invalid_path" and "HADOOP_CONF_DIR" in raised.value.hint
+    (tmp_path / "core-site.xml").write_text("<configuration><property><name>fs.defaultFS</name>"
+                                            "<value>hdfs://127.0.0.1:1</value></property></configuration>")
+    assert Store("hdfs:///sp").url == "hdfs:///sp"
