@@ -130,6 +130,10 @@ class _VisibleFiles(Mapping[str, FileStat]):
             raise KeyError(path)
         return self._listing[path]
 
+    def get(self, path: str, default: FileStat | None = None) -> FileStat | None:  # type: ignore[override]
+        """``Mapping.get`` without its try/except (asked once per planned file)."""
+        return self._listing.get(path, default) if path in self._paths else default
+
     def __contains__(self, path: object) -> bool:
         return path in self._paths
 

@@ -159,14 +159,42 @@ class _NotReusable(Exception):
     """The previous savepoint's copy of a file cannot be trusted: copy it from the checkpoint."""
 
 
+def _linked_size_matches(dst: Store, rel: str, size: int, known: KnownChecksum) -> bool:
+    """Whether the inode linked from the previous savepoint has the recorded size; if not, the link goes."""
+    if size == known.size:
+        return True
+    dst.remove_file(rel)
+    return False
+
+
 def _reuse_by_link(known: KnownChecksum, f: _File) -> str | None:
     linked = f.dst.link_from(known.store, known.path, f.dst_rel, parent_ready=f.parent_ready)
     if linked is None:
         return None
-    if linked.size != known.size:
-        f.dst.remove_file(f.dst_rel)
+    if not _linked_size_matches(f.dst, f.dst_rel, linked.size, known):
         raise _NotReusable(known.path)
     return PREVIOUS
+
+
+def _reuse_all_by_link(dst: Store, paths: list[str], known: Mapping[str, KnownChecksum],
+                       stats: Mapping[str, FileStat]) -> dict[str, CopiedFile]:
+    """The files of ``paths`` with a ``known`` checksum, hard-linked from the savepoint holding each in one
+    tight loop (their folders exist), each linked inode stat'ed: reused where it has the recorded size.
+    The rest (no link possible, the file gone or of another size) are copied from the checkpoint."""
+    by_store: dict[int, tuple[Store, list[tuple[str, KnownChecksum]]]] = {}
+    for path in paths:
+        hint = known.get(path)
+        if hint is not None:
+            by_store.setdefault(id(hint.store), (hint.store, []))[1].append((path, hint))
+    reused: dict[str, CopiedFile] = {}
+    for store, hints in by_store.values():
+        sizes = dst.link_sizes_from(store, [(hint.path, path) for path, hint in hints])
+        for (path, hint), size in zip(hints, sizes, strict=True):
+            if size is not None and _linked_size_matches(dst, path, size, hint):
+                stat = stats.get(path)
+                reused[path] = CopiedFile(path, hint.size, hint.crc, LINK, PREVIOUS, stat.version if stat else None,
+                                          hint.savepoint_id, hint.algorithm)
+    return reused
 
 
 def _reuse_by_server_copy(known: KnownChecksum, f: _File) -> str | None:
@@ -232,6 +260,7 @@ def copy_file(src: Store, src_rel: str, dst: Store, dst_rel: str | None = None, 
 
 
 UPLOAD_PARALLELISM = 8  # default where files stream through the worker into an object store (~9 MiB each)
+LINK_INLINE_BYTES = 4 * CHUNK  # files linked and hashed in the calling thread when they hold fewer bytes in all
 NETWORK_PARALLELISM = 32  # default elsewhere: server-side copies, reads and downloads hold 1 MiB at most
 
 
@@ -285,8 +314,9 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int | None,
     ``any_store_checksum`` (a savepoint), by whichever kind the store computed for its copy.
 
     Where files are linked, the folders are made first, and files whose checksum is known are linked
-    from the previous savepoint in this thread (a link is one system call; a thread pool would cost
-    more than the work); each worker then links (or, across filesystems, streams) and hashes the rest."""
+    from the previous savepoint in this thread, in one loop (a link is one system call; a thread pool would
+    cost more than the work); each worker then links (or, across filesystems, streams) and hashes the rest,
+    or this thread does when they hold under ``LINK_INLINE_BYTES`` in all."""
     if not paths:
         return {}
     stats, known = stats or {}, known or {}
@@ -308,22 +338,15 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int | None,
         return copied
 
     rest = list(paths)
-    if linking:  # reuse by link in this thread
-        rest = []
-        for path in paths:
-            hint = known.get(path)
-            reused = _reuse(hint, file(path)) if hint is not None else None
-            if reused is None:
-                rest.append(path)
-                continue
-            done[path] = reused
-            if on_file is not None:
+    if linking and known:  # reuse by link in this thread
+        done = _reuse_all_by_link(dst, paths, known, stats)
+        rest = [path for path in paths if path not in done]
+        if on_file is not None:
+            for reused in done.values():
                 on_file(reused)
-    if len(rest) == 1:
-        results = [one(rest[0])]
-    elif rest:
-        results = bounded_map(one, rest, workers_for((src, dst), parallelism, len(rest), dst=dst, methods=methods))
-    else:
-        results = []
+    workers = workers_for((src, dst), parallelism, len(rest), dst=dst, methods=methods) if rest else 1
+    if linking and sum(stat.size if (stat := stats.get(p)) else LINK_INLINE_BYTES for p in rest) < LINK_INLINE_BYTES:
+        workers = 1  # a few small files to link and hash: less work than starting threads
+    results = bounded_map(one, rest, workers) if workers > 1 else [one(path) for path in rest]
     done.update({r.path: r for r in results})
     return {p: done[p] for p in paths}

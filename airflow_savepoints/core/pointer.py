@@ -52,9 +52,10 @@ def _refuse_no_savepoint(store: Store) -> None:
         )
 
 
-def refuse_symlinks(store: Store, what: str) -> None:
-    """A savepoint is self-contained: no symbolic link goes into one, none comes out of one."""
-    links = store.symlinks()
+def refuse_symlinks(store: Store, what: str, links: list[str] | None = None) -> None:
+    """A savepoint is self-contained: no symbolic link goes into one, none comes out of one. ``links``:
+    those a listing of ``store`` met (``Store.list_files_lazily``), else ``store`` is walked for them."""
+    links = store.symlinks() if links is None else sorted(links)
     if links:
         named = ", ".join(store.url_of(link) for link in links[:5])
         raise SymlinkError(

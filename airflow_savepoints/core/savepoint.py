@@ -193,7 +193,13 @@ class SavepointRun:
         self.root = request.savepoint_dir if isinstance(request.savepoint_dir, Store) else \
             Store(resolve_savepoint_dir(request.savepoint_dir), request.storage_options)
         check_apart(self.source, self.root)
-        refuse_symlinks(self.source, "checkpoint")
+        self._listing: Mapping[str, FileStat] | None = None  # local disks: the first plan's listing, walked once
+        if self.source.is_local and self.root.is_local:
+            links: list[str] = []
+            self._listing = self.source.list_files_lazily(links=links)
+            refuse_symlinks(self.source, "checkpoint", links)
+        else:
+            refuse_symlinks(self.source, "checkpoint")
         self.job_folder = self.root.child(request.job)
         self.catalog = Catalog(self.job_folder, request.job)
         self.lease = JobLock(self.job_folder, request_id=request.request_id, stale_after=request.lock_stale_after)
@@ -224,7 +230,8 @@ class SavepointRun:
         released again if planning fails. On local disks (requests cost microseconds) one after another."""
         if self.source.is_local and self.root.is_local:
             self._latest = self._latest_of_checkpoint()
-            self._first_plan = plan_listed(self.source, self.request.parallelism, self._lender())
+            listing, self._listing = self._listing, None
+            self._first_plan = plan_listed(self.source, self.request.parallelism, self._lender(), listing=listing)
             self.lease.set_savepoint(new_savepoint_id(self._first_plan[0].query_id))  # named as the lease is taken
             return
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="savepoint-start") as pool:

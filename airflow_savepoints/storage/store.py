@@ -266,11 +266,12 @@ class Store:
         with self.translate_errors(self.url_of(rel)):
             return self.backend.list_files(self.path_of(rel))
 
-    def list_files_lazily(self, rel: str = "") -> Mapping[str, FileStat]:
+    def list_files_lazily(self, rel: str = "", links: list[str] | None = None) -> Mapping[str, FileStat]:
         """``list_files``, but on a local disk only the names are read at once; each file is stat'ed
-        the first time it is looked up (for a planner that needs the stats of some of the files)."""
+        the first time it is looked up (for a planner that needs the stats of some of the files). The
+        symbolic links met (as ``symlinks`` finds them) are added to ``links`` if given: one walk for both."""
         with self.translate_errors(self.url_of(rel)):
-            return self.backend.list_files_lazily(self.path_of(rel), self._raise_translated)
+            return self.backend.list_files_lazily(self.path_of(rel), self._raise_translated, links)
 
     def stat_files(self, paths: Iterable[str]) -> dict[str, FileStat]:
         """The listing entries of ``paths`` as they are now (a missing file is left out): one stat
@@ -392,6 +393,19 @@ class Store:
             raise
         except OSError as exc:
             self._raise_translated(exc, self.url_of(rel))
+
+    def link_sizes_from(self, other: Store, pairs: list[tuple[str, str]]) -> list[int | None]:
+        """``link_from`` for many ``(src_rel, rel)`` whose folders exist here (``make_parents``): the size of
+        each linked file (a stat of the linked inode), None where no link was made (no link possible, or
+        the source missing). An existing target raises FileExistsError."""
+        if LINK not in self.backend.copy_methods(other.backend):
+            return [None] * len(pairs)
+        try:
+            return self.backend.link_sizes([(other.path_of(src), self.path_of(rel)) for src, rel in pairs])
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            self._raise_translated(exc, exc.filename2 or self.url)
 
     def server_copy_from(self, other: Store, src_rel: str, rel: str, *, listed: FileStat | None = None,
                          size: int | None = None) -> ServerCopy | None:

@@ -155,8 +155,9 @@ class Backend:
                 out[path[len(prefix):]] = self.file_stat(info)
         return out
 
-    def list_files_lazily(self, base: str, on_error: OnError) -> Mapping[str, FileStat]:
-        """``list_files``, where a back end can defer the stat of each file to its first lookup."""
+    def list_files_lazily(self, base: str, on_error: OnError, links: list[str] | None = None) -> Mapping[str, FileStat]:
+        """``list_files``, where a back end can defer the stat of each file to its first lookup; symbolic
+        links met are added to ``links`` if given (stores without links have none)."""
         return self.list_files(base)
 
     def stat_files(self, base: str, paths: Iterable[str], on_error: OnError) -> dict[str, FileStat]:
@@ -253,6 +254,11 @@ class Backend:
     def link(self, source: str, target: str, *, parent_ready: bool) -> FileStat | None:
         """Hard-link ``source`` as ``target``; the linked file's stat, or None if links are refused."""
         return None
+
+    def link_sizes(self, pairs: list[tuple[str, str]]) -> list[int | None]:
+        """Hard-link each ``(source, target)`` (the targets' folders exist) and stat each linked inode: the
+        sizes, None where no link was made (links refused, or the source missing); an existing target raises."""
+        return [None] * len(pairs)
 
     def server_copy(self, source: Backend, src_path: str, path: str, *, listed: FileStat | None,
                     size: int | None) -> ServerCopy | None:

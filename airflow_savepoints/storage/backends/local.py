@@ -30,7 +30,7 @@ def local_version(st: os.stat_result) -> str:
 
 def local_file_stat(st: os.stat_result) -> FileStat:
     """A local file's listing entry from its stat."""
-    return FileStat(size=st.st_size, version=local_version(st), modified=st.st_mtime)
+    return FileStat(st.st_size, local_version(st), st.st_mtime)  # positional: one per planned file
 
 
 class LocalBackend(Backend):
@@ -64,10 +64,12 @@ class LocalBackend(Backend):
             return super().list_files(base)
         return LazyLocalListing(base, scan_names(base), _raise).present()
 
-    def list_files_lazily(self, base: str, on_error: OnError) -> Mapping[str, FileStat]:
+    def list_files_lazily(self, base: str, on_error: OnError, links: list[str] | None = None) -> Mapping[str, FileStat]:
         if not self.is_local_disk:
+            if links is not None:
+                scan_names(base, links)
             return super().list_files(base)
-        return LazyLocalListing(base, scan_names(base), on_error)
+        return LazyLocalListing(base, scan_names(base, links), on_error)
 
     def stat_files(self, base: str, paths: Iterable[str], on_error: OnError) -> dict[str, FileStat]:
         """One stat per file (cheaper than listing every version Spark keeps)."""
@@ -83,6 +85,12 @@ class LocalBackend(Backend):
     def symlink_target(self, path: str) -> str | None:
         return os.readlink(path) if os.path.islink(path) else None
 
+    def read_bytes(self, path: str) -> bytes:
+        if not self.is_local_disk:
+            return super().read_bytes(path)
+        with open(path, "rb") as handle:  # a planner reads dozens of small files: no fsspec file object each
+            return handle.read()
+
     def read_stamped(self, path: str) -> tuple[bytes, float | None]:
         with open(path, "rb") as handle:  # the time of exactly the file read
             return handle.read(), os.fstat(handle.fileno()).st_mtime
@@ -97,8 +105,15 @@ class LocalBackend(Backend):
         return open(path, "wb")  # noqa: SIM115 - the caller closes it
 
     def make_parents(self, paths: Iterable[str]) -> None:
+        """Sorted, a folder comes after its parent: one ``mkdir`` each, ``makedirs`` only for a missing parent."""
         for folder in sorted({posixpath.dirname(p) for p in paths}):
-            os.makedirs(folder, exist_ok=True)
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                if not os.path.isdir(folder):
+                    raise
+            except FileNotFoundError:
+                os.makedirs(folder, exist_ok=True)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         tmp = temporary_name(path)
@@ -148,6 +163,23 @@ class LocalBackend(Backend):
                 return None
             raise
         return local_file_stat(os.stat(target))
+
+    def link_sizes(self, pairs: list[tuple[str, str]]) -> list[int | None]:
+        """One tight loop (a savepoint links hundreds of files): a link and a stat of the linked inode each."""
+        sizes: list[int | None] = []
+        link, stat, append = os.link, os.stat, sizes.append
+        for source, target in pairs:
+            try:
+                link(source, target, follow_symlinks=False)
+            except FileNotFoundError:
+                append(None)
+            except OSError as exc:
+                if exc.errno not in NO_LINK_ERRNOS:  # an existing target raises
+                    raise
+                append(None)
+            else:
+                append(stat(target).st_size)
+        return sizes
 
     # --- deleting ----------------------------------------------------------------------------------
     def remove_empty_folders(self, paths: Iterable[str]) -> None:
@@ -221,6 +253,16 @@ class LazyLocalListing(Mapping[str, FileStat]):
                 self._on_error(exc, path)
             stat = self._stats[rel] = local_file_stat(st)
         return stat
+
+    def get(self, rel: str, default: FileStat | None = None) -> FileStat | None:  # type: ignore[override]
+        """``Mapping.get`` without its try/except: the planner and the copier ask once per file."""
+        stat = self._stats.get(rel)
+        if stat is not None:
+            return stat
+        try:
+            return self[rel]
+        except KeyError:
+            return default
 
     def present(self) -> dict[str, FileStat]:
         """Every listed file that is still there, stat'ed."""

@@ -1,0 +1,72 @@
+"""What each file costs an incremental savepoint on a local disk (issue 32, item 3).
+
+A synthetic RocksDB checkpoint (benchmarks/object_store.py's generator, 6 partitions) on the local
+disk; a first savepoint, one more batch, then the second savepoint, whose file-system calls are
+counted with Python's audit hooks (the real calls, made by the real code): the checkpoint is walked
+once (its symbolic-link check and its listing share the walk), each file is linked once, and no file
+whose checksum the previous savepoint lends is opened.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from contextlib import contextmanager
+
+from airflow_savepoints.core import take_savepoint
+from benchmarks import object_store as bench
+
+PLAN_INPUT = re.compile(r"metadata|offsets/\d+|commits/\d+|state/0/_metadata/.*|state/0/\d+/\d+\.zip")
+_calls: list[tuple[str, tuple]] | None = None  # the events seen while counting
+
+
+def _hook(event: str, args: tuple) -> None:
+    if _calls is not None and event in ("os.scandir", "os.link", "open"):
+        _calls.append((event, args))
+
+
+_hooked = False
+
+
+@contextmanager
+def counted():
+    """The audit events of the block. The hook, added at the first use, cannot be removed: it records nothing
+    outside this block."""
+    global _calls, _hooked
+    if not _hooked:
+        sys.addaudithook(_hook)
+        _hooked = True
+    _calls = []
+    try:
+        yield _calls
+    finally:
+        _calls = None
+
+
+def under(folder, calls, event: str, index: int = 0) -> list[str]:
+    prefix = str(folder) + os.sep
+    paths = [os.fsdecode(args[index]) for name, args in calls if name == event and isinstance(args[index], str | bytes)]
+    return [p for p in paths if p == str(folder) or p.startswith(prefix)]
+
+
+def test_an_incremental_linked_savepoint_walks_the_checkpoint_once_and_opens_no_reused_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "PARTITIONS", 6)
+    checkpoint, root = tmp_path / "checkpoint", tmp_path / "savepoints"
+    newest = bench.write_checkpoint(checkpoint, 60)
+    take_savepoint(str(checkpoint), "job", savepoint_dir=str(root))
+    bench.next_batch(checkpoint, newest + 1)
+    with counted() as calls:
+        info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root))
+    location, files = info.pointer, info.manifest.files
+    reused = {e.path for e in files if e.checksum_source == "previous"}
+    assert len(reused) >= len(files) // 2 and len(reused) < len(files)  # most files reused, the new batch's not
+
+    folders = [checkpoint] + [p for p in checkpoint.rglob("*") if p.is_dir()]
+    assert sorted(under(checkpoint, calls, "os.scandir")) == sorted(map(str, folders))  # one walk, each folder once
+    linked = under(location, calls, "os.link", 1)
+    assert sorted(os.path.relpath(p, location) for p in linked) == sorted(e.path for e in files)  # one link per file
+    hashed = {os.path.relpath(p, location) for p in under(location, calls, "open")}
+    assert not reused & hashed and hashed <= {e.path for e in files} | {n for n in hashed if n.startswith("._metadata.")}
+    read = {os.path.relpath(p, checkpoint) for p in under(checkpoint, calls, "open")}
+    assert all(PLAN_INPUT.fullmatch(name) for name in read), read  # the checkpoint: only what decides the plan
