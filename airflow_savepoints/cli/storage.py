@@ -16,6 +16,7 @@ lookup never creates one.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import logging
 import os
@@ -161,6 +162,7 @@ def open_root(conn_id: str | None, savepoint_dir: str | None, *, must_exist: boo
         if required:
             raise
         return None
+    gc.freeze()  # the imports' objects (the store's client library's included) are out of every later collection's way
     if must_exist and not root.isdir():
         raise SavepointDirNotFoundError(f"the savepoint directory {root.url} does not exist",
                                   "check --dir / --conn-id (a typo?); it is created by the first savepoint")
