@@ -628,6 +628,9 @@ def dags_install(
 
 
 def main() -> None:  # console script entry point
+    from airflow_savepoints.cli import storage
+
+    storage.freeze_after_open = True
     app()
 
 

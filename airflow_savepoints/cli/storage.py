@@ -16,6 +16,7 @@ lookup never creates one.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import logging
 import os
@@ -142,6 +143,9 @@ def storage_options(conn_id: str | None) -> dict[str, Any]:
         return hook.storage_options()
 
 
+freeze_after_open = False  # set by the console script's entry point, a process that exits after one command
+
+
 def open_root(conn_id: str | None, savepoint_dir: str | None, *, must_exist: bool = False, required: bool = True) -> Store | None:
     """The savepoint directory of a command, as a :class:`Store` with the connection's credentials.
 
@@ -161,6 +165,8 @@ def open_root(conn_id: str | None, savepoint_dir: str | None, *, must_exist: boo
         if required:
             raise
         return None
+    if freeze_after_open:  # the console script: the imports' objects (the store's client library's included)
+        gc.freeze()  # are out of every later collection's way (never in a long-lived process that calls in)
     if must_exist and not root.isdir():
         raise SavepointDirNotFoundError(f"the savepoint directory {root.url} does not exist",
                                   "check --dir / --conn-id (a typo?); it is created by the first savepoint")

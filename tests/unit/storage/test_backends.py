@@ -22,7 +22,7 @@ from airflow_savepoints.storage.backends.azure import AzureBackend
 from airflow_savepoints.storage.backends.gcs import GCSBackend
 from airflow_savepoints.storage.backends.generic import FsspecBackend, ObjectStoreBackend
 from airflow_savepoints.storage.backends.local import LocalBackend
-from airflow_savepoints.storage.backends.s3 import SERVER_COPY_MAX, S3Backend, s3_error_code
+from airflow_savepoints.storage.backends.s3 import SERVER_COPY_MAX, S3Backend, parse_timestamp, s3_error_code
 
 S3, GCS, AZURE = (pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs),
                   pytest.param("azure", marks=pytest.mark.azure))
@@ -117,6 +117,32 @@ def test_copy_methods_are_ordered_cheapest_first_and_end_with_a_stream(s3, tmp_p
 
 
 @pytest.mark.hdfs
+@pytest.mark.parametrize("value", ["2026-11-26T00:10:00.000Z", "2026-11-26T00:10:00Z", "2026-11-26T23:59:59.123456789Z",
+                                   "Thu, 26 Nov 2026 00:10:00 GMT", "2026-11-26T00:10:00+01:00", "1700000000.5", 1700000000,
+                                   "Thu, 31 Nov 2026 00:10:00 GMT"])
+def test_s3_timestamps_read_as_botocore_reads_them(value):
+    from botocore.utils import parse_timestamp as botocore_timestamp
+
+    try:
+        expected = botocore_timestamp(value)
+    except ValueError:
+        with pytest.raises(ValueError):
+            parse_timestamp(value)
+        return
+    parsed = parse_timestamp(value)
+    assert parsed == expected and parsed.utcoffset() == expected.utcoffset()
+
+
+@pytest.mark.s3
+def test_s3_responses_use_the_fast_timestamp_parser_and_give_the_same_times(s3):
+    store = Store(f"s3://{s3}/stamps")
+    store.write_bytes_atomic("a", b"x")
+    factory = store.backend.fs.session.get_component("response_parser_factory")
+    assert factory.create_parser("rest-xml")._timestamp_parser is parse_timestamp
+    listed, (_, read) = store.list_files()["a"].modified, store.read_stamped("a")
+    assert abs(listed - read) < 1 and abs(listed - time.time()) < 600  # the listing's milliseconds, the header's seconds
+
+
 def test_hdfs_has_no_server_side_copy_its_files_stream(hdfs_root):
     """HDFS has no copy operation: a savepoint on the same NameNode streams through the DataNodes."""
     store = Store(f"{hdfs_root}/sp")
