@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
@@ -25,6 +24,7 @@ import pytest
 from airflow_savepoints.core.lease import Lease, store_now
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.backends.hdfs import FAIL_FAST_CONF, HdfsBackend
+from tests.support.blocked import cli_without
 from tests.test_s3a import savepointed_while_running_restored_and_continued
 
 pytestmark = pytest.mark.hdfs
@@ -105,17 +105,13 @@ def test_a_dead_namenode_fails_a_command_within_seconds_naming_it(tmp_path, monk
     assert options["dfs.client.failover.sleep.base.millis"] == FAIL_FAST_CONF["dfs.client.failover.sleep.base.millis"]
 
 
-NO_HDFS_NATIVE_CLI = ("import sys; sys.modules['hdfs_native'] = None  # importing hdfs-native here fails\n"
-                      "from airflow_savepoints.cli.main import main; main()")
-
-
 def test_without_hdfs_native_an_hdfs_url_fails_naming_the_extra_and_changes_nothing(hdfs_root):
     """fsspec's own ``hdfs`` filesystem (pyarrow's) is not a fallback: a command that would write the
     catalog fails with missing_backend naming the ``hdfs`` extra, and the NameNode's tree is as it was."""
     store = Store(hdfs_root)
     store.write_bytes_atomic("orders/sp-1/_metadata", b"{}")
-    out = subprocess.run([sys.executable, "-c", NO_HDFS_NATIVE_CLI, "catalog", "--job", "orders", "--rebuild",
-                          "--dir", hdfs_root, "--conn-id", "", "--json"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(cli_without("hdfs_native", "catalog", "--job", "orders", "--rebuild",
+                                     "--dir", hdfs_root, "--conn-id", "", "--json"), capture_output=True, text=True, timeout=120)
     error = json.loads(out.stdout)["error"]
     assert out.returncode != 0 and error["code"] == "missing_backend", out.stdout + out.stderr
     assert "pip install 'airflow-savepoints[hdfs]'" in error["hint"] and "hdfs-native" in error["hint"], error

@@ -353,20 +353,16 @@ def test_an_upgrade_rescales_only_through_a_savepoint(tmp_path):
     assert not (tmp_path / "savepoints").exists() and not (tmp_path / "r").exists()
 
 
-NO_PYSPARK_CLI = ("import sys; sys.modules['pyspark'] = None  # importing pyspark here fails\n"
-                  "from airflow_savepoints.cli.main import main; main()")
-
-
 def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
     """`job start JOB --from SAVEPOINT --state-partitions 3` for a job declared in jobs.yaml, from a process where
     pyspark cannot be imported: the rescale runs as a Spark application submitted with the job's master and conf
     (spark-submit, local master), the job then continues on the rescaled copy; its file sink holds every event once."""
     import subprocess
-    import sys
 
     import airflow_savepoints.demo.app as demo
     from airflow_savepoints.jobs.launcher import read_run
     from airflow_savepoints.jobs.run import stop_process
+    from tests.support.blocked import cli_without
     from tests.support.feeding import wait_for_sink
 
     sent: set[int] = set()
@@ -402,9 +398,9 @@ def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
 
     for index in range(3, 5):  # input that arrived since: the new run commits a batch past the repartition batch
         sent.update(demo.write_events(tmp_path / "input", index))
-    out = subprocess.run([sys.executable, "-c", NO_PYSPARK_CLI, "job", "start", "demo-rescale", "--jobs-file", str(jobs),
-                          "--from", info.pointer, "--state-partitions", "3", "--json", "--log-dir", str(tmp_path / "logs"),
-                          "--wait-timeout", "180"], capture_output=True, text=True, timeout=400)
+    out = subprocess.run(cli_without("pyspark", "job", "start", "demo-rescale", "--jobs-file", str(jobs),
+                                     "--from", info.pointer, "--state-partitions", "3", "--json", "--log-dir",
+                                     str(tmp_path / "logs"), "--wait-timeout", "180"), capture_output=True, text=True, timeout=400)
     folder = Store(str(tmp_path / "savepoints")).child("demo-rescale")
     try:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
