@@ -149,10 +149,9 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     start_batch, _ = checkpoint_progress(checkpoint)
-    command = _resolve_binary(command)
     process = spawn_submit(command, log_file, env)
     run = JobRun(job=job, pid=process.pid, pid_started=process_started(process.pid), host=socket.gethostname(),
-                 command=redact_command(command, secrets), log_file=str(log_file), checkpoint=checkpoint.url,
+                 command=redact_command(list(process.args), secrets), log_file=str(log_file), checkpoint=checkpoint.url,
                  started_at=datetime.now(UTC), start_batch=start_batch, control=control.url if control else None,
                  run_id=control.name if control else None, **recorded)
     write_run(job_folder, run)

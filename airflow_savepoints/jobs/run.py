@@ -98,7 +98,6 @@ class JobContext:
         return Store(url, self.checkpoint_options)
 
 
-
 @dataclass
 class Run:
     """The job's current run as its files describe it: its record (if a start launched it), lease,

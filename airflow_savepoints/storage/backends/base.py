@@ -29,9 +29,9 @@ UPLOAD_BLOCK = 8 * 1024 * 1024  # multipart upload part size: what a streamed up
 # Exception classes (by name, their libraries being optional) that mean missing or refused credentials.
 CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
                      "DefaultCredentialsError", "ClientAuthenticationError"}
-# Libraries whose own (non-OSError) exceptions mean the store could not be reached or answered badly.
-# nothing answered at the address: refused, no route to the host or its network
+# Nothing answered at the address: refused, no route to the host or its network.
 UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
+# Libraries whose own (non-OSError) exceptions mean the store could not be reached or answered badly.
 TRANSPORT_MODULES = {"botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "google", "azure"}
 
 OnError = Callable[[OSError, str], NoReturn]
