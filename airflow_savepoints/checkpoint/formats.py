@@ -218,13 +218,11 @@ def state_partitions(paths: Iterable[str], version: int | None = None) -> dict[s
     """Each stateful operator's number of state partitions: the partition folders under ``state/<op>/``
     (only those holding a file of state ``version``, when given)."""
     found: dict[str, set[str]] = {}
-    for path in visible_paths(paths):
-        if not path.startswith("state/"):
-            continue
-        parts = path.split("/")
-        if len(parts) < 4 or not parts[1].isdigit() or not parts[2].isdigit():
-            continue
-        if version is not None and state_file_version(path) != version:
-            continue
-        found.setdefault(parts[1], set()).add(parts[2])
+    state = [p for p in visible_paths(paths) if p.startswith("state/")]
+    if version is not None:
+        state = [p for p in state if state_file_version(p) == version]
+    for folder in {p.rpartition("/")[0] for p in state}:  # hundreds of files, a few folders
+        parts = folder.split("/")
+        if len(parts) >= 3 and parts[1].isdigit() and parts[2].isdigit():
+            found.setdefault(parts[1], set()).add(parts[2])
     return {op: len(found[op]) for op in sorted(found, key=int)}

@@ -161,7 +161,7 @@ class PreviousSavepoint:
             entry = self.entries.get(planned.path)
             if entry is not None and entry.size == planned.size and entry.source_version == planned.version:
                 found[planned.path] = KnownChecksum(self.location, entry.path, entry.size, int(entry.checksum, 16),
-                                                    self.manifest.savepoint_id, entry.algorithm)
+                                                    self.manifest.savepoint_id, entry.checksum_algorithm or CRC32C)
         return found
 
 
