@@ -181,14 +181,16 @@ def _reuse_all_by_link(dst: Store, paths: list[str], known: Mapping[str, KnownCh
     """The files of ``paths`` with a ``known`` checksum, hard-linked from the savepoint holding each in one
     tight loop (their folders exist), each linked inode stat'ed: reused where it has the recorded size.
     The rest (no link possible, the file gone or of another size) are copied from the checkpoint."""
-    by_store: dict[int, tuple[Store, list[tuple[str, KnownChecksum]]]] = {}
-    for path in paths:
-        hint = known.get(path)
-        if hint is not None:
-            by_store.setdefault(id(hint.store), (hint.store, []))[1].append((path, hint))
+    hinted = [(path, hint) for path in paths if (hint := known.get(path)) is not None]
+    by_store: dict[Store, list[tuple[str, KnownChecksum]]] = {}  # by identity: a Store has no __eq__
+    if len(stores := {hint.store for _, hint in hinted}) == 1:  # one previous savepoint, as a rule
+        by_store[stores.pop()] = hinted
+    else:
+        for path, hint in hinted:
+            by_store.setdefault(hint.store, []).append((path, hint))
     reused: dict[str, CopiedFile] = {}
     get_stat = stats.get
-    for store, hints in by_store.values():
+    for store, hints in by_store.items():
         sizes = dst.link_sizes_from(store, [(hint.path, path) for path, hint in hints])
         for (path, hint), size in zip(hints, sizes, strict=True):
             if size == hint.size:  # the inode linked has the recorded size (else ``_linked_size_matches`` drops it)
