@@ -28,7 +28,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from operator import attrgetter, methodcaller
+from typing import Any, NamedTuple
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.errors import (
@@ -47,8 +48,9 @@ GROUP_SOURCES, GROUP_STATE, GROUP_LOGS, GROUP_METADATA = 0, 1, 2, 3
 METADATA = formats.METADATA_FILE
 
 
-@dataclass(frozen=True)
-class PlannedFile:
+class PlannedFile(NamedTuple):  # one per planned file: a tuple is made in a fraction of a frozen dataclass's time
+    """A file the plan takes, as the listing gave it."""
+
     path: str
     size: int
     version: str
@@ -78,7 +80,7 @@ class CheckpointPlan:
 
     @property
     def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum([f.size for f in self.files])
 
 
 # A snapshot zip's listed version token and the files it lists (store-relative path -> size, -1 unknown)
@@ -119,11 +121,22 @@ class _PlanInputs:
 
 class _VisibleFiles(Mapping[str, FileStat]):
     """The listing without temp files and hidden ``.crc`` files; stats are looked up only when
-    asked for (a lazy local listing then stats only what the plan needs)."""
+    asked for (a lazy local listing then stats only what the plan needs). ``folders``: the files
+    directly in each folder, indexed once (the planner looks up folders, never scans every name)."""
 
     def __init__(self, listing: Mapping[str, FileStat]):
         self._listing = listing
-        self._paths = dict.fromkeys(p for p in listing if not formats.is_transient_path(p))
+        self._paths = self.names = dict.fromkeys(formats.visible_paths(listing))  # names: ``in`` without a call
+        self.folders: dict[str, list[str]] = {}
+        folders = self.folders
+        for path in self._paths:
+            folder = path.rpartition("/")[0]
+            files = folders.get(folder)
+            if files is None:
+                folders[folder] = [path]
+            else:
+                files.append(path)
+        self.listed_get = listing.get  # for a name known visible
 
     def __getitem__(self, path: str) -> FileStat:
         if path not in self._paths:
@@ -144,23 +157,24 @@ class _VisibleFiles(Mapping[str, FileStat]):
         return len(self._paths)
 
 
-def _int_names(listing: Mapping[str, FileStat], folder: str) -> dict[int, str]:
+def _int_names(listing: _VisibleFiles, folder: str) -> dict[int, str]:
     """Batch-numbered files directly in ``folder`` (``offsets/12`` -> {12: "offsets/12"})."""
     found: dict[int, str] = {}
-    prefix = folder + "/"
-    for path in listing:
-        if path.startswith(prefix):
-            name = path[len(prefix) :]
-            if "/" not in name and formats.BATCH_FILE.match(name):
-                found[int(name)] = path
+    start = len(folder) + 1
+    for path in listing.folders.get(folder, ()):
+        name = path[start:]
+        if formats.BATCH_FILE.match(name):
+            found[int(name)] = path
     return found
 
 
-def _collector(listing: Mapping[str, FileStat], into: dict[str, PlannedFile], purpose: str):
+def _collector(listing: _VisibleFiles, into: dict[str, PlannedFile], purpose: str):
     """An ``add(path, group)`` that records a listed file in ``into``; a missing file is a race."""
 
+    names, get = listing.names, listing.listed_get
+
     def add(path: str, group: int, expected_size: int | None = None) -> None:
-        stat = listing.get(path)
+        stat = get(path) if path in names else None
         if stat is None:
             raise CheckpointRaceError(f"{purpose}: '{path}' is not there")
         into[path] = PlannedFile(path, stat.size, stat.version, group, expected_size=expected_size)
@@ -216,10 +230,10 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
     _add_sidecars(listing, planned, where)
     return CheckpointPlan(
         batch_id=n, query_id=query_id, includes_next_offsets=next_batch is not None, includes_next_state=next_state,
-        files=sorted(planned.values(), key=lambda f: (f.group, f.path)),
+        files=sorted(planned.values(), key=attrgetter("group", "path")),
         offset_log_version=offset_n.version, commit_log_version=commit_n.version, checkpoint_format_version=ckpt_format,
         state_store_provider=offset_n.conf.get("spark.sql.streaming.stateStore.providerClass"),
-        changelog_checkpointing=any(p.endswith(".changelog") for p in planned) if operators else None,
+        changelog_checkpointing=any(map(methodcaller("endswith", ".changelog"), planned)) if operators else None,
         source_offsets=offset_n.sources, spark_conf=offset_n.conf, operators=operators,
         snapshots={p: read.snapshots[p] for p in sorted(read.snapshots) if p in planned},
     )
@@ -247,11 +261,12 @@ def _newest_committed(listing: Mapping[str, FileStat], offsets: dict[int, str], 
     return committed[-1]
 
 
-def _add_sidecars(listing: Mapping[str, FileStat], planned: dict[str, PlannedFile], where: str) -> None:
+def _add_sidecars(listing: _VisibleFiles, planned: dict[str, PlannedFile], where: str) -> None:
     """Spark's own checksum sidecars travel only together with their main file."""
+    names = listing.names
     for path in list(planned):
         sidecar = path + formats.SPARK_SIDECAR_SUFFIX
-        if sidecar in listing and sidecar not in planned:
+        if sidecar in names and sidecar not in planned:
             stat = listing.get(sidecar)
             if stat is None:
                 raise CheckpointRaceError(f"{where}: '{sidecar}' vanished while planning")
@@ -277,13 +292,11 @@ def _plan_next_state(listing, state: _StatePlanner, version: int, planned: dict[
 
 
 # --- sources ---------------------------------------------------------------------------------------
-def _plan_sources(listing, offset_entry: formats.OffsetEntry, add, where: str) -> None:
+def _plan_sources(listing: _VisibleFiles, offset_entry: formats.OffsetEntry, add, where: str) -> None:
     by_source: dict[str, list[str]] = defaultdict(list)
-    for path in listing:
-        if path.startswith("sources/"):
-            parts = path.split("/")
-            if len(parts) >= 3:
-                by_source[parts[1]].append(path)
+    for folder, paths in listing.folders.items():
+        if folder.startswith("sources/"):
+            by_source[folder.split("/")[1]].extend(paths)
     for source, paths in sorted(by_source.items()):
         log_offset = formats.file_source_log_offset(offset_entry.sources.get(source))
         if source in offset_entry.sources and offset_entry.sources[source] is None:
@@ -295,14 +308,13 @@ def _plan_sources(listing, offset_entry: formats.OffsetEntry, add, where: str) -
         _plan_file_source_log(listing, f"sources/{source}", log_offset, add, where)
 
 
-def _plan_file_source_log(listing, folder: str, last: int, add, where: str) -> None:
+def _plan_file_source_log(listing: _VisibleFiles, folder: str, last: int, add, where: str) -> None:
     plain = _int_names(listing, folder)
     compact: dict[int, str] = {}
-    for path in listing:
-        if path.startswith(folder + "/"):
-            match = formats.COMPACT_FILE.match(path[len(folder) + 1 :])
-            if match:
-                compact[int(match.group(1))] = path
+    for path in listing.folders.get(folder, ()):
+        match = formats.COMPACT_FILE.match(path[len(folder) + 1 :])
+        if match:
+            compact[int(match.group(1))] = path
     bases = sorted(c for c in compact if c <= last)
     start = 0
     for base in bases[-2:]:  # Spark takes the interval from the two newest; from one alone it guesses
@@ -321,22 +333,21 @@ def _plan_file_source_log(listing, folder: str, last: int, add, where: str) -> N
 _STORE_CONTENT = ("_metadata", "SSTs", "logs")
 
 
-def _store_folders(op_paths: list[str], op_folder: str) -> dict[str, list[str]]:
-    """Group an operator's partition files by store folder (``state/0/1`` or ``state/0/1/left-…``)."""
+def _store_folders(op_folders: list[str], op_folder: str, files_in: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """Group an operator's partition folders by store folder (``state/0/1`` or ``state/0/1/left-…``): each
+    store's files that ``_plan_store`` looks at, those directly in it and its ``_metadata/`` (its schema);
+    its ``SSTs/`` and ``logs/`` come with the snapshots that list them."""
     stores: dict[str, list[str]] = defaultdict(list)
-    for path in op_paths:
-        rest = path[len(op_folder) + 1 :].split("/")
-        if len(rest) < 2 or not rest[0].isdigit():
+    start = len(op_folder) + 1
+    for folder in op_folders:
+        rest = folder[start:].split("/") if folder != op_folder else []
+        if not rest or not rest[0].isdigit():
             continue
-        partition, first = rest[0], rest[1]
-        is_default_store = (
-            len(rest) == 2
-            or first in _STORE_CONTENT
-        )
-        if is_default_store:
-            stores[f"{op_folder}/{partition}"].append(path)
-        else:
-            stores[f"{op_folder}/{partition}/{first}"].append(path)
+        default_store = len(rest) == 1 or rest[1] in _STORE_CONTENT
+        store = "/".join([op_folder, rest[0]] if default_store else [op_folder, rest[0], rest[1]])
+        inside, files = rest[1 if default_store else 2 :], stores[store]  # the folder, relative to its store
+        if not inside or inside[0] == "_metadata":
+            files.extend(files_in[folder])
     return stores
 
 
@@ -344,23 +355,25 @@ class _StatePlanner:
     """Plans every operator's state for one version; the stores are planned ``parallelism`` at a time
     (``add`` only sets dictionary items, which is safe from several threads)."""
 
-    def __init__(self, listing, read: Reader, commit: formats.CommitEntry, where: str, parallelism: int):
+    def __init__(self, listing: _VisibleFiles, read: Reader, commit: formats.CommitEntry, where: str, parallelism: int):
         self.listing, self.read, self.commit, self.where = listing, read, commit, where
         self.parallelism = max(1, parallelism)
-        self.by_operator: dict[str, list[str]] = defaultdict(list)
-        for path in listing:
-            parts = path.split("/")
-            if parts[0] == "state" and len(parts) >= 3 and parts[1].isdigit():
-                self.by_operator[parts[1]].append(path)
+        by_operator: dict[str, list[str]] = defaultdict(list)  # operator -> its folders holding files
+        for folder in listing.folders:
+            if folder.startswith("state/"):
+                op = folder.split("/", 2)[1]
+                if op.isdigit():
+                    by_operator[op].append(folder)
+        self.stores = {op: sorted(_store_folders(folders, f"state/{op}", listing.folders).items())
+                       for op, folders in sorted(by_operator.items())}
 
     def plan(self, version: int, add) -> list[str]:
         """Add what restores state ``version`` of every operator; returns the operators."""
         stores: list[tuple[str, list[str], set[str]]] = []
-        for op, paths in sorted(self.by_operator.items()):
-            op_folder = f"state/{op}"
-            _plan_operator_metadata(self.listing, self.read, op, op_folder, paths, version, add, self.where)
+        for op, op_stores in self.stores.items():
+            _plan_operator_metadata(self.listing, self.read, op, f"state/{op}", version, add, self.where)
             unique_ids = self.commit.state_unique_ids.get(op)
-            for store, files in sorted(_store_folders(paths, op_folder).items()):
+            for store, files in op_stores:
                 stores.append((store, files, _committed_ids(unique_ids, store.split("/")[2])))
 
         def one(job: tuple[str, list[str], set[str]]) -> None:
@@ -374,7 +387,7 @@ class _StatePlanner:
         else:  # the first failure (in store order) is raised, as when planned one after another
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plan") as pool:
                 list(pool.map(one, stores))
-        return sorted(self.by_operator)
+        return list(self.stores)
 
 
 def _committed_ids(unique_ids, partition: str) -> set[str]:
@@ -387,7 +400,7 @@ def _committed_ids(unique_ids, partition: str) -> set[str]:
         return set()
 
 
-def _plan_operator_metadata(listing, read, op, op_folder, paths, version, add, where) -> None:
+def _plan_operator_metadata(listing, read, op, op_folder, version, add, where) -> None:
     v1 = f"{op_folder}/_metadata/metadata"
     if v1 in listing:
         add(v1, GROUP_STATE)

@@ -15,6 +15,7 @@ from airflow_savepoints.errors import MissingBackendError
 
 CRC32C, CRC64 = "crc32c", "crc64"
 HEX_DIGITS = {CRC32C: 8, CRC64: 16}
+HEX_FORMAT = {algorithm: f"0{digits}x" for algorithm, digits in HEX_DIGITS.items()}  # format(value, ...): as_hex
 
 
 def crc64_available() -> bool:
@@ -51,4 +52,4 @@ def of_bytes(algorithm: str, data: bytes) -> int:
 
 def as_hex(algorithm: str, value: int) -> str:
     """The value as the manifest writes it: lower-case hex, zero-padded to the algorithm's width."""
-    return format(value, f"0{HEX_DIGITS[algorithm]}x")
+    return format(value, HEX_FORMAT[algorithm])

@@ -42,6 +42,13 @@ def new_savepoint_id(query_id: str) -> str:
 
 def parse_manifest(data: bytes, where: str) -> SavepointManifest:
     """Validate a ``_metadata`` file's bytes; each way it can be wrong has its own error."""
+    try:  # as a rule, a valid manifest in one pass of pydantic's JSON parser; anything wrong is told apart below
+        manifest = SavepointManifest.model_validate_json(data, strict=True)  # strict: what the checks below would refuse
+    except Exception:  # noqa: BLE001 - whatever it is, the checks below name it as before
+        pass
+    else:
+        if 1 <= manifest.format_version <= MANIFEST_VERSION:
+            return manifest
     try:
         raw: Any = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:

@@ -26,7 +26,7 @@ from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, KnownSnapshot, plan_checkpoint
 from airflow_savepoints.core.catalog import Catalog, Change, PinHold
-from airflow_savepoints.core.checksums import CRC32C
+from airflow_savepoints.core.checksums import CRC32C, HEX_FORMAT
 from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, checksum_of, copy_many, default_parallelism
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.core.lease import InflightHolder, JobLock
@@ -161,7 +161,7 @@ class PreviousSavepoint:
             entry = self.entries.get(planned.path)
             if entry is not None and entry.size == planned.size and entry.source_version == planned.version:
                 found[planned.path] = KnownChecksum(self.location, entry.path, entry.size, int(entry.checksum, 16),
-                                                    self.manifest.savepoint_id, entry.algorithm)
+                                                    self.manifest.savepoint_id, entry.checksum_algorithm or CRC32C)
         return found
 
 
@@ -189,6 +189,7 @@ class SavepointRun:
     def __init__(self, request: SavepointRequest, on_event: Notify | None = None):
         self.request = request
         self.notify: Notify = on_event or (lambda event, data: None)
+        self.quiet = on_event is None  # no one to tell of each file copied
         self.source = _as_store(request.checkpoint, request.checkpoint_storage_options)
         self.root = request.savepoint_dir if isinstance(request.savepoint_dir, Store) else \
             Store(resolve_savepoint_dir(request.savepoint_dir), request.storage_options)
@@ -401,12 +402,13 @@ class SavepointRun:
         """Copy the plan group by group (sources first); a file gone or replaced meanwhile is a race."""
         known = self.previous.known(plan) if self.previous is not None else {}
         copied: dict[str, CopiedFile] = {}
+        on_file = None if self.quiet else lambda c: self.notify("file_done", {"path": c.path, "bytes": c.size})
         for group in sorted({f.group for f in plan.files}):
             paths = [f.path for f in plan.files if f.group == group]
             try:
                 copied.update(copy_many(self.source, self.location, paths, self.request.parallelism, stats=listing,
                                         mode=self.request.copy_mode, known=known, any_store_checksum=True,
-                                        on_file=lambda c: self.notify("file_done", {"path": c.path, "bytes": c.size})))
+                                        on_file=on_file))
             except FileNotFoundError as exc:
                 raise CheckpointRaceError(f"a planned file vanished during the copy: {exc}") from exc
             except SourceChangedError as exc:
@@ -477,14 +479,15 @@ class SavepointRun:
                 partitions=formats.state_partitions(versions),
             ),
             source_offsets=plan.source_offsets, spark_conf=plan.spark_conf,
-            format_version=PLAIN_MANIFEST_VERSION if all(c.algorithm == CRC32C for c in copied.values())
+            format_version=PLAIN_MANIFEST_VERSION if {c.algorithm for c in copied.values()} <= {CRC32C}
             else MANIFEST_VERSION,
-            files=[{"path": p, "size": c.size, "checksum": c.checksum, "method": c.method,  # validated in one call
+            files=[{"path": p, "size": c.size, "checksum": format(c.crc, HEX_FORMAT[c.algorithm]),  # validated in one call
+                    "method": c.method,
                     "checksum_algorithm": None if c.algorithm == CRC32C else c.algorithm,
                     "checksum_source": c.checksum_source, "source_version": versions[p], "reused_from": c.reused_from}
                    for p, c in sorted(copied.items())],
             snapshot_files=plan.snapshots,
-            total_bytes=sum(c.size for c in copied.values()),
+            total_bytes=sum([c.size for c in copied.values()]),
             attempts=self.attempt,
             secondary=secondary.url if secondary is not None else None,
         )

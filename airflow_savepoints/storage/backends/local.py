@@ -240,29 +240,28 @@ class LazyLocalListing(Mapping[str, FileStat]):
         self._on_error = on_error
 
     def __getitem__(self, rel: str) -> FileStat:
-        stat = self._stats.get(rel)
+        stat = self.get(rel)
         if stat is None:
-            if rel not in self._names:
-                raise KeyError(rel)
-            path = f"{self._base}/{rel}"
-            try:
-                st = os.stat(path)
-            except (FileNotFoundError, NotADirectoryError):
-                raise KeyError(rel) from None
-            except OSError as exc:
-                self._on_error(exc, path)
-            stat = self._stats[rel] = local_file_stat(st)
+            raise KeyError(rel)
         return stat
 
     def get(self, rel: str, default: FileStat | None = None) -> FileStat | None:  # type: ignore[override]
-        """``Mapping.get`` without its try/except: the planner and the copier ask once per file."""
+        """``Mapping.get`` without its try/except: the planner and the copier ask once per file (the stat
+        taken here, in one call: ``local_file_stat``)."""
         stat = self._stats.get(rel)
         if stat is not None:
             return stat
-        try:
-            return self[rel]
-        except KeyError:
+        if rel not in self._names:
             return default
+        path = f"{self._base}/{rel}"
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return default
+        except OSError as exc:
+            self._on_error(exc, path)
+        stat = self._stats[rel] = FileStat(st.st_size, f"{st.st_ino}:{st.st_mtime}", st.st_mtime)  # local_file_stat
+        return stat
 
     def present(self) -> dict[str, FileStat]:
         """Every listed file that is still there, stat'ed."""

@@ -4,7 +4,6 @@ Real queries racing the copy: tests/test_roundtrip.py, test_concurrency.py, test
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -96,7 +95,7 @@ def test_verify_checks_sizes_and_sparks_checksums(ckpt, tmp_path):
     copied = run.copy(plan, listing)
     run.verify(plan, copied)
     path = plan.files[0].path
-    copied[path] = dataclasses.replace(copied[path], size=copied[path].size + 1)
+    copied[path] = copied[path]._replace(size=copied[path].size + 1)
     with pytest.raises(CheckpointRaceError, match="changed size"):
         run.verify(plan, copied)
 
