@@ -46,8 +46,8 @@ def parse_manifest(data: bytes, where: str) -> SavepointManifest:
         manifest = SavepointManifest.model_validate_json(data, strict=True)  # strict: what the checks below would refuse
     except Exception:  # noqa: BLE001 - whatever it is, the checks below name it as before
         pass
-    else:
-        if 1 <= manifest.format_version <= MANIFEST_VERSION:
+    else:  # its format marker and version written, not defaulted: the checks below refuse a file without them
+        if {"format", "format_version"} <= manifest.model_fields_set and 1 <= manifest.format_version <= MANIFEST_VERSION:
             return manifest
     try:
         raw: Any = json.loads(data.decode("utf-8"))

@@ -31,6 +31,10 @@ def test_savepoint_ids_follow_flinks_naming():
     (json.dumps({**GOOD, "format_version": "1"}).encode(), ManifestCorruptError, "no valid format_version"),
     (json.dumps({**GOOD, "format_version": 99}).encode(), ManifestVersionError, "newer than this release"),
     (json.dumps({**GOOD, "batch_id": -1}).encode(), ManifestCorruptError, "batch_id"),
+    (json.dumps({k: v for k, v in GOOD.items() if k != "format"}).encode(), ManifestCorruptError, "format marker None"),
+    (json.dumps({k: v for k, v in GOOD.items() if k != "format_version"}).encode(), ManifestCorruptError, "no valid"),
+    (json.dumps({**GOOD, "files": [{"path": "a", "size": 1, "checksum": "00"}] * 2}).encode(), ManifestCorruptError,
+     "files"),
 ])
 def test_each_fault_has_its_error(data, error, says):
     with pytest.raises(error, match=says):
