@@ -334,6 +334,8 @@ def test_s3_bad_credentials_and_refused_access_become_their_own_errors(s3, s3_en
 
 def test_an_s3_client_keeps_a_connection_for_every_file_copied_at_once(s3, s3_endpoint):
     """botocore's default pool (10 connections) would cap ``parallelism`` at 10 requests in flight."""
+    import fsspec
+
     from airflow_savepoints.storage.backends.s3 import MAX_CONNECTIONS
 
     store = Store(f"s3://{s3}", {"endpoint_url": s3_endpoint, "skip_instance_cache": True})
@@ -343,15 +345,21 @@ def test_an_s3_client_keeps_a_connection_for_every_file_copied_at_once(s3, s3_en
                                "config_kwargs": {"max_pool_connections": 12, "connect_timeout": 7}})
     own.list_files()
     assert (own.fs.s3.meta.config.max_pool_connections, own.fs.s3.meta.config.connect_timeout) == (12, 7)
+    fsspec.config.conf["s3"]["config_kwargs"] = {"connect_timeout": 9}  # fsspec's configuration, under ours
+    configured = Store(f"s3://{s3}", {"skip_instance_cache": True})
+    configured.list_files()
+    assert (configured.fs.s3.meta.config.max_pool_connections, configured.fs.s3.meta.config.connect_timeout) == \
+        (MAX_CONNECTIONS, 9)
 
 
 def test_an_http_s3_endpoint_loads_no_ca_bundle(s3, s3_endpoint, monkeypatch, tmp_path):
     """Without TLS the client skips the CA bundle: a bundle that does not exist would fail every
     request of a client that loads it (as one through a proxy still does)."""
     monkeypatch.setenv("AWS_CA_BUNDLE", str(tmp_path / "no-such-bundle.pem"))
-    store = Store(f"s3://{s3}/root", {"endpoint_url": s3_endpoint, "skip_instance_cache": True})
-    store.write_bytes_atomic("f", b"1")
-    assert store.read_bytes("f") == b"1"
+    given = Store(f"s3://{s3}/root", {"endpoint_url": s3_endpoint, "skip_instance_cache": True})
+    given.write_bytes_atomic("f", b"1")
+    configured = Store(f"s3://{s3}/root", {"skip_instance_cache": True})  # the endpoint from fsspec's configuration
+    assert configured.read_bytes("f") == b"1"
     proxied = Store(f"s3://{s3}/root", {"endpoint_url": s3_endpoint, "skip_instance_cache": True,
                                         "config_kwargs": {"proxies": {"http": s3_endpoint}, "retries": {"max_attempts": 1}}})
     proxied.fs.retries = 1  # s3fs's own retries of the failure: one attempt is enough here
