@@ -46,6 +46,7 @@ made, and the rest (catalog, lease, manifest). A missing emulator is reported as
 
 from __future__ import annotations
 
+import compileall
 import io
 import json
 import math
@@ -329,7 +330,10 @@ def our_parallelism() -> int:
 
 def cli_savepoint(endpoint: str, bucket: str, work: Path) -> dict:
     """``airflow-savepoints trigger`` of the checkpoint for a new job, the whole run of its process (its start,
-    the S3 client's, the savepoint); no connection named, fsspec's configuration pointing at ``endpoint``."""
+    the S3 client's, the savepoint); no connection named, fsspec's configuration pointing at ``endpoint``.
+    The package's bytecode is written first, as installing it does (``PYTHONDONTWRITEBYTECODE`` would
+    otherwise have every run compile its modules from source)."""
+    compileall.compile_dir(str(ROOT / "airflow_savepoints"), quiet=1)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__SAVEPOINTS__"))}
     env.update(PYTHONPATH=str(ROOT), AIRFLOW_HOME=str(work / "cli-airflow-home"), FSSPEC_S3_ENDPOINT_URL=endpoint,
                FSSPEC_S3_KEY=KEYS["key"], FSSPEC_S3_SECRET=KEYS["secret"], AWS_EC2_METADATA_DISABLED="true")

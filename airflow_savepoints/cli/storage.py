@@ -152,21 +152,26 @@ def open_root(conn_id: str | None, savepoint_dir: str | None, *, must_exist: boo
     ``must_exist``: a directory that does not exist is an error (commands that only read it).
     ``required=False``: None instead of an error when no directory is given or configured.
     """
-    from airflow_savepoints.storage import Store
+    if freeze_after_open:  # the console script: no collection while the store's client library (and Airflow for a
+        gc.disable()  # named connection) is imported, its objects then frozen out of every later collection's way
+    try:  # (gc's documented disable-freeze-enable; never in a long-lived process that calls in)
+        from airflow_savepoints.storage import Store
 
-    hook = storage_hook(conn_id)
-    try:
-        if hook is None:
-            root = Store(resolve_savepoint_dir(savepoint_dir))
-        else:
-            with _as_airflow_cli():
-                root = hook.get_store(savepoint_dir)
-    except NoSavepointDirError:
-        if required:
-            raise
-        return None
-    if freeze_after_open:  # the console script: the imports' objects (the store's client library's included)
-        gc.freeze()  # are out of every later collection's way (never in a long-lived process that calls in)
+        hook = storage_hook(conn_id)
+        try:
+            if hook is None:
+                root = Store(resolve_savepoint_dir(savepoint_dir))
+            else:
+                with _as_airflow_cli():
+                    root = hook.get_store(savepoint_dir)
+        except NoSavepointDirError:
+            if required:
+                raise
+            return None
+    finally:
+        if freeze_after_open:
+            gc.freeze()
+            gc.enable()
     if must_exist and not root.isdir():
         raise SavepointDirNotFoundError(f"the savepoint directory {root.url} does not exist",
                                   "check --dir / --conn-id (a typo?); it is created by the first savepoint")

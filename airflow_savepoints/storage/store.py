@@ -97,8 +97,9 @@ def _make_filesystem(protocol: str, storage_options: dict[str, Any] | None):
         ) from exc
     except ValueError as exc:
         raise UnknownSchemeError(f"unknown URL scheme '{protocol}'", str(exc)) from exc
-    options = dict(storage_options or {})
-    fsspec.config.apply_config(cls, options)  # fsspec's own configuration (files and FSSPEC_* variables)
+    # fsspec's own configuration (files and FSSPEC_* variables) under the options given, so that the back
+    # end's defaults see it (an endpoint, a configured ``config_kwargs``)
+    options = fsspec.config.apply_config(cls, dict(storage_options or {}))
     return cls(**kind.filesystem_options(options))
 
 

@@ -19,6 +19,7 @@ from airflow_savepoints.errors import CredentialsError, SourceChangedError, Stor
 from airflow_savepoints.storage import LINK, SERVER_COPY, STREAM, Store
 from airflow_savepoints.storage.backends import backend_class, known_backends, register_backend
 from airflow_savepoints.storage.backends.azure import AzureBackend
+from airflow_savepoints.storage.backends.base import exception_chain
 from airflow_savepoints.storage.backends.gcs import GCSBackend
 from airflow_savepoints.storage.backends.generic import FsspecBackend, ObjectStoreBackend
 from airflow_savepoints.storage.backends.local import LocalBackend
@@ -333,6 +334,8 @@ def test_s3_bad_credentials_and_refused_access_become_their_own_errors(s3, s3_en
 
 def test_an_s3_client_keeps_a_connection_for_every_file_copied_at_once(s3, s3_endpoint):
     """botocore's default pool (10 connections) would cap ``parallelism`` at 10 requests in flight."""
+    import fsspec
+
     from airflow_savepoints.storage.backends.s3 import MAX_CONNECTIONS
 
     store = Store(f"s3://{s3}", {"endpoint_url": s3_endpoint, "skip_instance_cache": True})
@@ -342,6 +345,97 @@ def test_an_s3_client_keeps_a_connection_for_every_file_copied_at_once(s3, s3_en
                                "config_kwargs": {"max_pool_connections": 12, "connect_timeout": 7}})
     own.list_files()
     assert (own.fs.s3.meta.config.max_pool_connections, own.fs.s3.meta.config.connect_timeout) == (12, 7)
+    fsspec.config.conf["s3"]["config_kwargs"] = {"connect_timeout": 9}  # fsspec's configuration, under ours
+    configured = Store(f"s3://{s3}", {"skip_instance_cache": True})
+    configured.list_files()
+    assert (configured.fs.s3.meta.config.max_pool_connections, configured.fs.s3.meta.config.connect_timeout) == \
+        (MAX_CONNECTIONS, 9)
+
+
+def test_an_http_s3_endpoint_loads_no_ca_bundle(s3, s3_endpoint, monkeypatch, tmp_path):
+    """Without TLS the client skips the CA bundle: a bundle that does not exist would fail every
+    request of a client that loads it (as one through a proxy still does)."""
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(tmp_path / "no-such-bundle.pem"))
+    given = Store(f"s3://{s3}/root", {"endpoint_url": s3_endpoint, "skip_instance_cache": True})
+    given.write_bytes_atomic("f", b"1")
+    configured = Store(f"s3://{s3}/root", {"skip_instance_cache": True})  # the endpoint from fsspec's configuration
+    assert configured.read_bytes("f") == b"1"
+    proxied = Store(f"s3://{s3}/root", {"endpoint_url": s3_endpoint, "skip_instance_cache": True,
+                                        "config_kwargs": {"proxies": {"http": s3_endpoint}, "retries": {"max_attempts": 1}}})
+    proxied.fs.retries = 1  # s3fs's own retries of the failure: one attempt is enough here
+    with pytest.raises(Exception, match="no-such-bundle|No such file"):
+        proxied.read_bytes("f")
+    monkeypatch.setenv("HTTP_PROXY", "https://proxy.example:3128")  # TLS to the proxy: verified
+    for endpoint in (s3_endpoint, "https://s3.example"):
+        assert "verify" not in S3Backend.filesystem_options({"endpoint_url": endpoint}).get("client_kwargs", {})
+
+
+@pytest.fixture(scope="module")
+def self_signed_https(tmp_path_factory) -> Iterator[tuple[str, str, list[str]]]:
+    """An HTTPS server on 127.0.0.1 with a self-signed certificate, answering every request with S3's
+    404: (its URL, the certificate's file, the paths it was asked for)."""
+    import datetime
+    import http.server
+    import ipaddress
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    folder = tmp_path_factory.mktemp("tls")
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    asked: list[str] = []
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            asked.append(self.path)
+            body = b"<Error><Code>NoSuchKey</Code><Message>none</Message></Error>"
+            self.send_response(404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", str(cert_file), asked
+    server.shutdown()
+
+
+def test_an_https_s3_endpoint_is_still_verified(self_signed_https):
+    """An ``https://`` endpoint keeps botocore's verification: a certificate no CA vouches for is
+    refused before any request is sent; trusted (``verify`` = its file), the same server answers."""
+    url, cert_file, asked = self_signed_https
+    options = {"endpoint_url": url, "key": "k", "secret": "s", "skip_instance_cache": True,
+               "config_kwargs": {"retries": {"max_attempts": 1}}}
+    untrusted = Store("s3://bucket/root", options)
+    untrusted.fs.retries = 1  # s3fs's own retries of the failure: one attempt is enough here
+    with pytest.raises(Exception) as refused:
+        untrusted.read_bytes("f")
+    assert "CERTIFICATE_VERIFY_FAILED" in " ".join(map(str, exception_chain(refused.value))) and asked == []
+    trusted = Store("s3://bucket/root", {**options, "client_kwargs": {"verify": cert_file}})
+    with pytest.raises(FileNotFoundError):
+        trusted.read_bytes("f")
+    assert asked == ["/bucket/root/f"]
 
 
 @pytest.mark.s3
