@@ -101,7 +101,8 @@ def safe(jobs, checkpoints) -> None:
 
 
 def _job_folder(files) -> str:
-    return os.path.dirname(os.path.commonpath([target for _, _, target, _ in files]))
+    """The job's folder below the floor's root (the files span metadata, offsets/ and more: their common folder)."""
+    return os.path.commonpath([target for _, _, target, _ in files])
 
 
 def safe_plus(jobs, checkpoints) -> None:
@@ -110,7 +111,7 @@ def safe_plus(jobs, checkpoints) -> None:
             pass
     for files, manifest in jobs:
         json.loads(manifest)
-        job = os.path.dirname(_job_folder(files))
+        job = _job_folder(files)
         os.makedirs(job, exist_ok=True)
         lease = os.path.join(job, "_lease.floor")
         fd = os.open(lease, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
