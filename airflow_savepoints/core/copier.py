@@ -265,7 +265,7 @@ def copy_file(src: Store, src_rel: str, dst: Store, dst_rel: str | None = None, 
 
 
 UPLOAD_PARALLELISM = 8  # default where files stream through the worker into an object store (~9 MiB each)
-LINK_INLINE_BYTES = 4 * CHUNK  # files linked and hashed in the calling thread when they hold fewer bytes in all
+LINK_INLINE_BYTES = 32 * CHUNK  # files linked and hashed in the calling thread when they hold fewer bytes in all (docs/performance.md)
 NETWORK_PARALLELISM = 32  # default elsewhere: server-side copies, reads and downloads hold 1 MiB at most
 
 

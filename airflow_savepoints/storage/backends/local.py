@@ -216,16 +216,19 @@ def scan_names(base: str, links: list[str] | None = None) -> list[str]:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
-            if links is not None and entry.is_symlink():
-                links.append(prefix + entry.name)
-            try:
+            try:  # one type test per file as a rule (the folder's entry says it is a plain file: no stat)
+                if entry.is_file(follow_symlinks=False):
+                    out.append(prefix + entry.name)
+                    continue
                 is_dir = entry.is_dir(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed since the folder was read
             if is_dir:
                 pending.append((entry.path, prefix + entry.name + "/"))
-            else:
-                out.append(prefix + entry.name)
+                continue
+            if links is not None and entry.is_symlink():
+                links.append(prefix + entry.name)
+            out.append(prefix + entry.name)
     return out
 
 

@@ -14,9 +14,11 @@ import os
 import re
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.core.copier import LINK_INLINE_BYTES, bounded_map
 from benchmarks import object_store as bench
 
 PLAN_INPUT = re.compile(r"metadata|offsets/\d+|commits/\d+|state/0/_metadata/.*|state/0/\d+/\d+\.zip")
@@ -82,6 +84,9 @@ def test_an_incremental_linked_savepoint_walks_the_checkpoint_once_and_opens_no_
     assert sum(per_file.values()) <= 12, per_file  # 7.7 here; 33.6 before the planner indexed folders (issue 32)
     reused = {e.path for e in files if e.checksum_source == "previous"}
     assert len(reused) >= len(files) // 2 and len(reused) < len(files)  # most files reused, the new batch's not
+    fresh_bytes = sum(e.size for e in files if e.path not in reused)
+    assert fresh_bytes < LINK_INLINE_BYTES  # the new batch is linked and hashed in this thread: no pool started
+    assert bounded_map.__code__ not in functions and ThreadPoolExecutor.submit.__code__ not in functions
 
     folders = [checkpoint] + [p for p in checkpoint.rglob("*") if p.is_dir()]
     assert sorted(under(checkpoint, calls, "os.scandir")) == sorted(map(str, folders))  # one walk, each folder once
