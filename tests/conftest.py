@@ -55,11 +55,34 @@ def spark():
     session.stop()
 
 
+def atomic_conditional_puts() -> None:
+    """Make moto's conditional PUT (``If-None-Match: *``, ``If-Match``) atomic, as S3's is: moto 5.2 checks
+    the key, then writes it, while its threaded server runs requests side by side, so two racing creates
+    could both succeed (seen once in 10 racers for the catalog lock). Unconditional PUTs are left as they are."""
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    if getattr(S3Response, "_atomic_conditional_puts", False):
+        return
+    plain, lock = S3Response._key_response_put, threading.Lock()
+
+    def put(self, *args, **kwargs):
+        if "If-None-Match" in self.headers or "If-Match" in self.headers:
+            with lock:
+                return plain(self, *args, **kwargs)
+        return plain(self, *args, **kwargs)
+
+    S3Response._key_response_put = put
+    S3Response._atomic_conditional_puts = True
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """moto's standalone S3 server on 127.0.0.1, reached over HTTP through s3fs."""
     from moto.server import ThreadedMotoServer
 
+    atomic_conditional_puts()
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

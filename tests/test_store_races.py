@@ -7,6 +7,7 @@ Azurite, a NameNode through hdfs-native; a process spawns in seconds, hence slow
 from __future__ import annotations
 
 import multiprocessing
+import sys
 
 import pytest
 
@@ -58,3 +59,42 @@ def test_ten_processes_racing_for_a_lease_have_one_winner_and_lose_no_catalog_up
     records = Catalog(Store(folder), "job").records()
     assert sorted(r.savepoint_id for r in records) == sorted(savepoint_of(i) for i in range(10))  # none lost
     assert {r.state for r in records} == {SavepointState.IN_PROGRESS} and not Store(folder).exists(CATALOG_LOCK)
+
+
+def test_the_s3_emulator_grants_a_racing_conditional_create_once(s3_endpoint):
+    """The emulator keeps S3's promise that the lease and catalog lock rely on: of creates racing with
+    ``If-None-Match: *``, exactly one succeeds (``conftest.atomic_conditional_puts``; moto alone let two through)."""
+    import threading
+
+    import botocore.session
+    from botocore.exceptions import ClientError
+
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id="testing",
+        aws_secret_access_key="testing")
+    client.create_bucket(Bucket="conditional-race")
+
+    def create(key: str, racer: int, barrier: threading.Barrier, outcomes: list) -> None:
+        barrier.wait(timeout=30)
+        try:
+            client.put_object(Bucket="conditional-race", Key=key, Body=str(racer).encode(), IfNoneMatch="*")
+            outcomes.append(racer)
+        except ClientError as exc:
+            outcomes.append(exc.response["Error"]["Code"])
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the server's threads switch inside its check-then-write: a race shows
+    try:
+        for round_ in range(60):
+            key, barrier, outcomes = f"lock-{round_}", threading.Barrier(8), []
+            threads = [threading.Thread(target=create, args=(key, i, barrier, outcomes)) for i in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            granted = [o for o in outcomes if isinstance(o, int)]
+            assert len(outcomes) == 8 and len(granted) == 1, (round_, outcomes)
+            assert set(outcomes) - set(granted) == {"PreconditionFailed"}, outcomes
+            assert client.get_object(Bucket="conditional-race", Key=key)["Body"].read() == str(granted[0]).encode()
+    finally:
+        sys.setswitchinterval(switch)
