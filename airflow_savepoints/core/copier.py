@@ -183,11 +183,8 @@ def _reuse_all_by_link(dst: Store, paths: list[str], known: Mapping[str, KnownCh
     The rest (no link possible, the file gone or of another size) are copied from the checkpoint."""
     hinted = [(path, hint) for path in paths if (hint := known.get(path)) is not None]
     by_store: dict[Store, list[tuple[str, KnownChecksum]]] = {}  # by identity: a Store has no __eq__
-    if len(stores := {hint.store for _, hint in hinted}) == 1:  # one previous savepoint, as a rule
-        by_store[stores.pop()] = hinted
-    else:
-        for path, hint in hinted:
-            by_store.setdefault(hint.store, []).append((path, hint))
+    for path, hint in hinted:
+        by_store.setdefault(hint.store, []).append((path, hint))
     reused: dict[str, CopiedFile] = {}
     get_stat = stats.get
     for store, hints in by_store.items():
