@@ -3,10 +3,12 @@
 A small checkpoint in Spark's RocksDB layout (benchmarks/object_store.py's generator, ``--partitions``
 partitions) lies on moto's S3 server, fake-gcs-server and Azurite (tests/support/emulators.py), each
 behind the counting proxy (tests/support/fault_proxy.py, in this process) with ``--latency`` seconds
-added to every request. A savepoint for a new job is taken through it, then restored to local disk,
-and the proxy's timeline (each request's arrival and answer) is read: the longest chain of requests
-that ran one after another before the first copy and after the last one (a copy: a server-side copy
-for the savepoint, a download of a file of the savepoint for the restore), each named.
+added to every request. A savepoint for a new job is taken through it, then restored to local disk and
+into the store (a new checkpoint location in the same bucket), and the proxy's timeline (each request's
+arrival and answer) is read: the longest chain of requests that ran one after another before the first
+copy and after the last one (a copy: a server-side copy for the savepoint and the restore in the store,
+a download of a file of the savepoint for the restore to local disk), each named. Below ~50 ms the
+emulators' own answer times make a chain vary by one between runs.
 
     PYTHONPATH=$PWD python benchmarks/serial_requests.py [--latency 0.02] [--skip gcs,azure] [--json F]
 """
@@ -146,13 +148,18 @@ def measure(name: str, latency: float, partitions: int, work: Path) -> dict:
         proxy.reset()
         restore_savepoint(info.pointer, str(work / f"restored-{name}"), parallelism=4, storage_options=options)
         restore = settled(proxy)
+        proxy.reset()
+        restore_savepoint(info.pointer, f"{scheme}://{BUCKET}/restored", parallelism=4, storage_options=options,
+                          target_storage_options=options)
+        in_store = settled(proxy)
     location = info.pointer.split("://", 1)[1].rstrip("/")
     body = {f"{location}/{e.path}" for e in info.manifest.files
             if e.path not in (CHECKPOINT_METADATA, MANIFEST_FILE) and not _rewritable(e.path)}
     account = f"{em.AZURITE_ACCOUNT}/" if name == "azure" else ""
     return {"service": name, "latency": latency, "files": len(info.manifest.files),
             "savepoint": serial_around(savepoint, lambda e: e[2] in ("COPY", "UPLOAD_PART_COPY")),
-            "restore": serial_around(restore, lambda e: e[2] == "GET" and (e[4] or "").removeprefix(account) in body)}
+            "restore": serial_around(restore, lambda e: e[2] == "GET" and (e[4] or "").removeprefix(account) in body),
+            "restore in store": serial_around(in_store, lambda e: e[2] in ("COPY", "UPLOAD_PART_COPY"))}
 
 
 def main() -> None:
@@ -169,7 +176,7 @@ def main() -> None:
         for name in (s for s in SERVICES if s not in args.skip.split(",")):
             result = measure(name, args.latency, args.partitions, work)
             results.append(result)
-            for step in ("savepoint", "restore"):
+            for step in ("savepoint", "restore", "restore in store"):
                 figures = result[step]
                 print(f"{name} {step}: {figures['requests']} requests, {figures['copies']} copies")
                 for side in ("before_first_copy", "after_last_copy"):
