@@ -31,7 +31,7 @@ from urllib.parse import parse_qsl, unquote
 import pytest
 
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
-from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.core import restore_savepoint, take_savepoint
 from airflow_savepoints.storage import Store
 from benchmarks import object_store as bench
 from tests.support import emulators
@@ -239,7 +239,8 @@ def test_the_serial_requests_overlap(counted_on):
     and the job's lease are asked for together (the lease once the ``metadata`` names the query), and the
     job's lease is released while the catalog's lock is. The listing and the last release of the catalog's
     lock are held back 1 s at the proxy: what overlaps them completes before they do. A listing is one
-    request (no look at the listed folder itself first, which adlfs's ``find`` makes)."""
+    request (no look at the listed folder itself first, which adlfs's ``find`` makes). Then (on S3) a restore
+    into the store checks its target's name and contents together, and gives back claim and pin together."""
     counted = counted_on
     checkpoint, savepoints = counted.stores()
     for store in (checkpoint, savepoints):  # each client made (credentials, endpoint) before the clock starts
@@ -260,6 +261,25 @@ def test_the_serial_requests_overlap(counted_on):
     folders = {"checkpoint", "savepoints", "counted", info.manifest.savepoint_id}
     assert not [d for d in done if d[0] != "LIST" and d[1] in folders], "a listed folder was looked at itself"
     assert info.manifest.files
+
+    if counted.service != "s3":
+        return  # the restore's order is the core's, the same on every store: checked once
+    # the restore into the store asks whether its target is a file while it lists it (the look at the name and
+    # the target's listings held back 0.2 s), and removes its claim on the target while the pin on the savepoint
+    # is released (the pin's last unlock held back 0.3 s: the claim is gone first)
+    counted.proxy.reset()
+    counted.proxy.set_rules(Rule(action="delay", seconds=0.2, methods={"HEAD", "GET"}, path=r"/restored$|prefix=restored"),
+                            Rule(action="delay", seconds=0.3, methods={"DELETE"}, path=r"_catalog\.lock", every=2))
+    options = store_options(counted.service, counted.proxy.url)
+    restore_savepoint(info.pointer, f"{counted.scheme}://{counted.bucket}/restored", storage_options=options,
+                      target_storage_options=options, parallelism=4)
+    timeline = _settled(counted.proxy)
+    look = min((e for e in timeline if e[2] != "LIST" and _named(e)[1] == "restored"), key=lambda e: e[0])
+    listing = min((e for e in timeline if _named(e) == ("LIST", "restored")), key=lambda e: e[0])
+    assert listing[0] < look[1], "the target was listed only after the look at its name was answered"
+    done = [_named(e) for e in timeline]  # in the order answered
+    last_unlock = max(i for i, d in enumerate(done) if d == ("DELETE", "_catalog.lock"))
+    assert done.index(("DELETE", "_restore.lease")) < last_unlock
 
 
 def test_a_listing_and_a_stamped_read_are_one_request_each(counted_on):
@@ -288,3 +308,4 @@ def test_a_listing_and_a_stamped_read_are_one_request_each(counted_on):
     assert max(e[0] for e in timeline) < min(e[1] for e in timeline), "one request waited for another"
     assert data == (counted.local / "metadata").read_bytes()
     assert modified == checkpoint.stat("metadata").modified  # the time a look at its properties gives
+
