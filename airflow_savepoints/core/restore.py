@@ -231,7 +231,7 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-listing") as pool:
         listed = None if location.is_local or (request.prefer_secondary and manifest.secondary) else \
             pool.submit(location.list_files)
-        with claimed(destination), pinned(location, manifest):
+        with claimed_and_pinned(destination, location, manifest):
             secondary = _usable_secondary(manifest, request.secondary_storage_options) if request.prefer_secondary else None
             if secondary is not None:
                 try:
@@ -259,10 +259,28 @@ def _fresh_target(location: Store, destination: Store) -> Store:
             f"the restore target {destination.url} overlaps the savepoint {location.url}",
             "restore into a new checkpoint location outside the savepoint directory",
         )
-    if destination.isfile():
-        raise TargetNotEmptyError(f"the restore target {destination.url} is a file", "choose a new folder")
-    _check_empty(destination)
+    _refuse_file_or_files(destination)
     return destination
+
+
+def _refuse_file_or_files(destination: Store) -> None:
+    """Refuse a target that is a file or holds files; on an object store both are asked together."""
+    is_a_file = TargetNotEmptyError(f"the restore target {destination.url} is a file", "choose a new folder")
+    if destination.is_local:
+        if destination.isfile():
+            raise is_a_file
+        _check_empty(destination)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-target") as pool:
+        is_file = pool.submit(destination.isfile)
+        try:
+            _check_empty(destination)
+        except TargetNotEmptyError:
+            if is_file.result():  # a file there is what to say first
+                raise is_a_file from None
+            raise
+        if is_file.result():
+            raise is_a_file
 
 
 CLAIM_FILE = RESTORE_CLAIM
@@ -302,10 +320,32 @@ def claimed(destination: Store) -> Iterator[Lease]:
         _check_empty(destination)  # a restore that finished just before our claim: its files are there
         yield claim
     finally:
+        if claim.written:  # not given back already (claimed_and_pinned)
+            _release_claim(claim, destination)
+
+
+def _release_claim(claim: Lease, destination: Store) -> None:
+    try:
+        claim.release()
+    except Exception as exc:  # noqa: BLE001 - a claim left behind goes stale by itself
+        log.warning("could not release the claim %s (%s)", destination.url_of(CLAIM_FILE), exc)
+
+
+@contextlib.contextmanager
+def claimed_and_pinned(destination: Store, location: Store, manifest: SavepointManifest) -> Iterator[None]:
+    """The target claimed, then the savepoint pinned (see ``claimed`` and ``pinned``); when the restore ends
+    the claim is given back while the pin is (neither waits for the other: a target and a catalog)."""
+    with claimed(destination) as claim, ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-claim") as pool:
+        released = None
         try:
-            claim.release()
-        except Exception as exc:  # noqa: BLE001 - a claim left behind goes stale by itself
-            log.warning("could not release the claim %s (%s)", destination.url_of(CLAIM_FILE), exc)
+            with pinned(location, manifest):
+                try:
+                    yield
+                finally:
+                    released = pool.submit(_release_claim, claim, destination)
+        finally:
+            if released is not None:
+                released.result()  # before ``claimed`` looks whether the claim is still held
 
 
 def _usable_secondary(manifest: SavepointManifest, storage_options: dict[str, Any] | None) -> Store | None:

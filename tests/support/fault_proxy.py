@@ -259,6 +259,8 @@ class FaultProxy:
         # ("sent" or "received", target, payload bytes, the object's name: see OBJECT_NAMES)
         self.payload_log: list[tuple[str, str, int, str | None]] = []
         self.request_log: list[tuple[str, str, str | None]] = []  # (kind, target, object name) as requests arrive
+        # (arrived, answered, kind, target, object name): monotonic seconds, the added latency and delays included
+        self.timeline: list[tuple[float, float, str, str, str | None]] = []
         # (method, target, request headers, status) -> headers added to the response: what an emulator lacks
         self.add_headers: Callable[[str, str, Any, int], dict[str, str]] | None = None
         proxy = self
@@ -308,6 +310,7 @@ class FaultProxy:
             self.log.clear()
             self.payload_log.clear()
             self.request_log.clear()
+            self.timeline.clear()
 
     @property
     def total_requests(self) -> int:
@@ -334,7 +337,7 @@ class FaultProxy:
         if target.startswith(CONTROL):
             self._control(handler, target[len(CONTROL):])
             return
-        kind = self.request_kind(method, target, handler.headers)
+        kind, arrived = self.request_kind(method, target, handler.headers), time.monotonic()
         with self.lock:
             self.requests[method] += 1
             self.kinds[kind] += 1
@@ -354,7 +357,7 @@ class FaultProxy:
             handler.send_header("Content-Length", str(len(payload)))
             handler.end_headers()
             handler.wfile.write(payload)
-            self._note(method, target, f"error {fault.code}")
+            self._note(method, target, f"error {fault.code}", (arrived, kind, body))
             return
         if fault is not None and fault.action == "delay":
             time.sleep(fault.seconds)
@@ -367,7 +370,7 @@ class FaultProxy:
                 self.payload_bytes["received"] += len(data)
                 self.payload_log.append(("received", target, len(data), self.object_name(target)))
         if fault is not None:  # drop: the server acted; the client sees the response cut off
-            self._note(method, target, "drop")
+            self._note(method, target, "drop", (arrived, kind, body))
             handler.close_connection = True
             if len(data) > 1:
                 handler.send_response(status, reason)
@@ -392,11 +395,14 @@ class FaultProxy:
         handler.end_headers()
         if method != "HEAD":
             handler.wfile.write(data)
-        self._note(method, target, status)
+        self._note(method, target, status, (arrived, kind, body))
 
-    def _note(self, method: str, target: str, outcome: int | str) -> None:
+    def _note(self, method: str, target: str, outcome: int | str, request: tuple[float, str, bytes]) -> None:
+        arrived, kind, body = request
+        answered = time.monotonic()
         with self.lock:
             self.log.append((method, target, outcome))
+            self.timeline.append((arrived, answered, kind, target, self.object_name(target, body)))
 
     def _control(self, handler: BaseHTTPRequestHandler, command: str) -> None:
         if command == "reset":

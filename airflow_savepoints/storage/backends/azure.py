@@ -76,6 +76,30 @@ class AzureBackend(ObjectStoreBackend):
         return self.create_if_absent(path, data, lambda: self.fs.pipe_file(path, data, overwrite=False),
                                      lambda exc: isinstance(exc, FileExistsError) or http_status(exc) in (409, 412))
 
+    def list_files(self, base: str) -> dict[str, FileStat]:
+        """One List Blobs by prefix per page. adlfs's ``find`` first asks whether ``base`` is a blob itself
+        (Get Blob Properties: one more round trip before every listing, of the checkpoint, a job folder, a
+        savepoint) and asks again when nothing is below it; neither answer changes what is below ``base``."""
+        container, blobs, _ = self.fs.split_path(self.strip(base).strip("/") + "/")
+
+        async def listing() -> list[dict[str, Any]]:
+            async with self.fs.service_client.get_container_client(container=container) as client:
+                return await self.fs._details([b async for b in client.list_blobs(include=["metadata"],
+                                                                                  name_starts_with=blobs)])
+
+        try:
+            return self.files_below(base, sync(self.fs.loop, listing))
+        except Exception as exc:
+            if http_status(exc) == 404:  # no such container: nothing below base
+                return {}
+            raise
+
+    def read_stamped(self, path: str) -> tuple[bytes, float | None]:
+        """One Get Blob: its bytes and its ``Last-Modified`` (the time Get Blob Properties, a second request,
+        would give); a lease or lock held by another is read this way."""
+        with BlobReader(self.fs, path) as reader:
+            return reader.read(), reader.modified
+
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         return BlobReader(self.fs, path), None
 
@@ -187,7 +211,8 @@ async def _authorized_source(client) -> tuple[str, dict[str, str]] | None:
 
 
 class BlobReader(base.StreamReader):
-    """A blob read from one download (its chunks as they come), no properties request first."""
+    """A blob read from one download (its chunks as they come), no properties request first;
+    ``modified``: the blob's time, from the download's answer."""
 
     def __init__(self, fs, path: str):
         super().__init__()
@@ -195,11 +220,13 @@ class BlobReader(base.StreamReader):
         container, blob, _ = fs.split_path(path)
         client = fs.service_client.get_blob_client(container, blob)
         try:
-            self.chunks = sync(self.loop, client.download_blob, max_concurrency=1).chunks()
+            download = sync(self.loop, client.download_blob, max_concurrency=1)
         except Exception as exc:
             if http_status(exc) == 404:
                 raise FileNotFoundError(path) from exc
             raise
+        self.modified = base.modified_time({"last_modified": download.properties.last_modified})
+        self.chunks = download.chunks()
 
     def next_chunk(self, size: int) -> bytes:
         try:

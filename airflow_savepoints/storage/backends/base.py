@@ -147,10 +147,15 @@ class Backend:
             found = self.fs.find(base, detail=True, withdirs=False)
         except FileNotFoundError:
             return {}
+        return self.files_below(base, found.values())
+
+    def files_below(self, base: str, infos: Iterable[dict[str, Any]]) -> dict[str, FileStat]:
+        """The files among the listing entries ``infos`` (the filesystem's ``info`` dicts) that lie below
+        ``base``, keyed by path relative to ``base``."""
         prefix = self.strip(base).rstrip("/") + "/"  # as the filesystem writes it (memory: a leading /)
         out: dict[str, FileStat] = {}
-        for path, info in found.items():
-            path = self.strip(path)
+        for info in infos:
+            path = self.strip(info["name"])
             if path.startswith(prefix) and info.get("type") != "directory":
                 out[path[len(prefix):]] = self.file_stat(info)
         return out

@@ -22,40 +22,55 @@ request per zip), and the lease, catalog and `_metadata` take 17 requests. The t
 from __future__ import annotations
 
 import math
-import re
+import posixpath
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import parse_qsl, unquote
 
 import pytest
 
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
-from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.core import restore_savepoint, take_savepoint
 from airflow_savepoints.storage import Store
 from benchmarks import object_store as bench
-from tests.support.fault_proxy import FaultProxy, Rule
+from tests.support import emulators
+from tests.support.fault_proxy import AzureCrc64, FaultProxy, Rule
 
 PARTITIONS = 6
 LISTING_PAGE = 1000
 PLAN_READS = 3  # metadata, offsets/N, commits/N (no offsets/N+1 in this checkpoint)
+SCHEMES = {"s3": "s3", "gcs": "gs", "azure": "abfs"}
+
+
+def store_options(service: str, endpoint: str) -> dict:
+    """Storage options of a fresh filesystem that reaches ``service`` (moto, fake-gcs-server, Azurite) at ``endpoint``."""
+    options = {"s3": lambda: {"endpoint_url": endpoint}, "gcs": lambda: emulators.gcs_options(endpoint),
+               "azure": lambda: {"connection_string": emulators.azurite_connection_string(endpoint)}}[service]()
+    return {**options, "skip_instance_cache": True}
 
 
 class Counted:
-    """A checkpoint on moto behind the counting proxy, and savepoints taken through it."""
+    """A checkpoint on moto (or fake-gcs-server, Azurite) behind the counting proxy, and savepoints taken through it."""
 
-    def __init__(self, bucket: str, endpoint: str, folder: Path, monkeypatch, partitions: int = PARTITIONS):
+    def __init__(self, bucket: str, endpoint: str, folder: Path, monkeypatch, partitions: int = PARTITIONS,
+                 service: str = "s3"):
         monkeypatch.setattr(bench, "PARTITIONS", partitions)
-        self.local, self.bucket = folder / "checkpoint", bucket
+        self.local, self.bucket, self.service, self.scheme = folder / "checkpoint", bucket, service, SCHEMES[service]
         self.newest = bench.write_checkpoint(self.local, partitions * 10)
         bench.keep_only_planned(self.local)
-        self.direct = Store(f"s3://{bucket}", {"endpoint_url": endpoint, "skip_instance_cache": True})
+        self.direct = Store(f"{self.scheme}://{bucket}", store_options(service, endpoint))
         self.direct.fs.put(str(self.local) + "/", f"{bucket}/checkpoint", recursive=True)
         self.listed = len(self.direct.fs.find(f"{bucket}/checkpoint"))
-        self.proxy = FaultProxy(endpoint).start()
+        self.proxy = FaultProxy(endpoint, service=service)
+        if service == "azure":  # Azure's CRC64 of a synchronous copy, which Azurite does not send
+            self.proxy.add_headers = AzureCrc64(endpoint)
+        self.proxy.start()
 
     def stores(self) -> tuple[Store, Store]:
-        options = {"endpoint_url": self.proxy.url, "skip_instance_cache": True}  # a fresh process's view
-        return Store(f"s3://{self.bucket}/checkpoint", options), Store(f"s3://{self.bucket}/savepoints", options)
+        options = store_options(self.service, self.proxy.url)  # a fresh process's view
+        return Store(f"{self.scheme}://{self.bucket}/checkpoint", options), \
+            Store(f"{self.scheme}://{self.bucket}/savepoints", options)
 
     def savepoint(self, **options):
         """(the savepoint taken, the proxy's counts, the proxy's log of (method, target, status))."""
@@ -79,6 +94,18 @@ class Counted:
 @pytest.fixture
 def counted(s3, s3_endpoint, tmp_path, monkeypatch):
     setup = Counted(s3, s3_endpoint, tmp_path, monkeypatch)
+    yield setup
+    setup.proxy.stop()
+
+
+@pytest.fixture(params=["s3", "gcs", "azure"])
+def counted_on(request, tmp_path, monkeypatch):
+    """``counted`` on S3 (moto), GCS (fake-gcs-server) and Azure (Azurite) in turn."""
+    service = request.param
+    bucket, emulator = {"s3": ("s3", "s3_endpoint"), "gcs": ("gcs_bucket", "gcs_emulator"),
+                        "azure": ("azure_container", "azure_emulator")}[service]
+    bucket, emulator = request.getfixturevalue(bucket), request.getfixturevalue(emulator)
+    setup = Counted(bucket, emulator if service == "s3" else emulator.url, tmp_path, monkeypatch, service=service)
     yield setup
     setup.proxy.stop()
 
@@ -188,32 +215,97 @@ def test_an_incremental_savepoint_that_outlives_the_pin_heartbeat_makes_no_more_
     assert second["requests"] <= first["requests"], (first["by_kind"], second["by_kind"])
 
 
-def test_the_serial_requests_overlap(counted):
-    """Issue 32: the checkpoint's listing, its ``metadata``, the job's catalog and the job's lease are
-    asked for together (the lease once the ``metadata`` names the query), and the job's lease is
-    released while the catalog's lock is. The listing and the last release of the catalog's lock
-    are held back 1 s at the proxy: what overlaps them completes before they do."""
-    listing = r"list-type=2.*prefix=checkpoint"
+def _named(entry) -> tuple[str, str]:
+    """A request of the proxy's timeline as (kind, the object's last path part); a listing: ("LIST", its prefix)."""
+    _, _, kind, target, name = entry
+    if kind == "LIST":
+        return kind, dict(parse_qsl(target.partition("?")[2])).get("prefix", "").strip("/")
+    return kind, posixpath.basename(name or unquote(target.partition("?")[0]))
+
+
+def _settled(proxy: FaultProxy) -> list:
+    """The proxy's timeline once every request that arrived is in it (it logs a request just after its response)."""
+    deadline = time.monotonic() + 10
+    while True:
+        with proxy.lock:
+            timeline, arrived = list(proxy.timeline), len(proxy.request_log)
+        if len(timeline) >= arrived or time.monotonic() > deadline:
+            return timeline
+        time.sleep(0.02)
+
+
+def test_the_serial_requests_overlap(counted_on):
+    """Issue 32, on S3, GCS and Azure alike: the checkpoint's listing, its ``metadata``, the job's catalog
+    and the job's lease are asked for together (the lease once the ``metadata`` names the query), and the
+    job's lease is released while the catalog's lock is. The listing and the last release of the catalog's
+    lock are held back 1 s at the proxy: what overlaps them completes before they do. A listing is one
+    request (no look at the listed folder itself first, which adlfs's ``find`` makes). Then (on S3) a restore
+    into the store checks its target's name and contents together, and gives back claim and pin together."""
+    counted = counted_on
     checkpoint, savepoints = counted.stores()
-    for store in (checkpoint, savepoints):  # each S3 client made (credentials, endpoint) before the clock starts
+    for store in (checkpoint, savepoints):  # each client made (credentials, endpoint) before the clock starts
         store.exists("warm-up")
     counted.proxy.reset()
-    counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"GET"}, path=listing),
+    counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"GET"}, path=r"[?&]prefix=checkpoint"),
                             Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", every=2))
     info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
-    deadline = time.monotonic() + 10  # the proxy logs a request just after its response: wait for the last ones
-    while True:
-        with counted.proxy.lock:
-            log, arrived = list(counted.proxy.log), len(counted.proxy.request_log)
-        if len(log) >= arrived or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    done = [(m, t.split("?")[0].rsplit("/", 1)[-1] if "list-type" not in t else "LIST checkpoint") for m, t, _ in log
-            if "list-type" not in t or re.search(listing, t)]
-    assert done.index(("PUT", "_inflight.json")) < done.index(("GET", "LIST checkpoint"))
-    assert done.index(("GET", "_catalog.json")) < done.index(("GET", "LIST checkpoint"))
-    assert done.index(("GET", "metadata")) < done.index(("GET", "LIST checkpoint"))
+    done = [_named(e) for e in _settled(counted.proxy)]  # in the order answered
+    listing = ("LIST", "checkpoint")
+    assert done.count(listing) == 1
+    assert done.index(("PUT", "_inflight.json")) < done.index(listing)
+    assert done.index(("GET", "_catalog.json")) < done.index(listing)
+    assert done.index(("GET", "metadata")) < done.index(listing)
     last_lock_release = max(i for i, d in enumerate(done) if d == ("DELETE", "_catalog.lock"))
     assert done.index(("DELETE", "_inflight.json")) < last_lock_release
     assert done.index(("PUT", "_metadata")) < done.index(("DELETE", "_inflight.json"))  # the manifest before the release
+    folders = {"checkpoint", "savepoints", "counted", info.manifest.savepoint_id}
+    assert not [d for d in done if d[0] != "LIST" and d[1] in folders], "a listed folder was looked at itself"
     assert info.manifest.files
+
+    if counted.service != "s3":
+        return  # the restore's order is the core's, the same on every store: checked once
+    # the restore into the store asks whether its target is a file while it lists it (the look at the name and
+    # the target's listings held back 0.2 s), and removes its claim on the target while the pin on the savepoint
+    # is released (the pin's last unlock held back 0.3 s: the claim is gone first)
+    counted.proxy.reset()
+    counted.proxy.set_rules(Rule(action="delay", seconds=0.2, methods={"HEAD", "GET"}, path=r"/restored$|prefix=restored"),
+                            Rule(action="delay", seconds=0.3, methods={"DELETE"}, path=r"_catalog\.lock", every=2))
+    options = store_options(counted.service, counted.proxy.url)
+    restore_savepoint(info.pointer, f"{counted.scheme}://{counted.bucket}/restored", storage_options=options,
+                      target_storage_options=options, parallelism=4)
+    timeline = _settled(counted.proxy)
+    look = min((e for e in timeline if e[2] != "LIST" and _named(e)[1] == "restored"), key=lambda e: e[0])
+    listing = min((e for e in timeline if _named(e) == ("LIST", "restored")), key=lambda e: e[0])
+    assert listing[0] < look[1], "the target was listed only after the look at its name was answered"
+    done = [_named(e) for e in timeline]  # in the order answered
+    last_unlock = max(i for i, d in enumerate(done) if d == ("DELETE", "_catalog.lock"))
+    assert done.index(("DELETE", "_restore.lease")) < last_unlock
+
+
+def test_a_listing_and_a_stamped_read_are_one_request_each(counted_on):
+    """What the lease, the catalog's crawl and the restore's checks ask on every store: a listing of a
+    folder (with files, and without) is one request, and a lease read with its time (``read_stamped``) is
+    one GET, not a GET and a look at the file's properties."""
+    counted = counted_on
+    checkpoint, _ = counted.stores()
+    checkpoint.exists("warm-up")
+    for folder, files in (("state/0/0", True), ("no-such-folder", False)):
+        _settled(counted.proxy)
+        counted.proxy.reset()
+        assert bool(checkpoint.list_files(folder)) == files
+        # GCS: gcsfs lists again, as if the name were an object's, when nothing is below it (its reads take
+        # their sizes from the first listing's cache, so the listing stays gcsfs's own)
+        again = ["LIST"] if counted.service == "gcs" and not files else []
+        assert [e[2] for e in _settled(counted.proxy)] == ["LIST", *again], folder
+    counted.proxy.reset()
+    counted.proxy.latency = 0.2  # a request answered before another was sent is plain to see
+    data, modified = checkpoint.read_stamped("metadata")
+    counted.proxy.latency = 0.0
+    timeline = _settled(counted.proxy)
+    # GCS: a download tells the time to the second (Last-Modified), its metadata (the store's clock) to the
+    # microsecond, so both are asked for, together
+    assert sorted(e[2] for e in timeline) == (["GET", "STAT"] if counted.service == "gcs" else ["GET"])
+    assert max(e[0] for e in timeline) < min(e[1] for e in timeline), "one request waited for another"
+    assert data == (counted.local / "metadata").read_bytes()
+    assert modified == checkpoint.stat("metadata").modified  # the time a look at its properties gives
+
