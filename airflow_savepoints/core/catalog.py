@@ -401,14 +401,20 @@ class Catalog:
             if self._ahead is None:
                 self._ahead = _in_thread(self._lock_and_read)
 
-    def settle(self) -> None:
+    def settle(self, *, quiet: bool = False) -> None:
         """Wait for an unlock under way in the background (one that failed is tried once more, raising if
-        it fails again), and release a lock taken ahead that no update used."""
+        it fails again), and release a lock taken ahead that no update used. ``quiet``: a failure is
+        logged instead (the lock is broken once stale)."""
         with self._pending:
             ahead, self._ahead = self._ahead, None
-        self._join_unlock()
-        if ahead is not None and ahead.exception() is None:
-            ahead.result()[0].release()
+        try:
+            self._join_unlock()
+            if ahead is not None and ahead.exception() is None:
+                ahead.result()[0].release()
+        except Exception as exc:
+            if not quiet:
+                raise
+            log.warning("could not release the catalog lock of %s (%s); it is broken once stale", self.job, exc)
 
     def _join_unlock(self) -> None:
         with self._pending:

@@ -517,16 +517,9 @@ class SavepointRun:
         except Exception as failure:  # noqa: BLE001 - the original error is what the caller needs
             log.warning("could not record the failed savepoint of %s in its history (%s)", self.request.job, failure)
 
-    def settle(self) -> None:
-        """Wait for the catalog's lock to be released (an unlock under way, a lock taken ahead and unused)."""
-        try:
-            self.catalog.settle()
-        except Exception as exc:  # noqa: BLE001 - the lock goes stale by itself; the run's result stands
-            log.warning("could not release the catalog lock of %s (%s); it is broken once stale", self.request.job, exc)
-
     def discard(self) -> None:
         """Remove this failed run's location, a ``_metadata`` it may have written included."""
-        self.settle()  # the removal records itself in the catalog: a lock this run took ahead goes first
+        self.catalog.settle(quiet=True)  # the removal records itself in the catalog: a lock taken ahead goes first
         if self.location is not None:
             discard_incomplete(self.location, quiet=True, own_failed_run=True)
 
@@ -553,7 +546,7 @@ def run_savepoint(request: SavepointRequest, on_event: Notify | None = None) -> 
         run.record_failure(triggered_at, exc)
         raise
     finally:
-        run.settle()
+        run.catalog.settle(quiet=True)  # its unlocks under way, a lock taken ahead and unused
 
 
 def take_savepoint(checkpoint: str | Store, job: str, *, on_event: Notify | None = None, **options: Any) -> SavepointInfo:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
-from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.core import restore_savepoint, take_savepoint
 from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.errors import SavepointInFlightError
 from airflow_savepoints.storage import Store
@@ -264,3 +264,23 @@ def test_a_run_that_loses_its_lease_while_copying_leaves_the_catalog_unlocked(co
     assert not savepoints.exists("counted/_catalog.lock")
     info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4)
     assert time.monotonic() - begun < 10 and info.manifest.files  # no wait for a stale lock (30 s) in either run
+
+
+def test_a_restore_downloads_while_its_pin_unlocks_the_catalog(counted, tmp_path):
+    """Issue 32: a restore from an object store downloads while the catalog lock of its pin is released
+    (held back 1 s at the proxy, the unlock completes after a download); it ends with the catalog unlocked
+    and the pin gone."""
+    checkpoint, savepoints = counted.stores()
+    info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
+    counted.proxy.reset()
+    counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", times=1))
+    restore_savepoint(info.pointer, str(tmp_path / "restored"),
+                      storage_options={"endpoint_url": counted.proxy.url, "skip_instance_cache": True})
+    with counted.proxy.lock:
+        log = [(m, t.split("?")[0]) for m, t, _ in counted.proxy.log]
+    location = f"/{counted.bucket}/savepoints/counted/{info.manifest.savepoint_id}/"
+    downloads = [i for i, (m, t) in enumerate(log) if m == "GET" and t.startswith(location) and not t.endswith("/_metadata")]
+    unlocks = [i for i, (m, t) in enumerate(log) if m == "DELETE" and t.endswith("/_catalog.lock")]
+    assert downloads and unlocks and downloads[0] < unlocks[0], "the downloads waited for the pin's unlock"
+    assert not savepoints.exists("counted/_catalog.lock")
+    assert not Catalog(savepoints.child("counted")).load().pins
