@@ -258,10 +258,17 @@ class PinHold:
 class Catalog:
     """The catalog of one job folder ``<dir>/<job>``."""
 
-    def __init__(self, job_store: Store, job: str | None = None):
+    def __init__(self, job_store: Store, job: str | None = None, *, overlap_lock: bool = False):
+        """``overlap_lock`` (a savepoint on an object store, where each request is a round trip): an update's
+        unlock runs beside what follows it, and :meth:`lock_ahead` takes the lock while other work runs;
+        the next update, or :meth:`settle`, waits for both."""
         self.store = job_store
         self.job = job or job_store.name
         self._in_progress_seen: dict[str, SavepointRecord] | None = None  # in the catalog as last read
+        self._overlap_lock = overlap_lock
+        self._pending = threading.Lock()  # guards the two below
+        self._unlocking: tuple[Lease, Future] | None = None  # an unlock under way in the background
+        self._ahead: Future | None = None  # (lock, document) taken ahead of the next update
 
     # --- reading ------------------------------------------------------------------------------------
     def load(self) -> CatalogDocument:
@@ -351,20 +358,71 @@ class Catalog:
         """Apply ``change`` to the catalog under its lease and write it back atomically. ``then`` runs
         once the catalog is written, at the same time as its lease is released (two requests each on
         an object store); its error is raised after the release."""
-        lease = self._acquire()
+        lease, document = self._locked()
         after: Future | None = None
+        written = False
         try:
-            document = self._read() or self._crawl()
             result = change(document)
             document.records = {k: v.model_copy(update={"pointer": ""}) for k, v in document.records.items()}
             self.store.write_bytes_atomic(CATALOG_FILE, document.model_dump_json().encode())
+            written = True
             if then is not None:
                 after = _in_thread(then)
             return result
         finally:
-            lease.release()
+            if written and self._overlap_lock:  # the next update (or ``settle``) waits for it
+                with self._pending:
+                    self._unlocking = (lease, _in_thread(lease.release))
+            else:
+                lease.release()
             if after is not None:
                 after.result()
+
+    def _locked(self) -> tuple[Lease, CatalogDocument]:
+        """The catalog's lock and the document read under it: the ones taken ahead, or taken now."""
+        with self._pending:
+            ahead, self._ahead = self._ahead, None
+        return ahead.result() if ahead is not None else self._lock_and_read()
+
+    def _lock_and_read(self) -> tuple[Lease, CatalogDocument]:
+        lease = self._acquire()
+        try:
+            return lease, self._read() or self._crawl()
+        except BaseException:
+            lease.release()
+            raise
+
+    def lock_ahead(self) -> None:
+        """With ``overlap_lock``: take the lock and read the catalog in the background now, for the next
+        update (one that never comes is released by :meth:`settle`)."""
+        if not self._overlap_lock:
+            return
+        with self._pending:
+            if self._ahead is None:
+                self._ahead = _in_thread(self._lock_and_read)
+
+    def settle(self, *, quiet: bool = False) -> None:
+        """Wait for an unlock under way in the background (one that failed is tried once more, raising if
+        it fails again), and release a lock taken ahead that no update used. ``quiet``: a failure is
+        logged instead (the lock is broken once stale)."""
+        with self._pending:
+            ahead, self._ahead = self._ahead, None
+        try:
+            self._join_unlock()
+            if ahead is not None and ahead.exception() is None:
+                ahead.result()[0].release()
+        except Exception as exc:
+            if not quiet:
+                raise
+            log.warning("could not release the catalog lock of %s (%s); it is broken once stale", self.job, exc)
+
+    def _join_unlock(self) -> None:
+        with self._pending:
+            unlocking, self._unlocking = self._unlocking, None
+        if unlocking is not None:
+            lease, done = unlocking
+            if done.exception() is not None:
+                lease.release()
 
     def look(self) -> None:
         """Read the catalog once: its in-progress records are what ``reconcile(as_last_read=True)`` settles."""
@@ -593,6 +651,7 @@ class Catalog:
 
     # --- the lease ----------------------------------------------------------------------------------
     def _acquire(self, timeout: float = 60.0) -> Lease:
+        self._join_unlock()  # our own unlock first: never wait on ourselves
         lease = Lease(self.store, CATALOG_LOCK, stale_after=LOCK_STALE_AFTER)
         retrying = Retrying(stop=stop_after_delay(timeout), wait=wait_random(0.005, 0.05),  # held for milliseconds
                             retry=retry_if_result(lambda holder: holder is not None),

@@ -228,10 +228,13 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
                     request.kafka_options)
     # on an object store the primary's listing runs while the restore claims its target and pins the savepoint
     # (a savepoint being disposed cannot be pinned; every file copied is checked against the manifest anyway)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-listing") as pool:
+    catalog = Catalog(location.parent(), manifest.job, overlap_lock=not location.is_local)  # the pin's unlocks overlap
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-listing") as pool, \
+            contextlib.ExitStack() as unlocked:
+        unlocked.callback(catalog.settle, quiet=True)  # the last unlock beside the claim's release
         listed = None if location.is_local or (request.prefer_secondary and manifest.secondary) else \
             pool.submit(location.list_files)
-        with claimed_and_pinned(destination, location, manifest):
+        with claimed_and_pinned(destination, location, manifest, catalog):
             secondary = _usable_secondary(manifest, request.secondary_storage_options) if request.prefer_secondary else None
             if secondary is not None:
                 try:
@@ -332,13 +335,14 @@ def _release_claim(claim: Lease, destination: Store) -> None:
 
 
 @contextlib.contextmanager
-def claimed_and_pinned(destination: Store, location: Store, manifest: SavepointManifest) -> Iterator[None]:
-    """The target claimed, then the savepoint pinned (see ``claimed`` and ``pinned``); when the restore ends
-    the claim is given back while the pin is (neither waits for the other: a target and a catalog)."""
+def claimed_and_pinned(destination: Store, location: Store, manifest: SavepointManifest,
+                       catalog: Catalog | None = None) -> Iterator[None]:
+    """The target claimed, then the savepoint pinned in ``catalog`` (see ``claimed`` and ``pinned``); when the
+    restore ends the claim is given back while the pin is (neither waits for the other: a target and a catalog)."""
     with claimed(destination) as claim, ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-claim") as pool:
         released = None
         try:
-            with pinned(location, manifest):
+            with pinned(location, manifest, catalog):
                 try:
                     yield
                 finally:
@@ -364,16 +368,17 @@ def _usable_secondary(manifest: SavepointManifest, storage_options: dict[str, An
 
 
 @contextlib.contextmanager
-def pinned(location: Store, manifest: SavepointManifest) -> Iterator[bool]:
-    """Hold the savepoint against retention and dispose while it is restored.
+def pinned(location: Store, manifest: SavepointManifest, catalog: Catalog | None = None) -> Iterator[bool]:
+    """Hold the savepoint against retention and dispose while it is restored (in ``catalog``, by default
+    the job's).
 
     Only a savepoint laid out as ``<dir>/<job>/savepoint-…`` has a catalog to pin in; a store the
     restore may not write to (a read-only bucket) is restored unpinned, with a warning."""
     if not SAVEPOINT_NAME.match(location.name) or location.parent().name != manifest.job:
         yield False
         return
-    with Catalog(location.parent(), manifest.job).pinned(location.name, "restore", manifest,
-                                                         unless=(StoragePermissionError, CredentialsError)) as held:
+    catalog = catalog or Catalog(location.parent(), manifest.job)
+    with catalog.pinned(location.name, "restore", manifest, unless=(StoragePermissionError, CredentialsError)) as held:
         yield held
 
 

@@ -202,7 +202,7 @@ class SavepointRun:
         else:
             refuse_symlinks(self.source, "checkpoint")
         self.job_folder = self.root.child(request.job)
-        self.catalog = Catalog(self.job_folder, request.job)
+        self.catalog = Catalog(self.job_folder, request.job, overlap_lock=not self.root.is_local)
         self.lease = JobLock(self.job_folder, request_id=request.request_id, stale_after=request.lock_stale_after)
         self.secondary_root = None if request.secondary_dir is None else \
             _as_store(request.secondary_dir, request.secondary_storage_options).child(request.job)
@@ -374,6 +374,7 @@ class SavepointRun:
         copied = self.copy(plan, listing)
         self.verify(plan, copied)
         secondary = self.copy_secondary(plan, listing, copied)
+        self.catalog.lock_ahead()  # the completed record's lock and read, while ``_metadata`` is written
         manifest = self.write_metadata(plan, copied, secondary)
         return self.finish(manifest)
 
@@ -518,6 +519,7 @@ class SavepointRun:
 
     def discard(self) -> None:
         """Remove this failed run's location, a ``_metadata`` it may have written included."""
+        self.catalog.settle(quiet=True)  # the removal records itself in the catalog: a lock taken ahead goes first
         if self.location is not None:
             discard_incomplete(self.location, quiet=True, own_failed_run=True)
 
@@ -543,6 +545,8 @@ def run_savepoint(request: SavepointRequest, on_event: Notify | None = None) -> 
     except Exception as exc:
         run.record_failure(triggered_at, exc)
         raise
+    finally:
+        run.catalog.settle(quiet=True)  # its unlocks under way, a lock taken ahead and unused
 
 
 def take_savepoint(checkpoint: str | Store, job: str, *, on_event: Notify | None = None, **options: Any) -> SavepointInfo:

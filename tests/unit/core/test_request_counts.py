@@ -32,6 +32,8 @@ import pytest
 
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
 from airflow_savepoints.core import restore_savepoint, take_savepoint
+from airflow_savepoints.core.catalog import Catalog
+from airflow_savepoints.errors import SavepointInFlightError
 from airflow_savepoints.storage import Store
 from benchmarks import object_store as bench
 from tests.support import emulators
@@ -309,3 +311,67 @@ def test_a_listing_and_a_stamped_read_are_one_request_each(counted_on):
     assert data == (counted.local / "metadata").read_bytes()
     assert modified == checkpoint.stat("metadata").modified  # the time a look at its properties gives
 
+
+def test_the_catalog_lock_is_released_beside_the_first_copies_and_taken_beside_the_manifest(counted):
+    """Issue 32: on an object store the in-progress record's unlock (a read and a delete) runs beside the
+    first copies, and the completed record's lock and read run beside the job's lease check and the
+    ``_metadata`` write. Held back 1 s at the proxy, the first unlock completes after a copy, and the
+    ``_metadata`` PUT after the second lock is taken; the catalog ends unlocked with the savepoint completed."""
+    checkpoint, savepoints = counted.stores()
+    for store in (checkpoint, savepoints):  # each S3 client made before the clock starts
+        store.exists("warm-up")
+    counted.proxy.reset()
+    counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", times=1),
+                            Rule(action="delay", seconds=1.0, methods={"PUT"}, path=r"/_metadata$"))
+    info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
+    with counted.proxy.lock:
+        log = [(m, t.split("?")[0]) for m, t, _ in counted.proxy.log]
+    location = f"/{counted.bucket}/savepoints/counted/{info.manifest.savepoint_id}/"
+    copies = [i for i, (m, t) in enumerate(log) if m == "PUT" and t.startswith(location) and not t.endswith("/_metadata")]
+    unlocks = [i for i, (m, t) in enumerate(log) if m == "DELETE" and t.endswith("/_catalog.lock")]
+    locks = [i for i, (m, t) in enumerate(log) if m == "PUT" and t.endswith("/_catalog.lock")]
+    manifest = log.index(("PUT", location + "_metadata"))
+    assert len(locks) == len(unlocks) == 2, log
+    assert copies and copies[0] < unlocks[0], "the first copy waited for the in-progress record's unlock"
+    assert locks[1] < manifest, "the completed record's lock waited for _metadata"
+    assert locks[1] > copies[-1]  # taken once every file is copied
+    assert not savepoints.exists("counted/_catalog.lock")
+    (record,) = [r for r in Catalog(savepoints.child("counted")).records() if r.savepoint_id == info.manifest.savepoint_id]
+    assert record.state == "completed"
+
+
+def test_a_run_that_loses_its_lease_while_copying_leaves_the_catalog_unlocked(counted):
+    """The completed record's lock, taken ahead while ``_metadata`` would be written, is released when the
+    run fails instead (here its job lease was taken over while it copied): the next savepoint runs at once."""
+    checkpoint, savepoints = counted.stores()
+
+    def take_over(event: str, data: dict) -> None:
+        if event == "planned":
+            savepoints.remove_file("counted/_inflight.json")  # as a trigger that judged this run dead would
+
+    begun = time.monotonic()
+    with pytest.raises(SavepointInFlightError, match="taken over"):
+        take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, on_event=take_over)
+    assert not savepoints.exists("counted/_catalog.lock")
+    info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4)
+    assert time.monotonic() - begun < 10 and info.manifest.files  # no wait for a stale lock (30 s) in either run
+
+
+def test_a_restore_downloads_while_its_pin_unlocks_the_catalog(counted, tmp_path):
+    """Issue 32: a restore from an object store downloads while the catalog lock of its pin is released
+    (held back 1 s at the proxy, the unlock completes after a download); it ends with the catalog unlocked
+    and the pin gone."""
+    checkpoint, savepoints = counted.stores()
+    info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
+    counted.proxy.reset()
+    counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", times=1))
+    restore_savepoint(info.pointer, str(tmp_path / "restored"),
+                      storage_options={"endpoint_url": counted.proxy.url, "skip_instance_cache": True})
+    with counted.proxy.lock:
+        log = [(m, t.split("?")[0]) for m, t, _ in counted.proxy.log]
+    location = f"/{counted.bucket}/savepoints/counted/{info.manifest.savepoint_id}/"
+    downloads = [i for i, (m, t) in enumerate(log) if m == "GET" and t.startswith(location) and not t.endswith("/_metadata")]
+    unlocks = [i for i, (m, t) in enumerate(log) if m == "DELETE" and t.endswith("/_catalog.lock")]
+    assert downloads and unlocks and downloads[0] < unlocks[0], "the downloads waited for the pin's unlock"
+    assert not savepoints.exists("counted/_catalog.lock")
+    assert not Catalog(savepoints.child("counted")).load().pins
