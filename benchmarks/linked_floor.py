@@ -4,11 +4,12 @@ Run from the repository, on the folder a kept local benchmark left (its ``hdfs/c
 ``rocksdb/checkpoint`` and ``sp/`` savepoint root)::
 
     python benchmarks/run.py --size-gb 1.1 --partitions 40 --skip cli,s3,live,memory,hashes,inspect,rescale --workdir W
-    python benchmarks/linked_floor.py --workdir W [--runs 5]
+    python benchmarks/linked_floor.py --workdir W [--runs 8] [--settle S]
 
-Once, it keeps each job's oldest completed savepoint in ``W/linked-floor/first`` (links, no copies). Each run
-then takes the second savepoint of both checkpoints from a linked copy of that root, and times, on the files
-that savepoint planned:
+Once, it keeps each job's oldest completed savepoint in ``W/linked-floor/first`` (links, no copies), and a
+warm-up takes the second savepoint of both checkpoints from a linked copy of that root (its plan names the
+files the floors work on: the same each run). Each run times, on a fresh linked copy of the root, ours (the
+second savepoints) and three plain loops on the files they plan:
 
 * ``links``: the folders and one ``link`` per file, nothing else (the link-only floor);
 * ``safe``: every per-file check a savepoint keeps, with no planning: a ``stat`` of each live file, the link
@@ -17,7 +18,10 @@ that savepoint planned:
 * ``safe+``: ``safe`` plus the least bookkeeping a job needs: a walk of the checkpoint, the previous
   manifest parsed, a lease created and removed, the catalog written twice (each with an ``fsync``).
 
-Seconds are wall time (``os.sync`` before each); the filesystem's state moves them, so runs interleave.
+Seconds are wall time. The filesystem's state moves them: after a ``cp -al`` or the removal of thousands of
+links, ``mkdir`` runs several times slower for a second or two even past ``sync``. So the four steps take
+turns at each place in a run (ours once came first each time, right after the ``cp -al``), each after a
+``sync`` and ``--settle`` seconds (0 by default: a wait lets the machine go idle, which slows every step).
 """
 
 from __future__ import annotations
@@ -132,7 +136,8 @@ FLOORS = {"links": links_alone, "safe": safe, "safe+": safe_plus}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="a kept `benchmarks/run.py --workdir` of a local run")
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--settle", type=float, default=0.0, help="seconds to wait after `sync` before each timed step")
     args = parser.parse_args()
     work = Path(args.workdir)
     checkpoints = {kind: work / kind / "checkpoint" for kind in KINDS}
@@ -140,22 +145,39 @@ def main() -> None:
         parser.error(f"{work} holds no hdfs/checkpoint, rocksdb/checkpoint and sp/ (keep a local run's --workdir)")
     first = first_root(work)
     seconds: dict[str, list[float]] = {"ours": [], **{name: [] for name in FLOORS}}
+
+    def second_savepoints(root: Path) -> list:
+        return [take_savepoint(str(checkpoints[kind]), f"{kind}-link", savepoint_dir=str(root), savepoint_type="periodic")
+                for kind in KINDS]
+
+    def settled() -> float:
+        """The disk's writeback of what came before, left to finish: `mkdir` runs several times slower
+        for a second or two after a `cp -al` or a removal of thousands of links, even past `sync`."""
+        os.sync()
+        time.sleep(args.settle)
+        return time.perf_counter()
+
+    warm_up = work / "linked-floor" / "root-warm-up"
+    shutil.rmtree(warm_up, ignore_errors=True)
+    subprocess.run(["cp", "-al", str(first), str(warm_up)], check=True)
+    infos = second_savepoints(warm_up)  # the files each floor works on (the same plan every run)
+    shutil.rmtree(warm_up)
+    steps = ["ours", *FLOORS]
     for n in range(args.runs):
         root = work / "linked-floor" / f"root-{n}"
         shutil.rmtree(root, ignore_errors=True)
-        subprocess.run(["cp", "-al", str(first), str(root)], check=True)
-        os.sync()
-        start = time.perf_counter()
-        infos = [take_savepoint(str(checkpoints[kind]), f"{kind}-link", savepoint_dir=str(root), savepoint_type="periodic")
-                 for kind in KINDS]
-        seconds["ours"].append(time.perf_counter() - start)
-        for name, floor in FLOORS.items():
+        subprocess.run(["cp", "-al", str(first), str(root)], check=True)  # the first savepoints, the floors' too
+        for name in steps[n % len(steps):] + steps[:n % len(steps)]:  # each step in each place in turn
+            if name == "ours":
+                start = settled()
+                second_savepoints(root)
+                seconds["ours"].append(time.perf_counter() - start)
+                continue
             into = work / "linked-floor" / name
             shutil.rmtree(into, ignore_errors=True)
             jobs = per_file_work(infos, root, into, checkpoints)
-            os.sync()
-            start = time.perf_counter()
-            floor(jobs, checkpoints)
+            start = settled()
+            FLOORS[name](jobs, checkpoints)
             seconds[name].append(time.perf_counter() - start)
             shutil.rmtree(into)
         shutil.rmtree(root)
