@@ -23,7 +23,6 @@ import posixpath
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote
@@ -116,17 +115,6 @@ def service(name: str, latency: float) -> Iterator[tuple[dict, FaultProxy, objec
         stop()
 
 
-def settled(proxy: FaultProxy) -> list[Entry]:
-    """The proxy's timeline once every request that arrived is in it (it notes a request just after answering it)."""
-    deadline = time.monotonic() + 10
-    while True:
-        with proxy.lock:
-            timeline, arrived = list(proxy.timeline), len(proxy.request_log)
-        if len(timeline) >= arrived or time.monotonic() > deadline:
-            return timeline
-        time.sleep(0.02)
-
-
 def measure(name: str, latency: float, partitions: int, work: Path) -> dict:
     """A savepoint for a new job and its restore to local disk on ``name``, their serial chains."""
     from airflow_savepoints.core import restore_savepoint, take_savepoint
@@ -140,18 +128,18 @@ def measure(name: str, latency: float, partitions: int, work: Path) -> dict:
     bench.keep_only_planned(local)
     with service(name, latency) as (options, proxy, direct):
         direct.put(str(local) + "/", f"{BUCKET}/checkpoint", recursive=True)  # straight to the store: not counted
-        settled(proxy)
+        proxy.settled_timeline()
         proxy.reset()
         info = take_savepoint(Store(f"{scheme}://{BUCKET}/checkpoint", options), "serial", parallelism=4,
                               savepoint_dir=Store(f"{scheme}://{BUCKET}/savepoints", options), incremental=False)
-        savepoint = settled(proxy)
+        savepoint = proxy.settled_timeline()
         proxy.reset()
         restore_savepoint(info.pointer, str(work / f"restored-{name}"), parallelism=4, storage_options=options)
-        restore = settled(proxy)
+        restore = proxy.settled_timeline()
         proxy.reset()
         restore_savepoint(info.pointer, f"{scheme}://{BUCKET}/restored", parallelism=4, storage_options=options,
                           target_storage_options=options)
-        in_store = settled(proxy)
+        in_store = proxy.settled_timeline()
     location = info.pointer.split("://", 1)[1].rstrip("/")
     body = {f"{location}/{e.path}" for e in info.manifest.files
             if e.path not in (CHECKPOINT_METADATA, MANIFEST_FILE) and not _rewritable(e.path)}

@@ -320,6 +320,16 @@ class FaultProxy:
     def total_faults(self) -> int:
         return sum(self.faults.values())
 
+    def settled_timeline(self, timeout: float = 10.0) -> list:
+        """``timeline`` once every request that arrived is in it (a request is noted just after its answer)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                timeline, arrived = list(self.timeline), len(self.request_log)
+            if len(timeline) >= arrived or time.monotonic() > deadline:
+                return timeline
+            time.sleep(0.02)
+
     def counts(self) -> dict:
         """The counts as plain JSON-able data."""
         with self.lock:

@@ -225,17 +225,6 @@ def _named(entry) -> tuple[str, str]:
     return kind, posixpath.basename(name or unquote(target.partition("?")[0]))
 
 
-def _settled(proxy: FaultProxy) -> list:
-    """The proxy's timeline once every request that arrived is in it (it logs a request just after its response)."""
-    deadline = time.monotonic() + 10
-    while True:
-        with proxy.lock:
-            timeline, arrived = list(proxy.timeline), len(proxy.request_log)
-        if len(timeline) >= arrived or time.monotonic() > deadline:
-            return timeline
-        time.sleep(0.02)
-
-
 def test_the_serial_requests_overlap(counted_on):
     """Issue 32, on S3, GCS and Azure alike: the checkpoint's listing, its ``metadata``, the job's catalog
     and the job's lease are asked for together (the lease once the ``metadata`` names the query), and the
@@ -251,7 +240,7 @@ def test_the_serial_requests_overlap(counted_on):
     counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"GET"}, path=r"[?&]prefix=checkpoint"),
                             Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", every=2))
     info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
-    done = [_named(e) for e in _settled(counted.proxy)]  # in the order answered
+    done = [_named(e) for e in counted.proxy.settled_timeline()]  # in the order answered
     listing = ("LIST", "checkpoint")
     assert done.count(listing) == 1
     assert done.index(("PUT", "_inflight.json")) < done.index(listing)
@@ -275,7 +264,7 @@ def test_the_serial_requests_overlap(counted_on):
     options = store_options(counted.service, counted.proxy.url)
     restore_savepoint(info.pointer, f"{counted.scheme}://{counted.bucket}/restored", storage_options=options,
                       target_storage_options=options, parallelism=4)
-    timeline = _settled(counted.proxy)
+    timeline = counted.proxy.settled_timeline()
     look = min((e for e in timeline if e[2] != "LIST" and _named(e)[1] == "restored"), key=lambda e: e[0])
     listing = min((e for e in timeline if _named(e) == ("LIST", "restored")), key=lambda e: e[0])
     assert listing[0] < look[1], "the target was listed only after the look at its name was answered"
@@ -292,18 +281,18 @@ def test_a_listing_and_a_stamped_read_are_one_request_each(counted_on):
     checkpoint, _ = counted.stores()
     checkpoint.exists("warm-up")
     for folder, files in (("state/0/0", True), ("no-such-folder", False)):
-        _settled(counted.proxy)
+        counted.proxy.settled_timeline()
         counted.proxy.reset()
         assert bool(checkpoint.list_files(folder)) == files
         # GCS: gcsfs lists again, as if the name were an object's, when nothing is below it (its reads take
         # their sizes from the first listing's cache, so the listing stays gcsfs's own)
         again = ["LIST"] if counted.service == "gcs" and not files else []
-        assert [e[2] for e in _settled(counted.proxy)] == ["LIST", *again], folder
+        assert [e[2] for e in counted.proxy.settled_timeline()] == ["LIST", *again], folder
     counted.proxy.reset()
     counted.proxy.latency = 0.2  # a request answered before another was sent is plain to see
     data, modified = checkpoint.read_stamped("metadata")
     counted.proxy.latency = 0.0
-    timeline = _settled(counted.proxy)
+    timeline = counted.proxy.settled_timeline()
     # GCS: a download tells the time to the second (Last-Modified), its metadata (the store's clock) to the
     # microsecond, so both are asked for, together
     assert sorted(e[2] for e in timeline) == (["GET", "STAT"] if counted.service == "gcs" else ["GET"])
@@ -324,6 +313,7 @@ def test_the_catalog_lock_is_released_beside_the_first_copies_and_taken_beside_t
     counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", times=1),
                             Rule(action="delay", seconds=1.0, methods={"PUT"}, path=r"/_metadata$"))
     info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
+    counted.proxy.settled_timeline()  # every request answered is noted
     with counted.proxy.lock:
         log = [(m, t.split("?")[0]) for m, t, _ in counted.proxy.log]
     location = f"/{counted.bucket}/savepoints/counted/{info.manifest.savepoint_id}/"
@@ -367,6 +357,7 @@ def test_a_restore_downloads_while_its_pin_unlocks_the_catalog(counted, tmp_path
     counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", times=1))
     restore_savepoint(info.pointer, str(tmp_path / "restored"),
                       storage_options={"endpoint_url": counted.proxy.url, "skip_instance_cache": True})
+    counted.proxy.settled_timeline()  # every request answered is noted
     with counted.proxy.lock:
         log = [(m, t.split("?")[0]) for m, t, _ in counted.proxy.log]
     location = f"/{counted.bucket}/savepoints/counted/{info.manifest.savepoint_id}/"
