@@ -301,6 +301,18 @@ def test_a_listing_and_a_stamped_read_are_one_request_each(counted_on):
     assert modified == checkpoint.stat("metadata").modified  # the time a look at its properties gives
 
 
+def _answered(counted: Counted) -> list[tuple[str, str]]:
+    """(method, path) of each request through the proxy, in the order answered, once every one is noted."""
+    counted.proxy.settled_timeline()
+    with counted.proxy.lock:
+        return [(m, t.split("?")[0]) for m, t, _ in counted.proxy.log]
+
+
+def _at(log: list[tuple[str, str]], method: str, matches) -> list[int]:
+    """The places in ``log`` of the ``method`` requests whose path ``matches``."""
+    return [i for i, (m, t) in enumerate(log) if m == method and matches(t)]
+
+
 def test_the_catalog_lock_is_released_beside_the_first_copies_and_taken_beside_the_manifest(counted):
     """Issue 32: on an object store the in-progress record's unlock (a read and a delete) runs beside the
     first copies, and the completed record's lock and read run beside the job's lease check and the
@@ -313,13 +325,11 @@ def test_the_catalog_lock_is_released_beside_the_first_copies_and_taken_beside_t
     counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", times=1),
                             Rule(action="delay", seconds=1.0, methods={"PUT"}, path=r"/_metadata$"))
     info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
-    counted.proxy.settled_timeline()  # every request answered is noted
-    with counted.proxy.lock:
-        log = [(m, t.split("?")[0]) for m, t, _ in counted.proxy.log]
+    log = _answered(counted)
     location = f"/{counted.bucket}/savepoints/counted/{info.manifest.savepoint_id}/"
-    copies = [i for i, (m, t) in enumerate(log) if m == "PUT" and t.startswith(location) and not t.endswith("/_metadata")]
-    unlocks = [i for i, (m, t) in enumerate(log) if m == "DELETE" and t.endswith("/_catalog.lock")]
-    locks = [i for i, (m, t) in enumerate(log) if m == "PUT" and t.endswith("/_catalog.lock")]
+    copies = _at(log, "PUT", lambda t: t.startswith(location) and not t.endswith("/_metadata"))
+    unlocks = _at(log, "DELETE", lambda t: t.endswith("/_catalog.lock"))
+    locks = _at(log, "PUT", lambda t: t.endswith("/_catalog.lock"))
     manifest = log.index(("PUT", location + "_metadata"))
     assert len(locks) == len(unlocks) == 2, log
     assert copies and copies[0] < unlocks[0], "the first copy waited for the in-progress record's unlock"
@@ -357,12 +367,10 @@ def test_a_restore_downloads_while_its_pin_unlocks_the_catalog(counted, tmp_path
     counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"DELETE"}, path=r"_catalog\.lock", times=1))
     restore_savepoint(info.pointer, str(tmp_path / "restored"),
                       storage_options={"endpoint_url": counted.proxy.url, "skip_instance_cache": True})
-    counted.proxy.settled_timeline()  # every request answered is noted
-    with counted.proxy.lock:
-        log = [(m, t.split("?")[0]) for m, t, _ in counted.proxy.log]
+    log = _answered(counted)
     location = f"/{counted.bucket}/savepoints/counted/{info.manifest.savepoint_id}/"
-    downloads = [i for i, (m, t) in enumerate(log) if m == "GET" and t.startswith(location) and not t.endswith("/_metadata")]
-    unlocks = [i for i, (m, t) in enumerate(log) if m == "DELETE" and t.endswith("/_catalog.lock")]
+    downloads = _at(log, "GET", lambda t: t.startswith(location) and not t.endswith("/_metadata"))
+    unlocks = _at(log, "DELETE", lambda t: t.endswith("/_catalog.lock"))
     assert downloads and unlocks and downloads[0] < unlocks[0], "the downloads waited for the pin's unlock"
     assert not savepoints.exists("counted/_catalog.lock")
     assert not Catalog(savepoints.child("counted")).load().pins
