@@ -151,8 +151,7 @@ def main() -> None:
                 for kind in KINDS]
 
     def settled() -> float:
-        """The disk's writeback of what came before, left to finish: `mkdir` runs several times slower
-        for a second or two after a `cp -al` or a removal of thousands of links, even past `sync`."""
+        """The clock's start for a timed step: after a `sync` and `--settle` seconds (see the module's docstring)."""
         os.sync()
         time.sleep(args.settle)
         return time.perf_counter()

@@ -42,6 +42,7 @@ from airflow_savepoints.core.manifest import SAVEPOINT_NAME, read_manifest, save
 from airflow_savepoints.core.models import SavepointInfo, SavepointManifest, SavepointSummary, SavepointType
 from airflow_savepoints.core.names import CATALOG_FILE, CATALOG_LOCK, MANIFEST_FILE
 from airflow_savepoints.errors import (
+    CredentialsError,
     IncompleteSavepointError,
     ManifestCorruptError,
     ManifestUnreadableError,
@@ -49,6 +50,7 @@ from airflow_savepoints.errors import (
     SavepointInFlightError,
     SavepointNotFoundError,
     SavepointPinnedError,
+    StoragePermissionError,
 )
 from airflow_savepoints.storage import Store
 
@@ -665,3 +667,18 @@ class Catalog:
             f"retry; if no process holds it, delete {CATALOG_LOCK} (it is broken automatically once it has not "
             f"changed for {LOCK_STALE_AFTER:.0f}s)",
         )
+
+
+@contextlib.contextmanager
+def pinned_savepoint(location: Store, manifest: SavepointManifest, purpose: str,
+                     catalog: Catalog | None = None) -> Iterator[PinHold | bool]:
+    """Hold the savepoint at ``location`` against retention and dispose for ``purpose`` (a restore, an
+    inspect), in ``catalog`` (by default its job's). Only a savepoint laid out as ``<dir>/<job>/savepoint-…``
+    has a catalog to pin in; a store that may not be written to (a read-only bucket) is used unpinned, with
+    a warning (then False is yielded, as when there is no catalog)."""
+    if not SAVEPOINT_NAME.match(location.name) or location.parent().name != manifest.job:
+        yield False
+        return
+    catalog = catalog or Catalog(location.parent(), manifest.job)
+    with catalog.pinned(location.name, purpose, manifest, unless=(StoragePermissionError, CredentialsError)) as held:
+        yield held

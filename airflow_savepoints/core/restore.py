@@ -26,11 +26,11 @@ from pydantic import Field
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core import checksums
-from airflow_savepoints.core.catalog import Catalog
+from airflow_savepoints.core.catalog import Catalog, pinned_savepoint
 from airflow_savepoints.core.copier import bounded_map, checksum_of, copy_many, workers_for
 from airflow_savepoints.core.input_check import check_input
 from airflow_savepoints.core.lease import Lease
-from airflow_savepoints.core.manifest import SAVEPOINT_NAME, parse_manifest
+from airflow_savepoints.core.manifest import parse_manifest
 from airflow_savepoints.core.models import FileEntry, Request, RestoreResult, SavepointManifest
 from airflow_savepoints.core.names import (
     CHECKPOINT_METADATA,
@@ -44,12 +44,10 @@ from airflow_savepoints.core.rescale import RescalePlan, plan_rescale, repartiti
 from airflow_savepoints.core.savepoint import CopyMode
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.errors import (
-    CredentialsError,
     InvalidInputError,
     SavepointTooOldError,
     SinkAheadError,
     StorageError,
-    StoragePermissionError,
     TargetClaimedError,
     TargetNotEmptyError,
     VerificationError,
@@ -229,9 +227,7 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     # on an object store the primary's listing runs while the restore claims its target and pins the savepoint
     # (a savepoint being disposed cannot be pinned; every file copied is checked against the manifest anyway)
     catalog = Catalog(location.parent(), manifest.job, overlap_lock=not location.is_local)  # the pin's unlocks overlap
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-listing") as pool, \
-            contextlib.ExitStack() as unlocked:
-        unlocked.callback(catalog.settle, quiet=True)  # the last unlock beside the claim's release
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-listing") as pool:
         listed = None if location.is_local or (request.prefer_secondary and manifest.secondary) else \
             pool.submit(location.list_files)
         with claimed_and_pinned(destination, location, manifest, catalog):
@@ -335,14 +331,14 @@ def _release_claim(claim: Lease, destination: Store) -> None:
 
 
 @contextlib.contextmanager
-def claimed_and_pinned(destination: Store, location: Store, manifest: SavepointManifest,
-                       catalog: Catalog | None = None) -> Iterator[None]:
-    """The target claimed, then the savepoint pinned in ``catalog`` (see ``claimed`` and ``pinned``); when the
-    restore ends the claim is given back while the pin is (neither waits for the other: a target and a catalog)."""
+def claimed_and_pinned(destination: Store, location: Store, manifest: SavepointManifest, catalog: Catalog) -> Iterator[None]:
+    """The target claimed, then the savepoint pinned in ``catalog`` (see ``claimed``, ``pinned_savepoint``); when the
+    restore ends the claim is given back while the pin is (neither waits for the other: a target and a catalog),
+    and both are done when this ends."""
     with claimed(destination) as claim, ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-claim") as pool:
         released = None
         try:
-            with pinned(location, manifest, catalog):
+            with pinned_savepoint(location, manifest, "restore", catalog):
                 try:
                     yield
                 finally:
@@ -350,6 +346,7 @@ def claimed_and_pinned(destination: Store, location: Store, manifest: SavepointM
         finally:
             if released is not None:
                 released.result()  # before ``claimed`` looks whether the claim is still held
+            catalog.settle(quiet=True)  # the unpin's unlock, under way beside the claim's release
 
 
 def _usable_secondary(manifest: SavepointManifest, storage_options: dict[str, Any] | None) -> Store | None:
@@ -365,21 +362,6 @@ def _usable_secondary(manifest: SavepointManifest, storage_options: dict[str, An
     same = (copy.savepoint_id, copy.query_id, copy.batch_id, [(e.path, e.size, e.checksum) for e in copy.files]) == \
         (manifest.savepoint_id, manifest.query_id, manifest.batch_id, [(e.path, e.size, e.checksum) for e in manifest.files])
     return secondary if same else None
-
-
-@contextlib.contextmanager
-def pinned(location: Store, manifest: SavepointManifest, catalog: Catalog | None = None) -> Iterator[bool]:
-    """Hold the savepoint against retention and dispose while it is restored (in ``catalog``, by default
-    the job's).
-
-    Only a savepoint laid out as ``<dir>/<job>/savepoint-…`` has a catalog to pin in; a store the
-    restore may not write to (a read-only bucket) is restored unpinned, with a warning."""
-    if not SAVEPOINT_NAME.match(location.name) or location.parent().name != manifest.job:
-        yield False
-        return
-    catalog = catalog or Catalog(location.parent(), manifest.job)
-    with catalog.pinned(location.name, "restore", manifest, unless=(StoragePermissionError, CredentialsError)) as held:
-        yield held
 
 
 def _restore_pinned(location: Store, manifest: SavepointManifest, destination: Store, request: RestoreRequest,

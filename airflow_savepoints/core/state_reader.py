@@ -34,16 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any, Literal
 
-from airflow_savepoints.core.catalog import Catalog
-from airflow_savepoints.core.manifest import SAVEPOINT_NAME
+from airflow_savepoints.core.catalog import pinned_savepoint
 from airflow_savepoints.core.models import SavepointManifest
 from airflow_savepoints.core.pointer import resolve_pointer
 from airflow_savepoints.core.state_summary import OperatorState, StateSummary, StoreState, skew, state_files
 from airflow_savepoints.errors import (
-    CredentialsError,
     InvalidInputError,
     SparkNotInstalledError,
-    StoragePermissionError,
 )
 from airflow_savepoints.storage import Store
 
@@ -95,7 +92,8 @@ def inspect_savepoint(pointer: str, *, operator: int | None = None, sample: int 
             f"(its operators: {', '.join(files) or 'none, a stateless query'})",
             "pass one of its operator ids, or leave --operator out")
     session = spark_session() if files else None
-    with _pinned(location, manifest), _readable(location, manifest, read_via if files else "in_place") as (path, read_from):
+    with pinned_savepoint(location, manifest, "inspect"), \
+            _readable(location, manifest, read_via if files else "in_place") as (path, read_from):
         reader = _Reader(session, path, manifest.batch_id, sample) if session is not None else None
         operators, limits = reader.operators(files, operator) if reader is not None else ([], [])
     if not files:
@@ -106,18 +104,6 @@ def inspect_savepoint(pointer: str, *, operator: int | None = None, sample: int 
         savepoint_spark_version=manifest.spark_version, reader_spark_version=session.version if session else None,
         read_from=read_from, operators=operators, total_rows=sum(counted) if counted else None, limits=limits,
         inspected_at=dt.datetime.now(dt.UTC).isoformat())
-
-
-@contextlib.contextmanager
-def _pinned(location: Store, manifest: SavepointManifest) -> Iterator[None]:
-    """Hold the savepoint against retention while Spark reads it (a savepoint laid out as
-    ``<dir>/<job>/savepoint-…`` only; a store we may not write to is read unpinned)."""
-    if not SAVEPOINT_NAME.match(location.name) or location.parent().name != manifest.job:
-        yield
-        return
-    with Catalog(location.parent(), manifest.job).pinned(location.name, "inspect", manifest,
-                                                         unless=(StoragePermissionError, CredentialsError)):
-        yield
 
 
 @contextlib.contextmanager
