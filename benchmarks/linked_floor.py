@@ -18,10 +18,11 @@ second savepoints) and three plain loops on the files they plan:
 * ``safe+``: ``safe`` plus the least bookkeeping a job needs: a walk of the checkpoint, the previous
   manifest parsed, a lease created and removed, the catalog written twice (each with an ``fsync``).
 
-Seconds are wall time. The filesystem's state moves them: after a ``cp -al`` or the removal of thousands of
-links, ``mkdir`` runs several times slower for a second or two even past ``sync``. So the four steps take
-turns at each place in a run (ours once came first each time, right after the ``cp -al``), each after a
-``sync`` and ``--settle`` seconds (0 by default: a wait lets the machine go idle, which slows every step).
+Seconds are wall time, and CPU (user and system, every thread of the process). The filesystem's state moves
+them: after a ``cp -al`` or the removal of thousands of links, ``mkdir`` runs several times slower for a second
+or two even past ``sync``. So the four steps take turns at each place in a run (ours once came first each time,
+right after the ``cp -al``), each after a ``sync`` and ``--settle`` seconds (0 by default: a wait lets the machine
+go idle, which slows every step).
 """
 
 from __future__ import annotations
@@ -145,16 +146,21 @@ def main() -> None:
         parser.error(f"{work} holds no hdfs/checkpoint, rocksdb/checkpoint and sp/ (keep a local run's --workdir)")
     first = first_root(work)
     seconds: dict[str, list[float]] = {"ours": [], **{name: [] for name in FLOORS}}
+    cpu: dict[str, list[float]] = {name: [] for name in seconds}  # user + system seconds, every thread
 
     def second_savepoints(root: Path) -> list:
         return [take_savepoint(str(checkpoints[kind]), f"{kind}-link", savepoint_dir=str(root), savepoint_type="periodic")
                 for kind in KINDS]
 
-    def settled() -> float:
-        """The clock's start for a timed step: after a `sync` and `--settle` seconds (see the module's docstring)."""
+    def settled() -> tuple[float, float]:
+        """The clocks' start for a timed step (wall, CPU): after a `sync` and `--settle` seconds (see the module's docstring)."""
         os.sync()
         time.sleep(args.settle)
-        return time.perf_counter()
+        return time.perf_counter(), time.process_time()
+
+    def record(name: str, start: tuple[float, float]) -> None:
+        seconds[name].append(time.perf_counter() - start[0])
+        cpu[name].append(time.process_time() - start[1])
 
     warm_up = work / "linked-floor" / "root-warm-up"
     shutil.rmtree(warm_up, ignore_errors=True)
@@ -170,14 +176,14 @@ def main() -> None:
             if name == "ours":
                 start = settled()
                 second_savepoints(root)
-                seconds["ours"].append(time.perf_counter() - start)
+                record("ours", start)
                 continue
             into = work / "linked-floor" / name
             shutil.rmtree(into, ignore_errors=True)
             jobs = per_file_work(infos, root, into, checkpoints)
             start = settled()
             FLOORS[name](jobs, checkpoints)
-            seconds[name].append(time.perf_counter() - start)
+            record(name, start)
             shutil.rmtree(into)
         shutil.rmtree(root)
     files = [e for info in infos for e in info.manifest.files]
@@ -187,8 +193,10 @@ def main() -> None:
     for name, values in seconds.items():
         values.sort()
         print(f"{name:6s} best {values[0] * 1000:7.1f} ms  median {values[len(values) // 2] * 1000:7.1f} ms"
-              f"  best / links-only {values[0] / min(seconds['links']):.2f}")
-    print(f"ours / safe+ (best) {min(seconds['ours']) / min(seconds['safe+']):.2f}")
+              f"  best / links-only {values[0] / min(seconds['links']):.2f}"
+              f"  CPU best {min(cpu[name]) * 1000:6.1f} ms ({min(cpu[name]) / len(files) * 1e6:5.1f} us a file)")
+    print(f"ours / safe+ (best) {min(seconds['ours']) / min(seconds['safe+']):.2f}, CPU above safe+ (best)"
+          f" {(min(cpu['ours']) - min(cpu['safe+'])) / len(files) * 1e6:.1f} us a file")
 
 
 if __name__ == "__main__":
