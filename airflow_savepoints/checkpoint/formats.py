@@ -22,6 +22,8 @@ COMPACT_FILE = re.compile(r"^(\d+)\.compact$")
 HDFS_STATE_FILE = re.compile(r"^(\d+)(?:\.[^.]+)?\.(delta|snapshot|metadata)$")
 ROCKSDB_V1_FILE = re.compile(r"^(\d+)\.(zip|changelog)$")
 ROCKSDB_V2_FILE = re.compile(r"^(\d+)_([0-9A-Za-z-]+)\.(zip|changelog)$")
+# The three above in one pattern (they exclude each other): version, HDFS kind, RocksDB v1 kind, v2 unique id, v2 kind
+STATE_FILE = re.compile(r"^(\d+)(?:(?:\.[^.]+)?\.(delta|snapshot|metadata)|\.(zip|changelog)|_([0-9A-Za-z-]+)\.(zip|changelog))$")
 METADATA_FILE = "metadata"  # a checkpoint's identity (the query id), in its root
 SPARK_SIDECAR_SUFFIX = ".crc"
 
