@@ -456,9 +456,9 @@ def _plan_operator_metadata(listing, read, op, op_folder, version, add, where) -
 
 
 def _plan_store(listing, read, store: str, files: list[str], version: int, ids: set[str], add, where) -> None:
-    hdfs: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    rocks_v1: dict[int, dict[str, str]] = defaultdict(dict)
-    rocks_v2: dict[int, dict[str, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
+    hdfs: dict[int, dict[str, list[str]]] = {}  # version -> kind -> paths (plain dicts: a store has dozens of names)
+    rocks_v1: dict[int, dict[str, str]] = {}  # version -> kind -> path
+    rocks_v2: dict[int, dict[str, dict[str, str]]] = {}  # version -> kind -> unique id -> path
     start, match = len(store) + 1, formats.STATE_FILE.match
     for path in files:
         name = path[start:]
@@ -469,11 +469,15 @@ def _plan_store(listing, read, store: str, files: list[str], version: int, ids: 
         else:
             v, hdfs_kind, v1_kind, unique_id, v2_kind = m.groups()
             if hdfs_kind:
-                hdfs[int(v)][hdfs_kind].append(path)
+                kinds = hdfs.setdefault(int(v), {})
+                if hdfs_kind in kinds:
+                    kinds[hdfs_kind].append(path)
+                else:
+                    kinds[hdfs_kind] = [path]
             elif v1_kind:
-                rocks_v1[int(v)][v1_kind] = path
+                rocks_v1.setdefault(int(v), {})[v1_kind] = path
             else:
-                rocks_v2[int(v)][v2_kind][unique_id] = path
+                rocks_v2.setdefault(int(v), {}).setdefault(v2_kind, {})[unique_id] = path
     if rocks_v2 and ids:
         _plan_rocksdb_v2(listing, read, store, rocks_v2, version, ids, add, where)
     elif rocks_v1 or rocks_v2:
