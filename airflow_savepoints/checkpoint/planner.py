@@ -3,9 +3,9 @@
 The planner works from ONE listing of the live checkpoint (path -> size and version token) plus a
 reader for the handful of small files whose content decides the plan (``metadata``, ``offsets/N``,
 ``commits/N``, operator metadata, RocksDB snapshot zips). It never lists twice, so the plan is
-consistent with that one listing (on a local disk the listing reads names and stats a file when
-the planner looks it up: a file gone by then is a race, as if unlisted); the copier later checks
-the files did not change.
+consistent with that one listing (on a local disk the listing reads names; the planned files are
+stat'ed together once the plan is known, those it reads when it adds them: a file gone by then is
+a race, as if unlisted); the copier later checks the files did not change.
 
 Rules (docs/savepoint-format.md explains each one):
 

@@ -3,7 +3,7 @@
 Writes are a temporary file renamed into place (fsync'ed first); exclusive create is a temporary
 file hard-linked as the name (``link`` fails if the name exists); copies are hard links where the
 filesystem allows them; a read pins the inode it opened. Listings read the names with one
-``scandir`` per folder and stat a file when it is first looked up.
+``scandir`` per folder and stat a file when it is first looked up (or many at once: ``stats_of``).
 """
 
 from __future__ import annotations
