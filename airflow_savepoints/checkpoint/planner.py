@@ -455,6 +455,11 @@ def _plan_operator_metadata(listing, read, op, op_folder, version, add, where) -
         add(f"{op_folder}/_stateSchema/" + uri.split(marker, 1)[1], GROUP_STATE)
 
 
+# ``<digits>.<kind>``, the usual names, classified as ``formats.STATE_FILE`` would: kind -> HDFS kind, RocksDB v1 kind
+_PLAIN_KINDS = {"delta": "delta", "snapshot": "snapshot", "metadata": "metadata", "zip": None, "changelog": None}
+_ROCKS_KINDS = {"zip": "zip", "changelog": "changelog"}
+
+
 def _plan_store(listing, read, store: str, files: list[str], version: int, ids: set[str], add, where) -> None:
     hdfs: dict[int, dict[str, list[str]]] = {}  # version -> kind -> paths (plain dicts: a store has dozens of names)
     rocks_v1: dict[int, dict[str, str]] = {}  # version -> kind -> path
@@ -462,22 +467,26 @@ def _plan_store(listing, read, store: str, files: list[str], version: int, ids: 
     start, match = len(store) + 1, formats.STATE_FILE.match
     for path in files:
         name = path[start:]
-        if name.startswith("_metadata/"):
+        stem, _, kind = name.rpartition(".")
+        if kind in _PLAIN_KINDS and stem.isdigit() and stem.isascii():  # "7.delta", "7.zip": the pattern's answer
+            v, hdfs_kind, v1_kind, unique_id, v2_kind = stem, _PLAIN_KINDS[kind], _ROCKS_KINDS.get(kind), None, None
+        elif name.startswith("_metadata/"):
             add(path, GROUP_STATE)  # per-store schema
+            continue
         elif "/" in name or name.endswith(formats.SPARK_SIDECAR_SUFFIX) or (m := match(name)) is None:
             continue
         else:
             v, hdfs_kind, v1_kind, unique_id, v2_kind = m.groups()
-            if hdfs_kind:
-                kinds = hdfs.setdefault(int(v), {})
-                if hdfs_kind in kinds:
-                    kinds[hdfs_kind].append(path)
-                else:
-                    kinds[hdfs_kind] = [path]
-            elif v1_kind:
-                rocks_v1.setdefault(int(v), {})[v1_kind] = path
+        if hdfs_kind:
+            kinds = hdfs.setdefault(int(v), {})
+            if hdfs_kind in kinds:
+                kinds[hdfs_kind].append(path)
             else:
-                rocks_v2.setdefault(int(v), {}).setdefault(v2_kind, {})[unique_id] = path
+                kinds[hdfs_kind] = [path]
+        elif v1_kind:
+            rocks_v1.setdefault(int(v), {})[v1_kind] = path
+        else:
+            rocks_v2.setdefault(int(v), {}).setdefault(v2_kind, {})[unique_id] = path
     if rocks_v2 and ids:
         _plan_rocksdb_v2(listing, read, store, rocks_v2, version, ids, add, where)
     elif rocks_v1 or rocks_v2:
@@ -506,8 +515,9 @@ def _plan_hdfs(store, files: dict[int, dict[str, list[str]]], version: int, add,
 
 def _add_rocksdb_snapshot(listing, read, store, zip_path, add) -> None:
     add(zip_path, GROUP_STATE, now=True)
+    prefix = store + "/"
     for rel, size in read.snapshot(zip_path).items():
-        add(f"{store}/{rel}", GROUP_STATE, expected_size=size if size >= 0 else None)
+        add(prefix + rel, GROUP_STATE, size if size >= 0 else None)
 
 
 def _plan_rocksdb_v1(listing, read, store, files: dict[int, dict[str, str]], version, add, where) -> None:

@@ -86,3 +86,20 @@ def test_a_rocksdb_zip_reads_as_zipfile_reads_it(data, direct):
         return
     files = formats.parse_rocksdb_zip(data, "state/0/0/1.zip").files
     assert files == ({"SSTs/000008-a.sst": 3, "logs/000009-b.log": -1} if expected == META else {})
+
+
+@pytest.mark.parametrize("name", [
+    "7.delta", "7.snapshot", "12.metadata", "7.zip", "7.changelog", "7_0a-Bc.zip", "7_u.changelog", "7.x.delta", "7.x.y.delta",
+    "7.zip.crc", ".7.delta.crc", "7.delta\n", "x7.delta", "7", "7.", "7_.zip", "7_a.b.zip", "٣.delta", "7.delta.zip", "_metadata",
+])
+def test_one_state_file_pattern_classifies_as_the_three_did(name):
+    old = [pattern.match(name) for pattern in (formats.HDFS_STATE_FILE, formats.ROCKSDB_V1_FILE, formats.ROCKSDB_V2_FILE)]
+    first = next((i for i, m in enumerate(old) if m), None)
+    got = formats.STATE_FILE.match(name)
+    assert (got is None) == (first is None)
+    if got is not None:
+        version, hdfs_kind, v1_kind, unique_id, v2_kind = got.groups()
+        m = old[first]
+        assert version == m.group(1)
+        expected = (None, None, *m.groups()[1:]) if first == 2 else (m.group(2), None) if first == 0 else (None, m.group(2))
+        assert (hdfs_kind, v1_kind, unique_id, v2_kind) == (expected + (None, None))[:4]
