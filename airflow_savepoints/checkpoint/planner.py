@@ -3,9 +3,9 @@
 The planner works from ONE listing of the live checkpoint (path -> size and version token) plus a
 reader for the handful of small files whose content decides the plan (``metadata``, ``offsets/N``,
 ``commits/N``, operator metadata, RocksDB snapshot zips). It never lists twice, so the plan is
-consistent with that one listing (on a local disk the listing reads names and stats a file when
-the planner looks it up: a file gone by then is a race, as if unlisted); the copier later checks
-the files did not change.
+consistent with that one listing (on a local disk the listing reads names; the planned files are
+stat'ed together once the plan is known, those it reads when it adds them: a file gone by then is
+a race, as if unlisted); the copier later checks the files did not change.
 
 Rules (docs/savepoint-format.md explains each one):
 
@@ -25,9 +25,10 @@ Rules (docs/savepoint-format.md explains each one):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter, methodcaller
 from typing import Any, NamedTuple
 
@@ -121,14 +122,26 @@ class _PlanInputs:
 
 class _VisibleFiles(Mapping[str, FileStat]):
     """The listing without temp files and hidden ``.crc`` files; stats are looked up only when
-    asked for (a lazy local listing then stats only what the plan needs). ``folders``: the files
-    directly in each folder, indexed once (the planner looks up folders, never scans every name)."""
+    asked for (a lazy local listing then stats only what the plan needs, all at once). ``folders``:
+    the files directly in each folder, indexed once (the planner looks up folders, never scans every
+    name); taken from the listing's own ``folders`` where it kept them (a local scan does)."""
 
     def __init__(self, listing: Mapping[str, FileStat]):
         self._listing = listing
-        self._paths = self.names = dict.fromkeys(formats.visible_paths(listing))  # names: ``in`` without a call
+        listed_folders: dict[str, list[str]] | None = getattr(listing, "folders", None)
         self.folders: dict[str, list[str]] = {}
         folders = self.folders
+        if listed_folders is not None:
+            for folder, paths in listed_folders.items():
+                if folder and formats.is_transient_path(folder):
+                    continue
+                start = len(folder) + 1 if folder else 0  # a visible file in a visible folder: its name tells
+                visible = [p for p in paths if p[start] != "." and not p.endswith(".tmp")]
+                if visible:
+                    folders[folder] = visible
+            self._paths = self.names = dict.fromkeys(chain.from_iterable(folders.values()))
+            return
+        self._paths = self.names = dict.fromkeys(formats.visible_paths(listing))  # names: ``in`` without a call
         for path in self._paths:
             folder = path.rpartition("/")[0]
             files = folders.get(folder)
@@ -136,7 +149,11 @@ class _VisibleFiles(Mapping[str, FileStat]):
                 folders[folder] = [path]
             else:
                 files.append(path)
-        self.listed_get = listing.get  # for a name known visible
+
+    def stats_of(self, paths: Iterable[str]) -> list[FileStat | None]:
+        """The listed entry of each of ``paths`` (all visible), None for a file gone since it was listed."""
+        stats_of = getattr(self._listing, "stats_of", None)
+        return stats_of(paths) if stats_of is not None else list(map(self._listing.get, paths))
 
     def __getitem__(self, path: str) -> FileStat:
         if path not in self._paths:
@@ -168,18 +185,36 @@ def _int_names(listing: _VisibleFiles, folder: str) -> dict[int, str]:
     return found
 
 
-def _collector(listing: _VisibleFiles, into: dict[str, PlannedFile], purpose: str):
-    """An ``add(path, group)`` that records a listed file in ``into``; a missing file is a race."""
+# A planned path's group, the main file of a Spark sidecar and the size the checkpoint promises: its
+# ``PlannedFile`` once every planned file is stat'ed (``_planned_files``)
+_Pending = tuple[int, "str | None", "int | None"]
 
-    names, get = listing.names, listing.listed_get
 
-    def add(path: str, group: int, expected_size: int | None = None) -> None:
-        stat = get(path) if path in names else None
-        if stat is None:
+def _collector(listing: _VisibleFiles, into: dict[str, _Pending], purpose: str):
+    """An ``add(path, group)`` that records a listed file in ``into``; an unlisted file is a race. Its stat
+    is taken with all the others (``_planned_files``: a file gone by then is a race too), or ``now``, for
+    a file the planner reads next."""
+
+    names, get = listing.names, listing.get
+
+    def add(path: str, group: int, expected_size: int | None = None, *, now: bool = False) -> None:
+        if path not in names or (now and get(path) is None):
             raise CheckpointRaceError(f"{purpose}: '{path}' is not there")
-        into[path] = PlannedFile(path, stat.size, stat.version, group, expected_size=expected_size)
+        into[path] = (group, None, expected_size)
 
     return add
+
+
+def _planned_files(listing: _VisibleFiles, planned: dict[str, _Pending], purpose: str, where: str) -> list[PlannedFile]:
+    """Every planned file with its listed size and version, in copy order; one gone since the listing is a race."""
+    files = []
+    for (path, (group, sidecar_of, expected_size)), stat in zip(planned.items(), listing.stats_of(planned), strict=True):
+        if stat is None:
+            raise CheckpointRaceError(f"{where}: '{path}' vanished while planning" if sidecar_of is not None
+                                      else f"{purpose}: '{path}' is not there")
+        files.append(PlannedFile(path, stat.size, stat.version, group, sidecar_of, expected_size))
+    files.sort(key=attrgetter("group", "path"))
+    return files
 
 
 def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str = "the checkpoint",
@@ -197,13 +232,14 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
     offsets, commits = _int_names(listing, "offsets"), _int_names(listing, "commits")
     n = _newest_committed(listing, offsets, commits, where)
     read.prefetch([METADATA, offsets[n], commits[n], *([offsets[n + 1]] if (n + 1) in offsets else [])], parallelism)
-    planned: dict[str, PlannedFile] = {}
-    add = _collector(listing, planned, f"{where}: needed for batch {n}")
+    planned: dict[str, _Pending] = {}
+    purpose = f"{where}: needed for batch {n}"
+    add = _collector(listing, planned, purpose)
 
     query_id = formats.parse_stream_metadata(read(METADATA))
     add(METADATA, GROUP_METADATA)
-    add(offsets[n], GROUP_LOGS)
-    add(commits[n], GROUP_LOGS)
+    add(offsets[n], GROUP_LOGS, now=True)
+    add(commits[n], GROUP_LOGS, now=True)
     earlier = [b for b in offsets if b < n]
     if earlier:
         add(offsets[max(earlier)], GROUP_LOGS)
@@ -217,7 +253,7 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
     next_batch = n + 1 if (n + 1) in offsets else None
     offsets_for_sources = offset_n
     if next_batch is not None:
-        add(offsets[next_batch], GROUP_LOGS)
+        add(offsets[next_batch], GROUP_LOGS, now=True)
         offsets_for_sources = formats.parse_offsets(read(offsets[next_batch]), f"offsets/{next_batch}")
 
     _plan_sources(listing, offsets_for_sources, add, where)
@@ -230,7 +266,7 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
     _add_sidecars(listing, planned, where)
     return CheckpointPlan(
         batch_id=n, query_id=query_id, includes_next_offsets=next_batch is not None, includes_next_state=next_state,
-        files=sorted(planned.values(), key=attrgetter("group", "path")),
+        files=_planned_files(listing, planned, purpose, where),
         offset_log_version=offset_n.version, commit_log_version=commit_n.version, checkpoint_format_version=ckpt_format,
         state_store_provider=offset_n.conf.get("spark.sql.streaming.stateStore.providerClass"),
         changelog_checkpointing=any(map(methodcaller("endswith", ".changelog"), planned)) if operators else None,
@@ -261,30 +297,29 @@ def _newest_committed(listing: Mapping[str, FileStat], offsets: dict[int, str], 
     return committed[-1]
 
 
-def _add_sidecars(listing: _VisibleFiles, planned: dict[str, PlannedFile], where: str) -> None:
+def _add_sidecars(listing: _VisibleFiles, planned: dict[str, _Pending], where: str) -> None:
     """Spark's own checksum sidecars travel only together with their main file."""
     names = listing.names
     for path in list(planned):
         sidecar = path + formats.SPARK_SIDECAR_SUFFIX
         if sidecar in names and sidecar not in planned:
-            stat = listing.get(sidecar)
-            if stat is None:
-                raise CheckpointRaceError(f"{where}: '{sidecar}' vanished while planning")
-            planned[sidecar] = PlannedFile(sidecar, stat.size, stat.version, planned[path].group, sidecar_of=path)
+            planned[sidecar] = (planned[path][0], path, None)
 
 
-def _plan_next_state(listing, state: _StatePlanner, version: int, planned: dict[str, PlannedFile], where) -> bool:
+def _plan_next_state(listing, state: _StatePlanner, version: int, planned: dict[str, _Pending], where) -> bool:
     """Add state version N+2 if EVERY store has it complete (batch N+1's tasks all finished).
 
     Then a restore behaves exactly like Spark's crash recovery even when the sink had already
     committed N+1: Spark re-runs N+1, a file sink skips it, and batch N+2 finds its state. If any
     store lacks version N+2, nothing of it is taken (the sink cannot have committed N+1 then).
     """
-    extra: dict[str, PlannedFile] = {}
+    extra: dict[str, _Pending] = {}
     add = _collector(listing, extra, f"{where}: state version {version}")
     try:
         state.plan(version, add)
     except (CheckpointRaceError, CheckpointError):
+        return False
+    if None in listing.stats_of(extra):  # a file of it gone since the listing
         return False
     for path, file in extra.items():
         planned.setdefault(path, file)
@@ -410,7 +445,7 @@ def _plan_operator_metadata(listing, read, op, op_folder, version, add, where) -
     if not usable:
         return
     chosen = v2[max(usable)]
-    add(chosen, GROUP_STATE)
+    add(chosen, GROUP_STATE, now=True)
     body = formats.parse_operator_metadata_v2(read(chosen), chosen)
     marker = f"/{op}/_stateSchema/"
     for uri in formats.schema_file_paths(body):
@@ -420,26 +455,38 @@ def _plan_operator_metadata(listing, read, op, op_folder, version, add, where) -
         add(f"{op_folder}/_stateSchema/" + uri.split(marker, 1)[1], GROUP_STATE)
 
 
+# ``<digits>.<kind>``, the usual names, classified as ``formats.STATE_FILE`` would: kind -> HDFS kind, RocksDB v1 kind
+_PLAIN_KINDS = {"delta": "delta", "snapshot": "snapshot", "metadata": "metadata", "zip": None, "changelog": None}
+_ROCKS_KINDS = {"zip": "zip", "changelog": "changelog"}
+
+
 def _plan_store(listing, read, store: str, files: list[str], version: int, ids: set[str], add, where) -> None:
-    direct: dict[str, str] = {}
+    hdfs: dict[int, dict[str, list[str]]] = {}  # version -> kind -> paths (plain dicts: a store has dozens of names)
+    rocks_v1: dict[int, dict[str, str]] = {}  # version -> kind -> path
+    rocks_v2: dict[int, dict[str, dict[str, str]]] = {}  # version -> kind -> unique id -> path
+    start, match = len(store) + 1, formats.STATE_FILE.match
     for path in files:
-        rel = path[len(store) + 1 :]
-        if rel.startswith("_metadata/"):
+        name = path[start:]
+        stem, _, kind = name.rpartition(".")
+        if kind in _PLAIN_KINDS and stem.isdigit() and stem.isascii():  # "7.delta", "7.zip": the pattern's answer
+            v, hdfs_kind, v1_kind, unique_id, v2_kind = stem, _PLAIN_KINDS[kind], _ROCKS_KINDS.get(kind), None, None
+        elif name.startswith("_metadata/"):
             add(path, GROUP_STATE)  # per-store schema
-        elif "/" not in rel:
-            direct[rel] = path
-    hdfs: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    rocks_v1: dict[int, dict[str, str]] = defaultdict(dict)
-    rocks_v2: dict[int, dict[str, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
-    for name, path in direct.items():
-        if name.endswith(formats.SPARK_SIDECAR_SUFFIX):
             continue
-        if m := formats.HDFS_STATE_FILE.match(name):
-            hdfs[int(m.group(1))][m.group(2)].append(path)
-        elif m := formats.ROCKSDB_V1_FILE.match(name):
-            rocks_v1[int(m.group(1))][m.group(2)] = path
-        elif m := formats.ROCKSDB_V2_FILE.match(name):
-            rocks_v2[int(m.group(1))][m.group(3)][m.group(2)] = path
+        elif "/" in name or name.endswith(formats.SPARK_SIDECAR_SUFFIX) or (m := match(name)) is None:
+            continue
+        else:
+            v, hdfs_kind, v1_kind, unique_id, v2_kind = m.groups()
+        if hdfs_kind:
+            kinds = hdfs.setdefault(int(v), {})
+            if hdfs_kind in kinds:
+                kinds[hdfs_kind].append(path)
+            else:
+                kinds[hdfs_kind] = [path]
+        elif v1_kind:
+            rocks_v1.setdefault(int(v), {})[v1_kind] = path
+        else:
+            rocks_v2.setdefault(int(v), {}).setdefault(v2_kind, {})[unique_id] = path
     if rocks_v2 and ids:
         _plan_rocksdb_v2(listing, read, store, rocks_v2, version, ids, add, where)
     elif rocks_v1 or rocks_v2:
@@ -467,9 +514,10 @@ def _plan_hdfs(store, files: dict[int, dict[str, list[str]]], version: int, add,
 
 
 def _add_rocksdb_snapshot(listing, read, store, zip_path, add) -> None:
-    add(zip_path, GROUP_STATE)
+    add(zip_path, GROUP_STATE, now=True)
+    prefix = store + "/"
     for rel, size in read.snapshot(zip_path).items():
-        add(f"{store}/{rel}", GROUP_STATE, expected_size=size if size >= 0 else None)
+        add(prefix + rel, GROUP_STATE, size if size >= 0 else None)
 
 
 def _plan_rocksdb_v1(listing, read, store, files: dict[int, dict[str, str]], version, add, where) -> None:

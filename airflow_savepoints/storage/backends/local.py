@@ -3,7 +3,7 @@
 Writes are a temporary file renamed into place (fsync'ed first); exclusive create is a temporary
 file hard-linked as the name (``link`` fails if the name exists); copies are hard links where the
 filesystem allows them; a read pins the inode it opened. Listings read the names with one
-``scandir`` per folder and stat a file when it is first looked up.
+``scandir`` per folder and stat a file when it is first looked up (or many at once: ``stats_of``).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class LocalBackend(Backend):
             if links is not None:
                 scan_names(base, links)
             return super().list_files(base)
-        return LazyLocalListing(base, scan_names(base, links), on_error)
+        folders: dict[str, list[str]] = {}
+        return LazyLocalListing(base, scan_names(base, links, folders), on_error, folders)
 
     def stat_files(self, base: str, paths: Iterable[str], on_error: OnError) -> dict[str, FileStat]:
         """One stat per file (cheaper than listing every version Spark keeps)."""
@@ -204,9 +205,10 @@ def _create_without_link(target: str, data: bytes) -> bool:
     return True
 
 
-def scan_names(base: str, links: list[str] | None = None) -> list[str]:
+def scan_names(base: str, links: list[str] | None = None, folders: dict[str, list[str]] | None = None) -> list[str]:
     """The files of a local tree, relative to ``base``, with one ``scandir`` per folder (no stat).
-    A linked folder is never walked into; symbolic links are also added to ``links`` if given."""
+    A linked folder is never walked into; symbolic links are also added to ``links`` if given, and
+    each folder's files (folder -> its files' paths, ``""`` for ``base``) to ``folders`` if given."""
     out: list[str] = []
     pending = [(base, "")]
     while pending:
@@ -215,10 +217,11 @@ def scan_names(base: str, links: list[str] | None = None) -> list[str]:
             entries = list(os.scandir(folder))
         except (FileNotFoundError, NotADirectoryError):
             continue
+        files: list[str] = []
         for entry in entries:
             try:  # one type test per file as a rule (the folder's entry says it is a plain file: no stat)
                 if entry.is_file(follow_symlinks=False):
-                    out.append(prefix + entry.name)
+                    files.append(prefix + entry.name)
                     continue
                 is_dir = entry.is_dir(follow_symlinks=False)
             except FileNotFoundError:
@@ -228,19 +231,25 @@ def scan_names(base: str, links: list[str] | None = None) -> list[str]:
                 continue
             if links is not None and entry.is_symlink():
                 links.append(prefix + entry.name)
-            out.append(prefix + entry.name)
+            files.append(prefix + entry.name)
+        if files:
+            out += files
+            if folders is not None:
+                folders[prefix[:-1]] = files
     return out
 
 
 class LazyLocalListing(Mapping[str, FileStat]):
     """Local file names below ``base``; a file's stat (the same entry and version token fsspec's
     ``find`` gives) is taken when first looked up. A file removed since the scan is missing; any
-    other error of the stat goes to ``on_error(exc, path)`` (the store's error translation)."""
+    other error of the stat goes to ``on_error(exc, path)`` (the store's error translation).
+    ``folders``: each folder's files, as the scan found them (``scan_names``), when it kept them."""
 
-    def __init__(self, base: str, names: list[str], on_error: OnError):
+    def __init__(self, base: str, names: list[str], on_error: OnError, folders: dict[str, list[str]] | None = None):
         self._base, self._names = base.rstrip("/") or "", dict.fromkeys(names)
         self._stats: dict[str, FileStat] = {}
         self._on_error = on_error
+        self.folders = folders
 
     def __getitem__(self, rel: str) -> FileStat:
         stat = self.get(rel)
@@ -249,26 +258,34 @@ class LazyLocalListing(Mapping[str, FileStat]):
         return stat
 
     def get(self, rel: str, default: FileStat | None = None) -> FileStat | None:  # type: ignore[override]
-        """``Mapping.get`` without its try/except: the planner and the copier ask once per file (the stat
-        taken here, in one call: ``local_file_stat``)."""
+        """``Mapping.get`` without its try/except: the copier asks once per file."""
         stat = self._stats.get(rel)
         if stat is not None:
             return stat
-        if rel not in self._names:
-            return default
-        path = f"{self._base}/{rel}"
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return default
-        except OSError as exc:
-            self._on_error(exc, path)
-        stat = self._stats[rel] = FileStat(st.st_size, f"{st.st_ino}:{st.st_mtime}", st.st_mtime)  # local_file_stat
-        return stat
+        return self.stats_of((rel,))[0] if rel in self._names else default
+
+    def stats_of(self, rels: Iterable[str]) -> list[FileStat | None]:
+        """The entry of each of ``rels`` (None: not listed, or removed since the scan), in one tight
+        loop: a planner asks for hundreds at once (the stat taken here: ``local_file_stat``)."""
+        found: list[FileStat | None] = []
+        append, cached, names, base, stat = found.append, self._stats, self._names, self._base, os.stat
+        for rel in rels:
+            entry = cached.get(rel)
+            if entry is None and rel in names:
+                try:
+                    st = stat(f"{base}/{rel}")
+                except (FileNotFoundError, NotADirectoryError):
+                    pass
+                except OSError as exc:
+                    self._on_error(exc, f"{base}/{rel}")
+                else:
+                    entry = cached[rel] = FileStat(st.st_size, f"{st.st_ino}:{st.st_mtime}", st.st_mtime)
+            append(entry)
+        return found
 
     def present(self) -> dict[str, FileStat]:
         """Every listed file that is still there, stat'ed."""
-        return {name: stat for name in self._names if (stat := self.get(name)) is not None}
+        return {name: stat for name, stat in zip(self._names, self.stats_of(self._names), strict=True) if stat is not None}
 
     def __contains__(self, rel: object) -> bool:
         return rel in self._names

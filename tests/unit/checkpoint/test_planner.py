@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import zipfile
 
 import pytest
@@ -19,7 +21,7 @@ from airflow_savepoints.errors import (
     NoCommittedBatchError,
     NotACheckpointError,
 )
-from airflow_savepoints.storage import FileStat
+from airflow_savepoints.storage import FileStat, Store
 
 QUERY_ID = "2ee3efbd-e866-49e6-86c7-e5aaaa705e6d"
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
@@ -288,3 +290,46 @@ def test_complete_state_of_the_planned_batch_travels_with_its_offsets():
     plan = c.plan()
     assert plan.includes_next_offsets and not plan.includes_next_state
     assert not {p for p in paths(plan) if p.endswith("/5.delta")}
+
+
+def test_a_local_file_gone_between_the_scan_and_its_stat_is_a_race(tmp_path):
+    """On a local disk the names are read first and the planned files stat'ed together afterwards: a
+    planned file, sidecar or snapshot zip Spark removed in between is a race; a gone file of state N+2
+    only leaves that version out. The stats taken are the listing's (the copier does not stat again)."""
+    c = base(4)  # N = 3, state version 4, offsets/4 planned: state 5 too if complete
+    c["offsets/4"] = offsets({"logOffset": 4})
+    for v in range(1, 6):
+        c[f"state/0/0/{v}.delta"] = b"d"
+        c[f"state/0/0/.{v}.delta.crc"] = b"hadoop"
+    c["state/0/0/4.delta.crc"] = b"{}"
+    c["state/0/1/3.zip"] = rocks_zip({"000008-aaa.sst": 3})
+    c["state/0/1/SSTs/000008-aaa.sst"] = b"abc"
+    for v in (4, 5):
+        c[f"state/0/1/{v}.changelog"] = b"c"
+    store = Store(str(tmp_path))
+    for rel, data in c.items():
+        store.write_bytes_atomic(rel, data)
+
+    def plan(gone: str | None = None):
+        listing = store.list_files_lazily()
+        if gone:
+            os.remove(tmp_path / gone)  # after the scan, before the planner's stats
+        return plan_checkpoint(listing, store.read_bytes, where="ckpt"), listing
+
+    whole, listing = plan()
+    assert whole.includes_next_state and "state/0/0/5.delta" in paths(whole)
+    assert next(f for f in whole.files if f.path == "state/0/0/4.delta.crc").sidecar_of == "state/0/0/4.delta"
+    assert [(f.size, f.version) for f in whole.files] == [(s.size, s.version) for s in map(store.stat, paths_of(whole))]
+    assert all(listing._stats[f.path] is listing.get(f.path) for f in whole.files)  # noqa: SLF001 - stat'ed once
+    without_next, _ = plan("state/0/1/5.changelog")
+    assert not without_next.includes_next_state and not {p for p in paths(without_next) if "/5." in p}
+    for gone, message in (("state/0/0/3.delta", "needed for batch 3: 'state/0/0/3.delta' is not there"),
+                          ("state/0/0/4.delta.crc", "'state/0/0/4.delta.crc' vanished while planning"),
+                          ("state/0/1/3.zip", "'state/0/1/3.zip' is not there")):
+        with pytest.raises(CheckpointRaceError, match=re.escape(message)):
+            plan(gone)
+        store.write_bytes_atomic(gone, c[gone])
+
+
+def paths_of(plan) -> list[str]:
+    return [f.path for f in plan.files]
