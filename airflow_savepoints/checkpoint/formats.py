@@ -10,9 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
-import struct
 import zipfile
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,59 +172,13 @@ class RocksDBSnapshot:
     files: dict[str, int]
 
 
-_PLAIN_ZIP_FLAGS = 0x2 | 0x4 | 0x8 | 0x800  # deflate options, sizes after the data, UTF-8 names
-
-
-def _plain_zip_member(data: bytes, name: bytes) -> bytes | None:
-    """``name``'s content in a plain zip (one disk, no comment, no extra fields, no zip64, not encrypted,
-    stored or deflated, its CRC right) read straight from the central directory: a planner reads a
-    zip per RocksDB store and ``zipfile`` takes several times longer. None for anything else (then
-    ``zipfile`` reads it and says what is wrong)."""
-    eocd = len(data) - 22
-    if eocd < 0 or data[eocd : eocd + 4] != b"PK\x05\x06":
-        return None
-    disk, cd_disk, on_disk, count, cd_size, cd_offset, comment = struct.unpack_from("<HHHHIIH", data, eocd + 4)
-    if disk or cd_disk or on_disk != count or comment or cd_offset + cd_size != eocd:
-        return None
-    pos, found, offsets = cd_offset, None, []
-    for _ in range(count):
-        if data[pos : pos + 4] != b"PK\x01\x02":
-            return None
-        flags, method, _t, _d, crc, size, full, length, extra, note, _s, _i, _e, local = \
-            struct.unpack_from("<HHHHIIIHHHHHII", data, pos + 8)
-        if extra or note:
-            return None
-        offsets.append(local)
-        if data[pos + 46 : pos + 46 + length] == name:
-            found = flags, method, crc, size, full, local
-        pos += 46 + length
-    if found is None or pos != eocd:
-        return None
-    flags, method, crc, size, full, local = found
-    if flags & ~_PLAIN_ZIP_FLAGS or method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or \
-            data[local : local + 4] != b"PK\x03\x04":
-        return None
-    local_name, local_extra = struct.unpack_from("<HH", data, local + 26)
-    start = local + 30 + local_name + local_extra
-    if data[local + 30 : local + 30 + local_name] != name or \
-            start + size > min([o for o in offsets if o > local], default=cd_offset):
-        return None
-    try:
-        body = zlib.decompress(data[start : start + size], -15) if method == zipfile.ZIP_DEFLATED else data[start : start + size]
-    except zlib.error:
-        return None
-    return body if len(body) == full and zlib.crc32(body) == crc else None
-
-
 def parse_rocksdb_zip(data: bytes, what: str) -> RocksDBSnapshot:
-    raw = _plain_zip_member(data, b"metadata")
-    if raw is None:
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as archive:
-                raw = archive.read("metadata")
-        except (zipfile.BadZipFile, KeyError) as exc:
-            raise CheckpointError(f"{what} is not a RocksDB snapshot zip with a 'metadata' entry",
-                                  "it may have been replaced while it was read") from exc
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            raw = archive.read("metadata")
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise CheckpointError(f"{what} is not a RocksDB snapshot zip with a 'metadata' entry",
+                              "it may have been replaced while it was read") from exc
     lines = _text(raw, what).split("\n", 1)
     body = _json(lines[1] if len(lines) > 1 else lines[0], what)
     files: dict[str, int] = {}

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import warnings
-import zipfile
 
 import pytest
 
@@ -48,58 +45,3 @@ def test_spark_sidecar_gives_the_signed_crc_and_the_main_file_size():
 def test_kafka_source_offsets_are_recognised_by_their_shape(offset, expected):
     assert formats.kafka_source_offsets(offset) == expected
 
-
-def _zip(entries, *, method=zipfile.ZIP_DEFLATED, comment=b"", extra=b"") -> bytes:
-    buf = io.BytesIO()
-    with warnings.catch_warnings(), zipfile.ZipFile(buf, "w", compression=method) as archive:
-        warnings.simplefilter("ignore")  # a duplicate name, on purpose
-        archive.comment = comment
-        for name, body in entries:
-            info = zipfile.ZipInfo(name)
-            info.compress_type, info.extra = method, extra
-            archive.writestr(info, body)
-    return buf.getvalue()
-
-
-META = b'v1\n{"sstFiles":[{"dfsSstFileName":"000008-a.sst","sizeBytes":3}],"logFiles":[{"dfsLogFileName":"000009-b.log"}]}'
-PLAIN = _zip([("CURRENT", b"MANIFEST-1\n"), ("metadata", META)])
-
-
-@pytest.mark.parametrize(("data", "direct"), [
-    (PLAIN, True), (_zip([("metadata", META)], method=zipfile.ZIP_STORED), True),
-    (_zip([("metadata", b"v1\n{}"), ("metadata", META)]), True), (_zip([("metadata", META)], comment=b"note"), False),
-    (_zip([("metadata", META)], extra=b"\x99\x99\x00\x00"), False), (b"junk" + PLAIN, False),
-    (_zip([("metadata", META)], method=zipfile.ZIP_STORED).replace(b"000008-a", b"000008-X"), False),
-    (PLAIN[:-30], False), (_zip([("CURRENT", b"x")]), False),
-    (b"", False), (b"not a zip", False),
-], ids=["deflated", "stored", "duplicate", "comment", "extra", "prefixed", "bad-crc", "truncated", "no-metadata", "empty",
-        "junk"])
-def test_a_rocksdb_zip_reads_as_zipfile_reads_it(data, direct):
-    """Plain zips are read from their central directory directly, the rest by ``zipfile``: the same files or the same refusal."""
-    assert (formats._plain_zip_member(data, b"metadata") is not None) == direct  # noqa: SLF001 - which way it was read
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            expected = archive.read("metadata")
-    except (zipfile.BadZipFile, KeyError):
-        with pytest.raises(CheckpointError, match="not a RocksDB snapshot zip"):
-            formats.parse_rocksdb_zip(data, "state/0/0/1.zip")
-        return
-    files = formats.parse_rocksdb_zip(data, "state/0/0/1.zip").files
-    assert files == ({"SSTs/000008-a.sst": 3, "logs/000009-b.log": -1} if expected == META else {})
-
-
-@pytest.mark.parametrize("name", [
-    "7.delta", "7.snapshot", "12.metadata", "7.zip", "7.changelog", "7_0a-Bc.zip", "7_u.changelog", "7.x.delta", "7.x.y.delta",
-    "7.zip.crc", ".7.delta.crc", "7.delta\n", "x7.delta", "7", "7.", "7_.zip", "7_a.b.zip", "٣.delta", "7.delta.zip", "_metadata",
-])
-def test_one_state_file_pattern_classifies_as_the_three_did(name):
-    old = [pattern.match(name) for pattern in (formats.HDFS_STATE_FILE, formats.ROCKSDB_V1_FILE, formats.ROCKSDB_V2_FILE)]
-    first = next((i for i, m in enumerate(old) if m), None)
-    got = formats.STATE_FILE.match(name)
-    assert (got is None) == (first is None)
-    if got is not None:
-        version, hdfs_kind, v1_kind, unique_id, v2_kind = got.groups()
-        m = old[first]
-        assert version == m.group(1)
-        expected = (None, None, *m.groups()[1:]) if first == 2 else (m.group(2), None) if first == 0 else (None, m.group(2))
-        assert (hdfs_kind, v1_kind, unique_id, v2_kind) == (expected + (None, None))[:4]
