@@ -19,11 +19,14 @@ from airflow_savepoints.errors import CheckpointError
 
 BATCH_FILE = re.compile(r"^(\d+)$")
 COMPACT_FILE = re.compile(r"^(\d+)\.compact$")
-HDFS_STATE_FILE = re.compile(r"^(\d+)(?:\.[^.]+)?\.(delta|snapshot|metadata)$")
-ROCKSDB_V1_FILE = re.compile(r"^(\d+)\.(zip|changelog)$")
-ROCKSDB_V2_FILE = re.compile(r"^(\d+)_([0-9A-Za-z-]+)\.(zip|changelog)$")
-# The three above in one pattern (they exclude each other): version, HDFS kind, RocksDB v1 kind, v2 unique id, v2 kind
-STATE_FILE = re.compile(r"^(\d+)(?:(?:\.[^.]+)?\.(delta|snapshot|metadata)|\.(zip|changelog)|_([0-9A-Za-z-]+)\.(zip|changelog))$")
+# A state store's version files: ``<version>`` then, by store and checkpoint format (they exclude each other)
+STATE_FILE_SUFFIXES = {
+    "hdfs": r"(?:\.[^.]+)?\.(delta|snapshot|metadata)",  # HDFS kind
+    "rocksdb_v1": r"\.(zip|changelog)",  # RocksDB kind
+    "rocksdb_v2": r"_([0-9A-Za-z-]+)\.(zip|changelog)",  # unique id, RocksDB kind
+}
+# All in one pattern: version, HDFS kind, RocksDB v1 kind, v2 unique id, v2 kind
+STATE_FILE = re.compile(r"^(\d+)(?:" + "|".join(STATE_FILE_SUFFIXES.values()) + ")$")
 METADATA_FILE = "metadata"  # a checkpoint's identity (the query id), in its root
 SPARK_SIDECAR_SUFFIX = ".crc"
 
@@ -37,6 +40,12 @@ def is_transient_path(path: str) -> bool:
 def visible_paths(paths: Iterable[str]) -> list[str]:
     """``paths`` without the transient ones (``is_transient_path``), in one loop: a listing has thousands."""
     return [p for p in paths if "/." not in "/" + p and ".tmp/" not in p + "/"]  # no part starts with "." or ends ".tmp"
+
+
+def visible_in_folder(paths: Iterable[str], start: int) -> list[str]:
+    """``paths`` of one visible folder (each file's name begins at ``start``) that ``visible_paths`` keeps:
+    the name alone decides, so it is the only part looked at."""
+    return [p for p in paths if p[start] != "." and not p.endswith(".tmp")]
 
 
 def _text(data: bytes, what: str) -> str:
@@ -212,7 +221,7 @@ def state_file_version(path: str) -> int | None:
     name = path.rsplit("/", 1)[-1]
     if name.endswith(SPARK_SIDECAR_SUFFIX):
         name = name[: -len(SPARK_SIDECAR_SUFFIX)]
-    match = HDFS_STATE_FILE.match(name) or ROCKSDB_V1_FILE.match(name) or ROCKSDB_V2_FILE.match(name)
+    match = STATE_FILE.match(name)
     return int(match.group(1)) if match else None
 
 

@@ -135,8 +135,7 @@ class _VisibleFiles(Mapping[str, FileStat]):
             for folder, paths in listed_folders.items():
                 if folder and formats.is_transient_path(folder):
                     continue
-                start = len(folder) + 1 if folder else 0  # a visible file in a visible folder: its name tells
-                visible = [p for p in paths if p[start] != "." and not p.endswith(".tmp")]
+                visible = formats.visible_in_folder(paths, len(folder) + 1 if folder else 0)
                 if visible:
                     folders[folder] = visible
             self._paths = self.names = dict.fromkeys(chain.from_iterable(folders.values()))
@@ -263,7 +262,7 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
     next_state = False
     if next_batch is not None and operators and ckpt_format == 1:
         next_state = _plan_next_state(listing, state, n + 2, planned, where)
-    _add_sidecars(listing, planned, where)
+    _add_sidecars(listing, planned)
     return CheckpointPlan(
         batch_id=n, query_id=query_id, includes_next_offsets=next_batch is not None, includes_next_state=next_state,
         files=_planned_files(listing, planned, purpose, where),
@@ -297,7 +296,7 @@ def _newest_committed(listing: Mapping[str, FileStat], offsets: dict[int, str], 
     return committed[-1]
 
 
-def _add_sidecars(listing: _VisibleFiles, planned: dict[str, _Pending], where: str) -> None:
+def _add_sidecars(listing: _VisibleFiles, planned: dict[str, _Pending]) -> None:
     """Spark's own checksum sidecars travel only together with their main file."""
     names = listing.names
     for path in list(planned):

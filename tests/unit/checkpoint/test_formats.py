@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -45,3 +46,19 @@ def test_spark_sidecar_gives_the_signed_crc_and_the_main_file_size():
 def test_kafka_source_offsets_are_recognised_by_their_shape(offset, expected):
     assert formats.kafka_source_offsets(offset) == expected
 
+
+@pytest.mark.parametrize("name", [
+    "7.delta", "7.snapshot", "12.metadata", "7.zip", "7.changelog", "7_0a-Bc.zip", "7_u.changelog", "7.x.delta", "7.x.y.delta",
+    "7.zip.crc", ".7.delta.crc", "7.delta\n", "x7.delta", "7", "7.", "7_.zip", "7_a.b.zip", "٣.delta", "7.delta.zip", "_metadata",
+])
+def test_one_state_file_pattern_classifies_as_the_three_did(name):
+    old = [re.match(rf"^(\d+){suffix}$", name) for suffix in formats.STATE_FILE_SUFFIXES.values()]
+    first = next((i for i, m in enumerate(old) if m), None)
+    got = formats.STATE_FILE.match(name)
+    assert (got is None) == (first is None)
+    if got is not None:
+        version, hdfs_kind, v1_kind, unique_id, v2_kind = got.groups()
+        m = old[first]
+        assert version == m.group(1)
+        expected = (None, None, *m.groups()[1:]) if first == 2 else (m.group(2), None) if first == 0 else (None, m.group(2))
+        assert (hdfs_kind, v1_kind, unique_id, v2_kind) == (expected + (None, None))[:4]
