@@ -405,6 +405,15 @@ class JobLock:
         holder = self.current()
         return None if self.is_stale(holder) else holder.savepoint_id
 
+    def release_location(self, savepoint_id: str) -> bool:
+        """Whether ``savepoint_id`` may be removed as an orphan: no lease names it, or the stale one naming it
+        is broken first. Its writer, if alive but late, then finds its lease gone before writing ``_metadata``
+        (``still_held``) instead of completing a location retention is removing."""
+        state = self.lease.read()
+        if state is None or state.facts.get("savepoint_id") != savepoint_id:
+            return True
+        return state.stale and self.lease._break(state)  # noqa: SLF001 - the lease's own identity-checked break
+
     def try_acquire(self) -> InflightHolder | None:
         """Take the lease. Returns None on success, else the live lease of the current holder."""
         holder = self.lease.try_acquire()

@@ -396,7 +396,7 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
                 {"savepoint_id": decision.savepoint_id, "error": exc.code, "message": exc.message})
     for decision in plan.of(Action.REMOVE_ORPHAN):
         try:
-            if lock.live_savepoint() == decision.savepoint_id:
+            if not lock.release_location(decision.savepoint_id):  # a live lease names it (a stale one is broken)
                 report.skipped.append({"savepoint_id": decision.savepoint_id, "error": "in_progress",
                                        "message": "a trigger took it up again"})
                 continue

@@ -126,6 +126,27 @@ def test_applying_a_plan_disposes_and_removes_orphans_only(tmp_path, root):
     assert sorted(p.name for p in (tmp_path / "sp" / "orders").iterdir() if p.name.startswith("savepoint-")) == [kept]
 
 
+
+def test_an_orphan_named_by_a_stale_lease_is_removed_only_after_the_lease_is_broken(tmp_path, root):
+    """A writer late with its heartbeat (its lease stale, never taken over) must not complete a location
+    retention removes: retention breaks the stale lease first, so the writer's check before ``_metadata`` fails."""
+    take(tmp_path, "periodic")
+    folder = tmp_path / "sp" / "orders" / ORPHAN
+    folder.mkdir()
+    (folder / "metadata").write_text("{}")
+    writer = JobLock(root.child("orders"), request_id="late", stale_after=0.2)
+    assert writer.try_acquire() is None
+    writer.set_savepoint(ORPHAN)
+    writer.lease.stop_heartbeat()  # late: no renewal from here on
+    try:
+        time.sleep(0.5)
+        assert writer.still_held()  # stale, but nobody broke it: the writer would still write its _metadata
+        report = apply_retention(root, plan_retention(root, "orders", RetentionPolicy(orphan_timeout_seconds=0)))
+        assert report.removed_orphans == [ORPHAN] and not folder.exists()
+        assert not writer.still_held()  # so write_metadata refuses: no completed savepoint without its files
+    finally:
+        writer.release()
+
 def test_max_manual_caps_manual_stop_and_retained_savepoints_together(tmp_path, root):
     protected = [take(tmp_path, kind) for kind in ("manual", "stop", "retained_checkpoint", "manual")]
     periodic = take(tmp_path, "periodic")
