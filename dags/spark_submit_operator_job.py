@@ -18,7 +18,7 @@ from airflow.sdk import DAG
 
 from airflow_savepoints.core.settings import resolve_savepoint_dir
 from airflow_savepoints.jobs import load_jobs
-from airflow_savepoints.jobs.lifecycle import submit_conf
+from airflow_savepoints.jobs.workflows.lifecycle import submit_conf
 
 JOB = load_jobs(Path(__file__).with_name("jobs.yaml"))["demo-dedup"]
 

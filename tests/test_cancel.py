@@ -8,7 +8,8 @@ import airflow_savepoints.demo.app as demo
 from airflow_savepoints.core import list_savepoints, restore_savepoint
 from airflow_savepoints.core.termination import CheckpointRetentionPolicy, apply_checkpoint_retention
 from airflow_savepoints.errors import InvalidInputError, NotACheckpointError
-from airflow_savepoints.jobs.launcher import process_alive, read_run, start_detached, wait_for_commit
+from airflow_savepoints.jobs.description.record import read_run
+from airflow_savepoints.jobs.launch.launcher import process_alive, start_detached, wait_for_commit
 from airflow_savepoints.operators.job import CancelJobOperator
 from airflow_savepoints.storage import Store
 from tests.conftest import tree_snapshot

@@ -285,8 +285,8 @@ def test_status_reports_the_recorded_run_and_its_progress(checkpoint, tmp_path):
     import socket
     from datetime import UTC, datetime
 
-    from airflow_savepoints.jobs.control import JobControl
-    from airflow_savepoints.jobs.launcher import JobRun
+    from airflow_savepoints.jobs.description.channel import JobControl
+    from airflow_savepoints.jobs.description.record import JobRun
     from airflow_savepoints.storage import Store
 
     sp_dir = tmp_path / "savepoints"

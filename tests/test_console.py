@@ -28,7 +28,7 @@ import pytest
 from airflow_savepoints.core import dispose_savepoint, take_savepoint
 from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.models import SavepointType
-from airflow_savepoints.jobs.control import CONTROL_FOLDER, JobControl
+from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, JobControl
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
 from tests.support.airflow_cluster import airflow_cluster, tail

@@ -107,9 +107,9 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
 
     import airflow_savepoints.demo.app as demo
     from airflow_savepoints.core import list_savepoints
-    from airflow_savepoints.jobs.launcher import read_run
-    from airflow_savepoints.jobs.lifecycle import job_status
-    from airflow_savepoints.jobs.run import stop_process
+    from airflow_savepoints.jobs.description.record import read_run
+    from airflow_savepoints.jobs.workflows.lifecycle import job_status
+    from airflow_savepoints.jobs.workflows.run import stop_process
     from airflow_savepoints.storage import Store
 
     monkeypatch.setenv("SAVEPOINTS_DEMO_HOME", str(tmp_path))

@@ -168,8 +168,9 @@ class Story:
 
     def status(self, job: str = "events"):
         """The job's state as the lifecycle module sees it from here (the test's own host)."""
-        from airflow_savepoints.jobs.lifecycle import JobContext, status
-        from airflow_savepoints.jobs.model import load_jobs
+        from airflow_savepoints.jobs.description.model import load_jobs
+        from airflow_savepoints.jobs.workflows.lifecycle import status
+        from airflow_savepoints.jobs.workflows.run import JobContext
 
         spec = load_jobs(self.shared / "jobs.yaml")[job]
         return status(JobContext(spec, self.savepoints(job)))
@@ -298,7 +299,7 @@ def test_e_a_stale_driver_fences_itself_off(story):
     lease does not hold) stops itself within two heartbeats and commits no batch."""
     from datetime import datetime
 
-    from airflow_savepoints.jobs.control import JobControl, new_run_id, run_conf
+    from airflow_savepoints.jobs.description.channel import JobControl, new_run_id, run_conf
     from airflow_savepoints.storage import Store
 
     bed, live = story.bed, story.runs["second"]

@@ -18,18 +18,14 @@ import pytest
 from typer.testing import CliRunner
 
 import airflow_savepoints.demo.app as demo
+from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints
-from airflow_savepoints.jobs.control import _stop_between_batches
-from airflow_savepoints.jobs.launcher import (
-    checkpoint_progress,
-    process_alive,
-    read_run,
-    start_detached,
-    wait_for_commit,
-)
-from airflow_savepoints.jobs.lifecycle import job_status
-from airflow_savepoints.jobs.run import stop_process
+from airflow_savepoints.jobs.description.record import read_run
+from airflow_savepoints.jobs.driver.control import _stop_between_batches
+from airflow_savepoints.jobs.launch.launcher import process_alive, start_detached, wait_for_commit
+from airflow_savepoints.jobs.workflows.lifecycle import job_status
+from airflow_savepoints.jobs.workflows.run import stop_process
 from airflow_savepoints.operators.job import RestoreJobOperator, StopJobWithSavepointOperator
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger

@@ -12,17 +12,11 @@ import pytest
 import airflow_savepoints.demo.app as demo
 from airflow_savepoints.core import list_savepoints
 from airflow_savepoints.jobs import StreamingJob
-from airflow_savepoints.jobs.control import CONTROL_CONF, JobControl
-from airflow_savepoints.jobs.launcher import (
-    JobRun,
-    new_control_folder,
-    process_alive,
-    read_run,
-    start_detached,
-    wait_for_commit,
-)
-from airflow_savepoints.jobs.lifecycle import JobContext, handle_failure, status
-from airflow_savepoints.jobs.run import stop_process
+from airflow_savepoints.jobs.description.channel import CONTROL_CONF, JobControl
+from airflow_savepoints.jobs.description.record import JobRun, read_run
+from airflow_savepoints.jobs.launch.launcher import new_control_folder, process_alive, start_detached, wait_for_commit
+from airflow_savepoints.jobs.workflows.lifecycle import handle_failure, status
+from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
 

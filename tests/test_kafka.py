@@ -25,9 +25,10 @@ from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
 from airflow_savepoints.core.input_check import kafka_gaps, savepoint_kafka_offsets
 from airflow_savepoints.errors import InputCheckFailedError, KafkaOffsetsGoneError
-from airflow_savepoints.jobs.control import _stop_between_batches
-from airflow_savepoints.jobs.lifecycle import JobContext, _prepare_checkpoint
-from airflow_savepoints.jobs.model import StreamingJob
+from airflow_savepoints.jobs.description.model import StreamingJob
+from airflow_savepoints.jobs.driver.control import _stop_between_batches
+from airflow_savepoints.jobs.workflows.lifecycle import _prepare_checkpoint
+from airflow_savepoints.jobs.workflows.run import JobContext
 from airflow_savepoints.storage import Store
 from tests.conftest import free_port
 from tests.support.spark_shapes import DEFAULT_CONF, run_to_end, wait_for_batch

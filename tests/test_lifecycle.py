@@ -27,16 +27,15 @@ import airflow_savepoints.demo.app as demo
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints, take_savepoint
 from airflow_savepoints.errors import SavepointInFlightError
-from airflow_savepoints.jobs import StreamingJob, lifecycle
-from airflow_savepoints.jobs.control import JobControl, JobFencedError, RunHandle, run_conf
-from airflow_savepoints.jobs.launcher import (
-    process_alive,
-    read_run,
-    spark_submit_command,
-)
-from airflow_savepoints.jobs.lifecycle import JobContext, JobRunningError
-from airflow_savepoints.jobs.run import stop_process
-from airflow_savepoints.jobs.runlease import RunLease
+from airflow_savepoints.jobs import StreamingJob
+from airflow_savepoints.jobs.description.channel import JobControl, run_conf
+from airflow_savepoints.jobs.description.lease import RunLease
+from airflow_savepoints.jobs.description.record import read_run
+from airflow_savepoints.jobs.driver.control import JobFencedError, RunHandle
+from airflow_savepoints.jobs.launch.launcher import process_alive, spark_submit_command
+from airflow_savepoints.jobs.workflows import lifecycle
+from airflow_savepoints.jobs.workflows.lifecycle import JobRunningError
+from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
 from tests.support.fault_proxy import FaultProxy, Rule
@@ -188,7 +187,7 @@ def test_a_worker_with_a_skewed_clock_judges_the_state_right(tmp_path):
 
 def test_the_driver_side_needs_no_airflow():
     script = ("import sys; sys.modules['airflow'] = None\n"  # any `import airflow` raises ImportError
-              "import airflow_savepoints.jobs.control, airflow_savepoints.demo.app, airflow_savepoints.storage\n"
+              "import airflow_savepoints.jobs.driver.control, airflow_savepoints.demo.app, airflow_savepoints.storage\n"
               "assert not [m for m, v in sys.modules.items() if v is not None and m.split('.')[0] == 'airflow'], 'airflow'\n"
               "print('ok')")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -374,7 +373,9 @@ def test_a_stop_waits_for_the_periodic_savepoint_in_flight_then_takes_its_own(sl
 
 
 def test_the_local_runner_never_signals_a_reused_pid_nor_another_hosts_process():
-    from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, process_started
+    from airflow_savepoints.jobs.description.files import process_started
+    from airflow_savepoints.jobs.description.record import RunTarget
+    from airflow_savepoints.jobs.launch.runners import LocalRunner
 
     process = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:

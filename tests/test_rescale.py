@@ -340,8 +340,8 @@ def test_an_upgrade_rescales_only_through_a_savepoint(tmp_path):
     """``state_partitions`` with another upgrade mode is refused before anything is stopped or written."""
     import airflow_savepoints.demo.app as demo
     from airflow_savepoints.jobs import StreamingJob
-    from airflow_savepoints.jobs.lifecycle import JobContext
-    from airflow_savepoints.jobs.upgrade import UpgradeRefusedError, UpgradeRequest, upgrade
+    from airflow_savepoints.jobs.workflows.run import JobContext
+    from airflow_savepoints.jobs.workflows.upgrade import UpgradeRefusedError, UpgradeRequest, upgrade
 
     job = StreamingJob(name="demo-dedup", application=demo.__file__, checkpoint=str(tmp_path / "checkpoint"),
                        savepoint_dir=str(tmp_path / "savepoints"))
@@ -360,8 +360,8 @@ def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
     import subprocess
 
     import airflow_savepoints.demo.app as demo
-    from airflow_savepoints.jobs.launcher import read_run
-    from airflow_savepoints.jobs.run import stop_process
+    from airflow_savepoints.jobs.description.record import read_run
+    from airflow_savepoints.jobs.workflows.run import stop_process
     from tests.support.blocked import cli_without
     from tests.support.feeding import wait_for_sink
 

@@ -34,9 +34,11 @@ from airflow_savepoints.errors import (
     JobNotStoppedError,
     UntrustedRunFileError,
 )
-from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
-from airflow_savepoints.jobs.launcher import read_run, spark_submit_command
-from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.jobs import StreamingJob, load_jobs
+from airflow_savepoints.jobs.description.record import read_run
+from airflow_savepoints.jobs.launch.launcher import spark_submit_command
+from airflow_savepoints.jobs.workflows import lifecycle
+from airflow_savepoints.jobs.workflows.run import JobContext
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT, tree_snapshot
 
@@ -125,7 +127,7 @@ def test_a_stop_refuses_a_run_whose_files_name_another_checkpoint_before_it_stop
     ctx = context(str(tmp_path))
     other = tmp_path / "payments-checkpoint"
     shutil.copytree(SPARK35, other)
-    from airflow_savepoints.jobs.runners import process_started
+    from airflow_savepoints.jobs.description.files import process_started
 
     forge_run(ctx, checkpoint=str(other), pid=sleeper.pid, pid_started=process_started(sleeper.pid))
     with pytest.raises(UntrustedRunFileError) as refused:

@@ -59,8 +59,9 @@ def event_log(cluster: AirflowCluster, dag_id: str, run_id: str, task_id: str) -
 def test_scheduler_triggerer_and_rest_api_run_the_savepoint_dags(tmp_path):
     import airflow_savepoints.demo.app as demo
     from airflow_savepoints.core import list_savepoints, verify_savepoint
-    from airflow_savepoints.jobs.launcher import process_alive, read_run
-    from airflow_savepoints.jobs.run import stop_process
+    from airflow_savepoints.jobs.description.record import read_run
+    from airflow_savepoints.jobs.launch.launcher import process_alive
+    from airflow_savepoints.jobs.workflows.run import stop_process
     from airflow_savepoints.storage import Store
 
     started = time.monotonic()

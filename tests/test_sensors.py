@@ -12,8 +12,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_savepoints.core import take_savepoint
-from airflow_savepoints.jobs.launcher import JobRun
-from airflow_savepoints.jobs.runners import process_started
+from airflow_savepoints.jobs.description.files import process_started
+from airflow_savepoints.jobs.description.record import JobRun
 from airflow_savepoints.sensors.savepoint import BatchCommittedSensor, SavepointCompletedSensor
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger, SavepointCompletedTrigger

@@ -18,13 +18,15 @@ import airflow_savepoints.demo.app as demo
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints, resolve_pointer, take_savepoint
 from airflow_savepoints.errors import SavepointTooOldError
-from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
-from airflow_savepoints.jobs.check import run_check
-from airflow_savepoints.jobs.control import CHECK_CONF, CHECKPOINT_CONF, JobControl, claim_run
-from airflow_savepoints.jobs.launcher import read_run, spark_submit_command
-from airflow_savepoints.jobs.lifecycle import JobContext
-from airflow_savepoints.jobs.run import stop_process
-from airflow_savepoints.jobs.upgrade import UpgradeRefusedError, UpgradeRequest, new_version, upgrade
+from airflow_savepoints.jobs import StreamingJob, load_jobs
+from airflow_savepoints.jobs.description.channel import CHECK_CONF, CHECKPOINT_CONF, JobControl
+from airflow_savepoints.jobs.description.record import read_run
+from airflow_savepoints.jobs.driver.check_sink import run_check
+from airflow_savepoints.jobs.driver.control import claim_run
+from airflow_savepoints.jobs.launch.launcher import spark_submit_command
+from airflow_savepoints.jobs.workflows import lifecycle
+from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
+from airflow_savepoints.jobs.workflows.upgrade import UpgradeRefusedError, UpgradeRequest, new_version, upgrade
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
 from tests.support.feeding import Feeder, wait_for_sink

@@ -18,11 +18,12 @@ from typer.testing import CliRunner
 import airflow_savepoints.demo.app as demo
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import take_savepoint
-from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs, watchdog
-from airflow_savepoints.jobs.launcher import read_run, spark_submit_command
-from airflow_savepoints.jobs.lifecycle import JobContext
-from airflow_savepoints.jobs.run import stop_process
-from airflow_savepoints.jobs.upgrade import checkpoint_problem
+from airflow_savepoints.jobs import StreamingJob, load_jobs
+from airflow_savepoints.jobs.description.record import read_run
+from airflow_savepoints.jobs.launch.launcher import spark_submit_command
+from airflow_savepoints.jobs.workflows import lifecycle, watchdog
+from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
+from airflow_savepoints.jobs.workflows.upgrade import checkpoint_problem
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
 from tests.support.feeding import Feeder, wait_for_sink

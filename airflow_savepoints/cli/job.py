@@ -1,6 +1,6 @@
 """``airflow-savepoints job``: start, stop (with a savepoint), cancel and watch streaming jobs.
 
-The same lifecycle code as the job operators (:mod:`airflow_savepoints.jobs.lifecycle`), so it
+The same lifecycle code as the job operators (:mod:`airflow_savepoints.jobs.workflows.lifecycle`), so it
 works from any machine that reaches the job's storage (and its runner, for a forced stop).
 """
 
@@ -21,13 +21,14 @@ from airflow_savepoints.cli.options import (
     option_group,
     with_option_groups,
 )
+from airflow_savepoints.cli.output import command, emit, err
 from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
 
 if TYPE_CHECKING:  # the job modules are imported by the commands that run (not by every CLI start)
-    from airflow_savepoints.jobs.lifecycle import JobContext
-    from airflow_savepoints.jobs.model import StreamingJob
+    from airflow_savepoints.jobs.description.model import StreamingJob
+    from airflow_savepoints.jobs.workflows.run import JobContext
 
 app = typer.Typer(help="Start, stop (with a savepoint), cancel and watch streaming jobs from a jobs file.",
                   no_args_is_help=True)
@@ -75,7 +76,7 @@ class JobTarget:
     def context(self, job_name: str) -> JobContext:
         """The job named ``job_name`` in the jobs file, with its savepoint root and checkpoint options."""
         from airflow_savepoints.jobs import load_jobs
-        from airflow_savepoints.jobs.lifecycle import JobContext
+        from airflow_savepoints.jobs.workflows.run import JobContext
         from airflow_savepoints.storage import Store
 
         jobs = load_jobs(self.jobs_file)
@@ -92,29 +93,21 @@ class JobTarget:
             checkpoint = connection_storage_options(self.checkpoint_conn_id)
         if checkpoint is None:
             checkpoint = root.options_for(job.checkpoint)
-        return JobContext(job, root, checkpoint, log=lambda message: _main().err.print(message, markup=False))
-
-
-def _main():
-    from airflow_savepoints.cli import main  # imported late: main registers this group
-
-    return main
+        return JobContext(job, root, checkpoint, log=lambda message: err.print(message, markup=False))
 
 
 def _report(as_json: bool, action) -> None:
     """Run ``action() -> (payload, text)`` and print it; errors as every command reports them."""
-    main = _main()
-
-    @main._command
+    @command
     def run(as_json: bool = False) -> None:
         payload, text = action()
-        main._emit(as_json, payload, text)
+        emit(as_json, payload, text)
 
     run(as_json=as_json)
 
 
 def _submit_command(ctx: JobContext):
-    from airflow_savepoints.jobs.launcher import spark_submit_command
+    from airflow_savepoints.jobs.launch.launcher import spark_submit_command
 
     if ctx.job.spark_conn_id:  # a Spark connection is Airflow's: build the command as the operators do
         from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
@@ -125,7 +118,7 @@ def _submit_command(ctx: JobContext):
 
 def _submit_for(ctx: JobContext):
     """The submit command builder of any version of ``ctx``'s job (an upgrade's or a check's new version)."""
-    from airflow_savepoints.jobs.lifecycle import JobContext
+    from airflow_savepoints.jobs.workflows.run import JobContext
 
     return lambda version: _submit_command(JobContext(version, ctx.root))
 
@@ -164,7 +157,7 @@ def start(
 ) -> None:
     """Start JOB from a savepoint (or --fresh); refused while another run of JOB lives anywhere."""
     def action():
-        from airflow_savepoints.jobs import lifecycle
+        from airflow_savepoints.jobs.workflows import lifecycle
 
         if origin.pointer and origin.fresh:
             raise InvalidInputError("--from and --fresh exclude each other", "give one of them")
@@ -194,7 +187,7 @@ def stop(
 ) -> None:
     """Stop JOB with a final ``stop`` savepoint of its last committed batch."""
     def action():
-        from airflow_savepoints.jobs import lifecycle
+        from airflow_savepoints.jobs.workflows import lifecycle
 
         ctx = target.context(job)
         result = lifecycle.stop(ctx, grace=grace, inflight_wait=inflight_wait)
@@ -217,7 +210,7 @@ def cancel(
 ) -> None:
     """Cancel JOB without a savepoint, then apply its checkpoint retention policy."""
     def action():
-        from airflow_savepoints.jobs import lifecycle
+        from airflow_savepoints.jobs.workflows import lifecycle
 
         ctx = target.context(job)
         result = lifecycle.cancel(ctx, policy=policy, grace=grace)
@@ -240,7 +233,7 @@ def status(
 ) -> None:
     """Show JOB's state (starting, running, stopping, stopped, failed, lost, unknown, not_started)."""
     def action():
-        from airflow_savepoints.jobs import lifecycle, watchdog
+        from airflow_savepoints.jobs.workflows import lifecycle, watchdog
 
         ctx = target.context(job)
         found = lifecycle.status(ctx)
@@ -290,7 +283,7 @@ class NewVersion:
                                                    "(repeat).")] = None
 
     def of(self, job: StreamingJob) -> StreamingJob:
-        from airflow_savepoints.jobs.upgrade import new_version
+        from airflow_savepoints.jobs.workflows.upgrade import new_version
 
         return new_version(job, self.application, self.args or None, _conf_pairs(self.conf or []))
 
@@ -330,7 +323,7 @@ def upgrade_job(
 ) -> None:
     """Upgrade running JOB to a new version; roll back automatically if it is not healthy."""
     def action():
-        from airflow_savepoints.jobs.upgrade import UpgradeRequest, upgrade
+        from airflow_savepoints.jobs.workflows.upgrade import UpgradeRequest, upgrade
 
         ctx = target.context(job)
         request = UpgradeRequest(version=version.of(ctx.job), **dataclasses.asdict(policy))
@@ -356,7 +349,7 @@ def check_job(
 ) -> None:
     """Check a new version of running JOB before anything stops: one batch on a scratch copy of its state, noop sink."""
     def action():
-        from airflow_savepoints.jobs.check import check_upgrade
+        from airflow_savepoints.jobs.workflows.check import check_upgrade
 
         ctx = target.context(job)
         result = check_upgrade(ctx, version.of(ctx.job), submit_for=_submit_for(ctx), log_dir=_log_dir(log_dir),

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
-import os
 import sys
 import threading
 from datetime import UTC, datetime
@@ -21,7 +19,6 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
@@ -40,9 +37,12 @@ from airflow_savepoints.cli.options import (
     option_group,
     with_option_groups,
 )
+from airflow_savepoints.cli.output import command as _command
+from airflow_savepoints.cli.output import emit as _emit
+from airflow_savepoints.cli.output import err, out
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.names import CATALOG_FILE
-from airflow_savepoints.errors import MissingBackendError, SavepointError, UnexpectedError
+from airflow_savepoints.errors import MissingBackendError
 
 # Each command imports what it uses (`core` on first use): `--version`, `--help` and `list` start fast.
 
@@ -76,9 +76,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts are plain: "[savepoints]" is an Airflow config section, not markup
 )
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # pipes and CI logs: no truncation
-
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text (errors too).")]
 QuietFlag = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 DirOption = Annotated[
@@ -105,38 +102,6 @@ class TriggerType(StrEnum):
     manual = "manual"
     periodic = "periodic"
     stop = "stop"  # of a job stopped by other means (YARN, Kubernetes): see docs/airflow.md
-
-
-def _emit(as_json: bool, payload: Any, text: str | None = None) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
-    elif text is not None:
-        out.print(text)
-
-
-def _command(fn):
-    """Run a command; a SavepointError becomes a clear message and exit status 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        as_json = kwargs.get("as_json", False)
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
-            raise
-        except Exception as caught:  # noqa: BLE001 - every failure leaves as a coded error, never a raw traceback
-            exc = caught if isinstance(caught, SavepointError) else UnexpectedError.wrap(caught)
-            if os.environ.get("AIRFLOW_SAVEPOINTS_DEBUG") and exc is not caught:
-                err.print_exception()
-            if as_json:
-                sys.stdout.write(json.dumps({"error": exc.to_dict()}, indent=2) + "\n")
-            else:
-                err.print(f"[bold red]error:[/] {escape(exc.message)}")  # escape: "[spark]" is not markup
-                if exc.hint:
-                    err.print(f"[yellow]how to fix:[/] {escape(exc.hint)}")
-            raise typer.Exit(1) from None
-
-    return wrapper
 
 
 @contextlib.contextmanager
@@ -213,7 +178,7 @@ def trigger(
     as_json: JsonFlag = False,
 ) -> None:
     """Take a savepoint of the newest committed batch of CHECKPOINT."""
-    from airflow_savepoints.jobs.runlease import running_spark_version
+    from airflow_savepoints.jobs.description.lease import running_spark_version
 
     validate_job_name(job)  # a bad name is reported before the storage is opened
     root = open_root(conn_id, savepoint_dir)
@@ -448,8 +413,8 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """Show whether the job's recorded run is alive, its application id and its last committed batch."""
-    from airflow_savepoints.jobs.launcher import read_run
-    from airflow_savepoints.jobs.lifecycle import job_status
+    from airflow_savepoints.jobs.description.record import read_run
+    from airflow_savepoints.jobs.workflows.lifecycle import job_status
 
     job_folder = open_root(conn_id, savepoint_dir).child(validate_job_name(job))
     state = job_status(job, job_folder).model_dump(mode="json")

@@ -2,7 +2,7 @@
 
 One implementation serves every lock of the package: the single-flight lease of a job's savepoint
 (``_inflight.json``, :class:`JobLock` below), the catalog lock (``_catalog.lock``), a restore's
-claim on its target and the run lease of a job (``jobs/runlease.py``). Every holder is named the
+claim on its target and the run lease of a job (``jobs/description/lease.py``). Every holder is named the
 same way (:func:`owner_id`).
 
 - Taking it is one atomic exclusive create whose content is complete the moment the file becomes

@@ -25,7 +25,7 @@ CATALOG_LOCK = "_catalog.lock"
 INFLIGHT_LEASE = "_inflight.json"  # single flight per job while a savepoint is taken
 RUN_LEASE = "_lease.json"  # one live run per job
 RUN_FILE = "_run.json"  # the run a start launched
-WATCHDOG_FILE = "_watchdog.json"  # the watchdog's restarts and decisions (jobs/watchdog.py)
+WATCHDOG_FILE = "_watchdog.json"  # the watchdog's restarts and decisions (jobs/workflows/watchdog.py)
 RESTORE_CLAIM = "_restore.lease"  # in a restore target while it is written
 
 CONTROL_FOLDER = "_control"
@@ -36,9 +36,9 @@ STOPPED_FILE = "stopped.json"
 FAILED_FILE = "failed.json"
 FENCED_FILE = "fenced.json"
 
-CHECK_FOLDER = "_check"  # <job>/_check/<check id>/: an upgrade check's scratch (jobs/check.py)
+CHECK_FOLDER = "_check"  # <job>/_check/<check id>/: an upgrade check's scratch (jobs/workflows/check.py)
 CHECK_RESULT_FILE = "result.json"  # what the checked version's driver found, beside its scratch checkpoint
-RESCALE_FOLDER = "_rescale"  # <job>/_rescale/<id>/: the result of a job's rescale application (jobs/rescale_job.py)
+RESCALE_FOLDER = "_rescale"  # <job>/_rescale/<id>/: the result of a job's rescale application (jobs/workflows/rescale.py)
 
 LEASE_BREAK_SUFFIX = ".break"  # ``<lease>.break``: held while a stale lease is broken
 CLOCK_PROBE_PREFIX = "._clock."  # ``._clock.<hex>.tmp``: a probe of the store's clock

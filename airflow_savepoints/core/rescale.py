@@ -170,7 +170,7 @@ def rewrite(session: Any, destination: Store, partitions: int, batch: int, file_
     """Spark's repartition of the checkpoint at ``destination`` into ``partitions``, in ``session``: it must
     commit ``batch``; the state partitions after. Spark's refusals and failures raise as our typed errors
     (:func:`spark_error`). In-process (:func:`repartition`) and in the rescale application a job's own
-    submit path runs (``airflow_savepoints/jobs/rescale_app.py``) alike."""
+    submit path runs (``airflow_savepoints/jobs/driver/rescale_app.py``) alike."""
     spark_version(session)
     session.streams  # noqa: B018 - its manager registers the StateStoreCoordinator, which the rewrite needs (a fresh session has none)
     try:

@@ -168,7 +168,7 @@ class RestoreRequest(Request):
     kafka_options: dict[str, Any] | None = None  # kafka-python client options for them (security_protocol, sasl_*, ...)
     state_partitions: int | None = Field(default=None, ge=1)  # rescale the state into this many partitions (Spark 4.2+)
     spark_session: Any = None  # the SparkSession that rescales (None: the active one, else a local one)
-    # runs the rescale elsewhere instead (a job's rescale application: jobs/rescale_job.py), called as
+    # runs the rescale elsewhere instead (a job's rescale application: jobs/workflows/rescale.py), called as
     # rescaler(destination, plan, manifest, conf, file_sink) -> (repartition batch, partitions after)
     rescaler: Any = None
 
@@ -202,7 +202,7 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     ``state_partitions=N`` rescales the state: after the copy, Spark's offline repartition (Spark 4.2+,
     RocksDB state; ``core/rescale.py``) rewrites the COPY into N partitions, in ``spark_session`` (else the
     active session, else a local one), or through ``rescaler`` (a job's own Spark application, submitted to
-    its master: ``jobs/rescale_job.py``). A savepoint's planned, uncommitted batch is left out of the copy
+    its master: ``jobs/workflows/rescale.py``). A savepoint's planned, uncommitted batch is left out of the copy
     (Spark repartitions only a checkpoint whose last batch committed). Already N partitions: restored
     as usual (``rescaled`` False). Refused before anything is copied: HDFS-backed state, no Spark 4.2;
     a failure in Spark's rewrite removes everything from the target (the savepoint is only read).

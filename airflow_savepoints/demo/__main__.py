@@ -135,8 +135,8 @@ def verdict(output: Path, sent: set[int]) -> int:
 
 
 def run(workdir: Path, rounds: int, interval: float) -> int:
-    from airflow_savepoints.jobs.launcher import read_run
-    from airflow_savepoints.jobs.run import stop_process
+    from airflow_savepoints.jobs.description.record import read_run
+    from airflow_savepoints.jobs.workflows.run import stop_process
     from airflow_savepoints.storage import Store
 
     dags, log_file = prepare(workdir)

@@ -170,7 +170,7 @@ def main(argv: list[str]) -> None:
     from pyspark.sql import SparkSession
 
     input_dir, checkpoint, output = argv[1:4]
-    from airflow_savepoints.jobs.control import claim_run, run_until_stopped
+    from airflow_savepoints.jobs.driver.control import claim_run, run_until_stopped
 
     spark = SparkSession.builder.appName("airflow-savepoints-demo").getOrCreate()
     claim_run(spark)  # before the query starts: a stale run (another run holds the job's lease) writes nothing

@@ -9,7 +9,8 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import BaseHook
 
 from airflow_savepoints.jobs import StreamingJob
-from airflow_savepoints.jobs.runners import Runner, RunnerView, RunTarget, register_runner
+from airflow_savepoints.jobs.description.record import RunTarget
+from airflow_savepoints.jobs.launch.runners import Runner, RunnerView, register_runner
 
 CHECKPOINT_PLACEHOLDER = "{checkpoint}"
 

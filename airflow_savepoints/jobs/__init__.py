@@ -1,6 +1,6 @@
-"""Streaming jobs: their model (loadable from YAML beside the DAGs), launcher and control channel.
+"""Streaming jobs, by role: the run's description (description/), what runs in the Spark driver (driver/), launching (launch/) and the lifecycle workflows (workflows/).
 
-The names below are imported on first use: a driver importing ``jobs.control``, or a savepoint
+The names below are imported on first use: a driver importing ``jobs.driver.control``, or a savepoint
 reading the run lease, does not load the jobs file's model and YAML.
 """
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from airflow_savepoints._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from airflow_savepoints.jobs.model import (
+    from airflow_savepoints.jobs.description.model import (
         JobVersion,
         RestartSettings,
         RetentionSettings,
@@ -21,4 +21,4 @@ if TYPE_CHECKING:
     )
 
 __all__ = ["JobVersion", "RestartSettings", "RetentionSettings", "SinkSettings", "StreamingJob", "load_jobs"]
-__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(__all__, "model"))
+__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(__all__, "description.model"))

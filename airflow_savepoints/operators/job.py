@@ -1,6 +1,6 @@
 """Operators that start (from a savepoint), stop, cancel and check streaming jobs.
 
-Thin: the work is in :mod:`airflow_savepoints.jobs.lifecycle`, which goes through shared storage
+Thin: the work is in :mod:`airflow_savepoints.jobs.workflows.lifecycle`, which goes through shared storage
 (the run lease, the run's control folder) and the job's runner, so each task may run on any worker.
 """
 
@@ -18,8 +18,10 @@ from airflow.sdk.log import mask_secret
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
-from airflow_savepoints.jobs import StreamingJob, lifecycle, load_jobs
-from airflow_savepoints.jobs.lifecycle import JobContext, NoSavepointError
+from airflow_savepoints.jobs import StreamingJob, load_jobs
+from airflow_savepoints.jobs.workflows import lifecycle
+from airflow_savepoints.jobs.workflows.lifecycle import NoSavepointError
+from airflow_savepoints.jobs.workflows.run import JobContext
 from airflow_savepoints.operators.base import SavepointsBaseOperator, rendered_count, rendered_flag, savepoints_template_fields
 from airflow_savepoints.operators.savepoint import (
     RemovesPartialSavepoint,
@@ -137,7 +139,7 @@ class StopJobWithSavepointOperator(_JobOperator, RemovesPartialSavepoint):
 
     A savepoint in flight (a periodic one) is waited for first, at most ``inflight_wait`` seconds;
     after that the stop fails before it stops anything. A job that cooperates (calls
-    :func:`airflow_savepoints.jobs.control.run_until_stopped`) stops between two batches: the
+    :func:`airflow_savepoints.jobs.driver.control.run_until_stopped`) stops between two batches: the
     savepoint has no batch in flight. Any other job (or one that does not answer within ``grace``
     seconds) is ended through its runner (signals to the local driver, the standalone master's
     kill, the cluster manager); the savepoint is then crash-consistent: a batch in flight re-runs on

@@ -7,7 +7,7 @@ from urllib.parse import quote, urlsplit
 
 from airflow.sdk import BaseOperatorLink, conf
 
-from airflow_savepoints.plugins.savepoints import URL_PREFIX
+from airflow_savepoints.plugins.routes import URL_PREFIX
 
 if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey

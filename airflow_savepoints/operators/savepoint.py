@@ -10,8 +10,8 @@ from airflow.sdk import Asset, AssetAlias
 from airflow_savepoints.core import SavepointType, dispose_savepoint, take_savepoint
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.errors import InvalidInputError
-from airflow_savepoints.jobs.launcher import read_run
-from airflow_savepoints.jobs.runlease import running_spark_version
+from airflow_savepoints.jobs.description.lease import running_spark_version
+from airflow_savepoints.jobs.description.record import read_run
 from airflow_savepoints.operators.base import SavepointsBaseOperator, savepoints_template_fields
 from airflow_savepoints.operators.links import SavepointsPageLink
 from airflow_savepoints.storage import Store

@@ -1,6 +1,6 @@
 """The watchdog as a task: restart failed or lost jobs with backoff, fail on jobs that stay down or stall.
 
-Thin: each job's decision is :func:`airflow_savepoints.jobs.watchdog.supervise`'s (kept on the
+Thin: each job's decision is :func:`airflow_savepoints.jobs.workflows.watchdog.supervise`'s (kept on the
 job's storage beside its run lease, shown by ``airflow-savepoints job status --json``).
 """
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
 from airflow_savepoints.jobs import load_jobs
-from airflow_savepoints.jobs.watchdog import alerts, supervise
+from airflow_savepoints.jobs.workflows.watchdog import alerts, supervise
 from airflow_savepoints.operators.base import savepoints_template_fields
 from airflow_savepoints.operators.job import _JobOperator
 

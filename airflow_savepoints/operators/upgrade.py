@@ -1,6 +1,6 @@
 """Upgrade a running streaming job to a new version; roll back automatically when it is not healthy.
 
-Thin: the work is :func:`airflow_savepoints.jobs.upgrade.upgrade` (stop, start the new version,
+Thin: the work is :func:`airflow_savepoints.jobs.workflows.upgrade.upgrade` (stop, start the new version,
 wait for health, roll back). See docs/how-to.md for the modes and the Flink operator's terms.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
-from airflow_savepoints.jobs.upgrade import UpgradeRequest, new_version, upgrade
+from airflow_savepoints.jobs.workflows.upgrade import UpgradeRequest, new_version, upgrade
 from airflow_savepoints.operators.base import rendered_count, rendered_flag, savepoints_template_fields
 from airflow_savepoints.operators.job import _JobOperator
 
@@ -55,7 +55,7 @@ class UpgradeJobOperator(_JobOperator):
     :param rollback: start the previous version again when the new one is not healthy (default)
     :param grace: seconds for a run to stop between batches before it is forced
     :param check_first: before anything stops, run the new version for one batch on a scratch copy of the
-        state with a noop sink and refuse the upgrade if it fails (``jobs/check.py``); None (or "auto"):
+        state with a noop sink and refuse the upgrade if it fails (``jobs/workflows/check.py``); None (or "auto"):
         only in savepoint mode (templated)
     :param check_timeout: seconds for the check's batch
     :param state_partitions: mode ``savepoint``: rescale the state into this many partitions for the new

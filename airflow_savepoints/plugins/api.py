@@ -65,7 +65,7 @@ from airflow_savepoints.plugins.console import (
     savepoint_detail,
 )
 from airflow_savepoints.plugins.page import page_refusal, render_page, script, wants_page
-from airflow_savepoints.plugins.savepoints import URL_PREFIX
+from airflow_savepoints.plugins.routes import URL_PREFIX
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,7 @@ def periodic_interval_s(configured: str | None = None) -> float:
 def job_specs(jobs_file: str | None) -> dict[str, Any]:
     """The jobs of the jobs file (empty when there is none or it does not read: states then come from
     the job folders' files alone)."""
-    from airflow_savepoints.jobs.model import load_jobs
+    from airflow_savepoints.jobs.description.model import load_jobs
 
     if not jobs_file or not Path(jobs_file).is_file():
         return {}
@@ -73,8 +73,9 @@ def declared_here(root: Store, specs: dict[str, Any]) -> set[str]:
 def lifecycle_state(root: Store, job: str, specs: dict[str, Any]) -> dict[str, Any] | None:
     """The lifecycle's status of a job whose folder holds a run lease, run record or control folder
     (``jobs/lifecycle.status``, read-only); None for a job the lifecycle never ran."""
-    from airflow_savepoints.jobs.lifecycle import JobContext, status
-    from airflow_savepoints.jobs.model import StreamingJob
+    from airflow_savepoints.jobs.description.model import StreamingJob
+    from airflow_savepoints.jobs.workflows.lifecycle import status
+    from airflow_savepoints.jobs.workflows.run import JobContext
 
     folder = root.child(job)
     if not any(folder.exists(mark) for mark in LIFECYCLE_MARKS):
@@ -93,7 +94,7 @@ def lifecycle_state(root: Store, job: str, specs: dict[str, Any]) -> dict[str, A
 
 def _newest_batch(beat: int | None, checkpoint: str | None) -> int | None:
     """The last committed batch: the checkpoint's when it reads (a heartbeat may lag it by a batch)."""
-    from airflow_savepoints.jobs.launcher import checkpoint_progress
+    from airflow_savepoints.checkpoint.progress import checkpoint_progress
 
     try:
         committed = checkpoint_progress(Store(checkpoint))[0] if checkpoint else None

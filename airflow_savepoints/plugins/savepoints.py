@@ -14,8 +14,7 @@ from urllib.parse import urlsplit
 from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 
-URL_PREFIX = "/savepoints"  # the API server mounts the app here (below [api] base_url's path)
-UI_ROUTE = "savepoints"  # the UI opens the page at <base_url>/plugin/savepoints (3.3.2: .../savepoints/ui)
+from airflow_savepoints.plugins.routes import UI_ROUTE, URL_PREFIX
 
 
 class LazySavepointsApp:

@@ -10,8 +10,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_savepoints.core.pointer import completed_savepoint
 from airflow_savepoints.errors import SavepointError
-from airflow_savepoints.jobs.launcher import JobRun, read_run
-from airflow_savepoints.jobs.lifecycle import committed_past
+from airflow_savepoints.jobs.description.record import JobRun, read_run
+from airflow_savepoints.jobs.workflows.lifecycle import committed_past
 from airflow_savepoints.operators.base import SavepointsBaseSensor, savepoints_template_fields
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger, SavepointCompletedTrigger

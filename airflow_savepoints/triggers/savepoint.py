@@ -21,8 +21,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_savepoints.core.pointer import completed_savepoint
 from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.hooks.savepoint import SavepointStorageHook
-from airflow_savepoints.jobs.launcher import JobRun
-from airflow_savepoints.jobs.lifecycle import committed_past
+from airflow_savepoints.jobs.description.record import JobRun
+from airflow_savepoints.jobs.workflows.lifecycle import committed_past
 from airflow_savepoints.storage import Store
 
 RUN_FIELDS_LEFT_OUT = ("command", "termination")  # the launch command may carry secrets in its Spark conf

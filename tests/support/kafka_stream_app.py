@@ -16,7 +16,7 @@ def main(argv: list[str]) -> None:
     from pyspark.sql import functions as F
 
     from airflow_savepoints.demo.app import EVENT_SCHEMA
-    from airflow_savepoints.jobs.control import claim_run, run_until_stopped
+    from airflow_savepoints.jobs.driver.control import claim_run, run_until_stopped
 
     bootstrap, topic, checkpoint, output = argv[1:5]
     spark = SparkSession.builder.appName("kafka-stream").getOrCreate()

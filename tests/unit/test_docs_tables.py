@@ -11,7 +11,7 @@ import pytest
 from airflow_savepoints import errors
 from airflow_savepoints.core.models import SavepointManifest
 from airflow_savepoints.core.settings import OPTIONS
-from airflow_savepoints.jobs import upgrade, watchdog  # noqa: F401 - they define error classes of their own
+from airflow_savepoints.jobs.workflows import upgrade, watchdog  # noqa: F401 - they define error classes of their own
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"

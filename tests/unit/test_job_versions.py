@@ -11,8 +11,8 @@ from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import list_savepoints, take_savepoint
 from airflow_savepoints.core.manifest import read_manifest
 from airflow_savepoints.core.termination import apply_checkpoint_retention
-from airflow_savepoints.jobs.launcher import JobRun, write_run
-from airflow_savepoints.jobs.model import JobVersion
+from airflow_savepoints.jobs.description.model import JobVersion
+from airflow_savepoints.jobs.description.record import JobRun, write_run
 from airflow_savepoints.operators.savepoint import TriggerSavepointOperator
 from airflow_savepoints.storage import Store
 from tests.support.synthetic import write_checkpoint

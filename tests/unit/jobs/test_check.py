@@ -6,8 +6,9 @@ import pytest
 
 from airflow_savepoints.errors import UpgradeRefusedError
 from airflow_savepoints.jobs import StreamingJob
-from airflow_savepoints.jobs.check import check_upgrade, spark_message
-from airflow_savepoints.jobs.lifecycle import JobContext
+from airflow_savepoints.jobs.driver.check_sink import spark_message
+from airflow_savepoints.jobs.workflows.check import check_upgrade
+from airflow_savepoints.jobs.workflows.run import JobContext
 from airflow_savepoints.operators.upgrade import _automatic_or_flag
 from airflow_savepoints.storage import Store
 
@@ -36,7 +37,7 @@ def test_check_first_auto_or_a_flag(value, expected):
 def test_state_partitions_go_to_the_restore_only_when_given():
     """Without state_partitions the restore gets no such keyword; with it, the restore's own field."""
     from airflow_savepoints.core.restore import RestoreRequest
-    from airflow_savepoints.jobs.check import rescale_options
+    from airflow_savepoints.jobs.workflows.check import rescale_options
 
     assert rescale_options(None) == {}
     assert rescale_options(4) == {"state_partitions": 4}

@@ -10,10 +10,11 @@ import pytest
 
 from airflow_savepoints import errors
 from airflow_savepoints.core.rescale import reported_error
-from airflow_savepoints.jobs import StreamingJob, rescale_app
-from airflow_savepoints.jobs.launcher import spark_submit_command
-from airflow_savepoints.jobs.lifecycle import JobContext, JobState
-from airflow_savepoints.jobs.rescale_job import JobRescaler, application_command, refuse_unrescalable, rescale_on_the_job
+from airflow_savepoints.jobs import StreamingJob
+from airflow_savepoints.jobs.driver import rescale_app
+from airflow_savepoints.jobs.launch.launcher import spark_submit_command
+from airflow_savepoints.jobs.workflows.rescale import JobRescaler, application_command, refuse_unrescalable, rescale_on_the_job
+from airflow_savepoints.jobs.workflows.run import JobContext, JobState
 from airflow_savepoints.storage import Store
 
 DATA35 = Path(__file__).parents[2] / "data" / "spark35"

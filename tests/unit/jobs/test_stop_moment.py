@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from airflow_savepoints.jobs.control import _may_be_between_back_to_back_batches
+from airflow_savepoints.jobs.driver.control import _may_be_between_back_to_back_batches
 
 INTERVAL_MS = 300
 MARGIN_MS = 120

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from airflow.exceptions import AirflowProviderDeprecationWarning
 
-from airflow_savepoints.jobs.launcher import JobRun
+from airflow_savepoints.jobs.description.record import JobRun
 from airflow_savepoints.operators.savepoint import TriggerSavepointOperator
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger, SavepointCompletedTrigger

@@ -131,8 +131,8 @@ class StreamingJob(BaseModel):
     kafka: KafkaSettings | None = None
     heartbeat_interval: float | None = Field(default=None, gt=0, le=3600)  # seconds (default 5)
     lease_timeout: float | None = Field(default=None, gt=0, le=86400)  # seconds without a heartbeat: lost (30)
-    upgrade_mode: UpgradeMode = "savepoint"  # how an upgrade carries the state (see jobs/upgrade.py)
-    restart: RestartSettings = Field(default_factory=RestartSettings)  # the watchdog's (jobs/watchdog.py)
+    upgrade_mode: UpgradeMode = "savepoint"  # how an upgrade carries the state (see jobs/workflows/upgrade.py)
+    restart: RestartSettings = Field(default_factory=RestartSettings)  # the watchdog's (jobs/workflows/watchdog.py)
     progress_timeout: float | None = Field(default=None, gt=0, le=7 * 86400)  # seconds a batch may run uncommitted
     _expanded_conf: frozenset[str] = PrivateAttr(default=frozenset())  # spark_conf keys set from the environment
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from airflow_savepoints.core.lease import CLOCK_SLACK, Lease, LeaseState, store_now
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.names import RUN_LEASE
-from airflow_savepoints.jobs.runfiles import MAX_TIMEOUT_S, tolerant
+from airflow_savepoints.jobs.description.files import MAX_TIMEOUT_S, tolerant
 from airflow_savepoints.storage import Store
 
 LEASE_FILE = RUN_LEASE

@@ -4,7 +4,7 @@ A started job is recorded in ``<savepoint dir>/<job>/_run.json`` (run id, pid an
 host, log file, command, control folder, master), so a later task on any worker or an engineer at
 a terminal finds it. Its progress comes from its checkpoint: the newest ``commits/N`` and when it
 was written. Whether it runs, and how it is stopped, is the run object's business
-(:mod:`airflow_savepoints.jobs.run`): nothing here compares hosts or signals a process, and
+(:mod:`airflow_savepoints.jobs.workflows.run`): nothing here compares hosts or signals a process, and
 nothing here imports the lifecycle.
 """
 
@@ -19,65 +19,18 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field
 
-from airflow_savepoints.core.names import RUN_FILE
+from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.redaction import redact_command
 from airflow_savepoints.errors import JobFailedError
-from airflow_savepoints.jobs.control import CONTROL_FOLDER, new_run_id
-from airflow_savepoints.jobs.runfiles import read_json, tolerant
-from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, process_started
+from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, new_run_id
+from airflow_savepoints.jobs.description.files import process_started
+from airflow_savepoints.jobs.description.record import JobRun, write_run
+from airflow_savepoints.jobs.launch.runners import LocalRunner
 from airflow_savepoints.storage import Store
-
-
-class JobRun(BaseModel):
-    """One launched run of a streaming job (``_run.json``: read through :func:`read_run`, which checks it)."""
-
-    model_config = ConfigDict(allow_inf_nan=False)
-
-    job: str
-    pid: int | None = Field(default=None, gt=0)  # None: started by another tool (the driver holds the lease itself)
-    host: str | None = None
-    command: list[str] = []
-    log_file: str | None = None
-    checkpoint: str
-    started_at: datetime
-    run_id: str | None = None  # the fencing token (the control folder's name)
-    pid_started: float | None = None  # the process's start time, so a reused pid is never taken for it
-    master: str | None = None
-    master_ui: str | None = None  # a standalone master's web UI
-    application_id: str | None = None  # from the driver's log (a job without the helper) or its lease
-    start_batch: int | None = None  # newest committed batch before the start (None: fresh checkpoint)
-    control: str | None = None  # the run's control folder (see airflow_savepoints.jobs.control)
-    ended: Literal["stopped", "cancelled", "failed"] | None = None  # set once the run's end is handled
-    ended_at: datetime | None = None
-    termination: dict[str, Any] | None = None  # what was done about it (the checkpoint retention outcome)
-    version: dict[str, Any] | None = None  # the job's version it runs (see JobVersion: application, args, conf, hash)
-
-
-    def target(self) -> RunTarget:
-        return RunTarget(job=self.job, host=self.host, pid=self.pid, pid_started=self.pid_started,
-                         application_id=self.application_id, master=self.master, master_ui=self.master_ui)
-
-
-def checkpoint_progress(checkpoint: Store) -> tuple[int | None, datetime | None]:
-    """The newest committed batch of a checkpoint and when its commit file was written."""
-    listing = checkpoint.list_files("commits")
-    batches = {int(p): p for p in listing if p.isdigit()}
-    if not batches:
-        return None, None
-    newest = max(batches)
-    try:
-        info = checkpoint.fs.info(checkpoint.path_of(f"commits/{newest}"))
-    except FileNotFoundError:
-        return newest, None
-    mtime = info.get("mtime") or info.get("LastModified")
-    if isinstance(mtime, (int, float)):
-        mtime = datetime.fromtimestamp(mtime, UTC)
-    return newest, mtime
 
 
 def spark_submit_command(job, checkpoint: str, conf: dict[str, str]) -> list[str]:
@@ -169,10 +122,6 @@ def spawn_submit(command: list[str], log_file: Path, env: dict[str, str] | None 
                                 start_new_session=True, env=child_env)
 
 
-def write_run(job_folder: Store, run: JobRun) -> None:
-    job_folder.write_bytes_atomic(RUN_FILE, run.model_dump_json(indent=1).encode())
-
-
 def wait_for_commit(run: JobRun, checkpoint: Store, timeout: float = 300, poll: float = 1.0) -> int:
     """Wait until the run commits a batch newer than when it started; fail fast if it dies."""
     deadline = time.monotonic() + timeout
@@ -191,17 +140,3 @@ def wait_for_commit(run: JobRun, checkpoint: Store, timeout: float = 300, poll: 
                          f"see its log in {run.log_file}; it is still running as pid {run.pid}")
 
 
-def read_run(job_folder: Store, warnings: list[str] | None = None) -> JobRun | None:
-    """The run record; None if there is none, or (with a warning naming it) it is damaged beyond use."""
-    data = read_json(job_folder, RUN_FILE, warnings)
-    return tolerant(JobRun, data, job_folder.url_of(RUN_FILE), warnings) if data is not None else None
-
-
-def record_end(job_folder: Store, run: JobRun, ended: Literal["stopped", "cancelled", "failed"],
-               termination: dict[str, Any] | None = None) -> JobRun:
-    """Mark the recorded run as ended (once handled), unless a newer run was recorded meanwhile."""
-    current = read_run(job_folder)
-    finished = run.model_copy(update={"ended": ended, "ended_at": datetime.now(UTC), "termination": termination})
-    if current is not None and (current.run_id, current.pid, current.started_at) == (run.run_id, run.pid, run.started_at):
-        job_folder.write_bytes_atomic(RUN_FILE, finished.model_dump_json(indent=1).encode())
-    return finished

@@ -7,10 +7,10 @@ running version's state, with its sink replaced by Spark's ``noop`` sink.
    as any trigger does (retention treats it as any manual savepoint: ``max_manual`` bounds them);
 2. restores it (hard links where the store allows) into ``<savepoint dir>/<job>/_check/<check id>/checkpoint``,
    a scratch folder of its own: never inside a savepoint, never the live checkpoint; with ``state_partitions``
-   rescaled by a Spark application of the new version (:mod:`airflow_savepoints.jobs.rescale_job`);
+   rescaled by a Spark application of the new version (:mod:`airflow_savepoints.jobs.workflows.rescale`);
 3. submits the new version on that copy in *check mode*: the Spark conf ``spark.savepoints.check``
    (and, for a driver on this host, the environment variable ``SAVEPOINTS_CHECK``) names the scratch
-   folder. The in-job helper (:mod:`airflow_savepoints.jobs.control`) then swaps every streaming
+   folder. The in-job helper (:mod:`airflow_savepoints.jobs.driver.control`) then swaps every streaming
    sink the driver starts for ``noop``, takes no run lease and writes no heartbeat (the check never
    looks like a second run), waits for the first batch past the savepoint's to commit or fail, and
    writes ``result.json`` beside the copy;
@@ -23,29 +23,28 @@ message. The running version is never touched: same run, no stop request, its le
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
-from airflow_savepoints.core.names import CHECK_FOLDER, CHECK_RESULT_FILE
+from airflow_savepoints.core.names import CHECK_FOLDER
 from airflow_savepoints.errors import (
     SavepointInFlightError,
     UpgradeCheckFailedError,
     UpgradeCheckTimeoutError,
     UpgradeRefusedError,
 )
-from airflow_savepoints.jobs import lifecycle
-from airflow_savepoints.jobs.control import CHECK_CONF, CHECK_ENV, CHECKPOINT_CONF, new_run_id
-from airflow_savepoints.jobs.launcher import JobRun, checkpoint_progress, log_tail, start_detached
-from airflow_savepoints.jobs.model import JobVersion, StreamingJob
-from airflow_savepoints.jobs.rescale_job import read_result, rescale_on_the_job
-from airflow_savepoints.jobs.run import kill
-from airflow_savepoints.jobs.runners import LocalRunner
+from airflow_savepoints.jobs.description.channel import CHECK_CONF, CHECK_ENV, CHECKPOINT_CONF, new_run_id
+from airflow_savepoints.jobs.description.model import JobVersion, StreamingJob
+from airflow_savepoints.jobs.description.record import JobRun
+from airflow_savepoints.jobs.launch.launcher import log_tail, start_detached
+from airflow_savepoints.jobs.launch.runners import LocalRunner
+from airflow_savepoints.jobs.workflows import lifecycle
+from airflow_savepoints.jobs.workflows.rescale import read_result, rescale_on_the_job
+from airflow_savepoints.jobs.workflows.run import kill
 from airflow_savepoints.storage import Store
 
 CHECK_AFTER_CONF = "spark.savepoints.check.afterBatch"  # the restored batch: the check waits for one past it
@@ -55,75 +54,6 @@ DRIVER_START_ALLOWANCE = 60.0  # seconds the check's driver may take to start, o
 SPARK_PLAN_MARKER = "\n=== Streaming Query ==="  # Spark's message ends with the query's plan: left out
 
 SubmitCommand = Callable[[str, dict[str, str]], list[str]]
-
-
-# --- the driver's side (imported by jobs/control.py in a check run) -----------------------------------
-_SWAPPED: set[str] = set()  # ids of the queries this driver started with the noop sink
-
-
-def install_noop_sink() -> None:
-    """From now on every ``writeStream.start()`` / ``toTable()`` of this driver writes to Spark's
-    ``noop`` sink (a foreach, foreachBatch, file or table sink alike: ``format`` is the last word on
-    the JVM writer), keeping its trigger, output mode and name. Its checkpoint location becomes the
-    check's scratch copy (``spark.savepoints.checkpoint``) whatever the application passes, so a
-    check never runs on the live checkpoint (a second query of the driver then finds the copy in use
-    and fails)."""
-    from pyspark.sql.streaming.readwriter import DataStreamWriter
-
-    if getattr(DataStreamWriter.start, "_savepoints_check", False):
-        return
-    original = DataStreamWriter.start
-
-    def start(self, path=None, format=None, outputMode=None, partitionBy=None, queryName=None, **options):
-        self.partitionBy()  # the noop sink takes no partitioning
-        if scratch := self._spark.conf.get(CHECKPOINT_CONF, None):
-            options["checkpointLocation"] = scratch
-        query = original(self, None, "noop", outputMode, None, queryName, **options)
-        _SWAPPED.add(str(query.id))
-        return query
-
-    def to_table(self, tableName, format=None, outputMode=None, partitionBy=None, queryName=None, **options):
-        return start(self, None, None, outputMode, None, queryName, **options)
-
-    start._savepoints_check = True
-    DataStreamWriter.start = start
-    DataStreamWriter.toTable = to_table
-
-
-def spark_message(error: BaseException) -> str:
-    """Spark's message of a failed query, without the plan it appends."""
-    return str(error).split(SPARK_PLAN_MARKER, 1)[0].strip()[:4000]
-
-
-def run_check(query, spark, folder_url: str, poll: float = 0.5) -> dict[str, Any]:
-    """In a check run, instead of waiting for ``query`` forever: wait until it commits a batch past
-    the restored one, fails, or the check's timeout passes; stop it and write the outcome to
-    ``result.json`` in the scratch folder. Never raises for the query's failure: it is the result."""
-    after = int(spark.conf.get(CHECK_AFTER_CONF, "-1"))
-    deadline = time.monotonic() + float(spark.conf.get(CHECK_TIMEOUT_CONF, "300"))
-    checkpoint = Store(spark.conf.get(CHECKPOINT_CONF))
-    result: dict[str, Any] | None = None
-    if str(query.id) not in _SWAPPED:
-        result = {"outcome": "failed", "error": "the query was started before its sink could be swapped for noop: "
-                  "import airflow_savepoints.jobs.control (or call claim_run) before starting it"}
-    while result is None:
-        try:
-            ended = query.awaitTermination(poll)
-        except Exception as exc:  # noqa: BLE001 - the query's failure is what the check reports
-            result = {"outcome": "failed", "error": spark_message(exc)}
-            break
-        batch, _ = checkpoint_progress(checkpoint)
-        if batch is not None and batch > after:
-            result = {"outcome": "passed", "batch_id": batch}
-        elif ended:
-            result = {"outcome": "failed", "error": "the query ended before it committed a batch"}
-        elif time.monotonic() >= deadline:
-            result = {"outcome": "no_batch", "error": f"no batch past {after} was committed in time"}
-    query.stop()
-    result = {**result, "query_id": str(query.id), "application_id": spark.sparkContext.applicationId,
-              "spark_version": spark.version, "finished_at": datetime.now(UTC).isoformat()}
-    Store(folder_url).write_bytes_atomic(CHECK_RESULT_FILE, json.dumps(result, indent=1).encode())
-    return result
 
 
 # --- Airflow's side ---------------------------------------------------------------------------------
@@ -146,7 +76,7 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
     if not state.helper:
         raise UpgradeRefusedError(
             f"job '{job.name}' runs without the in-job helper (no heartbeats): its check could not swap the sink",
-            "call airflow_savepoints.jobs.control.run_until_stopped in the job, or upgrade without the check")
+            "call airflow_savepoints.jobs.driver.control.run_until_stopped in the job, or upgrade without the check")
     restore_options = rescale_options(state_partitions)
     started = time.monotonic()
     saved = _take_check_savepoint(ctx, state, inflight_wait)

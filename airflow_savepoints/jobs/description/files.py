@@ -17,6 +17,7 @@ import logging
 import re
 from typing import Any, TypeVar
 
+import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airflow_savepoints.core.names import CONTROL_FOLDER
@@ -101,3 +102,11 @@ class Heartbeat(BaseModel):
     spark_version: str | None = None
     application_id: str | None = None
     error: str | None = None
+
+
+def process_started(pid: int) -> float | None:
+    """A process's start time as psutil gives it (recorded with the pid to tell a reused pid)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None

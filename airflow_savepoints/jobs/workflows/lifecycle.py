@@ -4,14 +4,14 @@ Everything goes through shared storage, so any Airflow worker (or a terminal) ma
 these, wherever the driver runs:
 
 * ``<savepoint dir>/<job>/_lease.json``: the run lease, one live run per job
-  (:mod:`airflow_savepoints.jobs.runlease`);
+  (:mod:`airflow_savepoints.jobs.description.lease`);
 * ``<savepoint dir>/<job>/_control/<run id>/``: the run's control folder (heartbeats, stop
-  requests and answers; :mod:`airflow_savepoints.jobs.control`);
+  requests and answers; :mod:`airflow_savepoints.jobs.driver.control`);
 * ``<savepoint dir>/<job>/_run.json``: the run a start launched (pid, host, log, command);
-* the runner back ends (:mod:`airflow_savepoints.jobs.runners`) for what storage cannot say.
+* the runner back ends (:mod:`airflow_savepoints.jobs.launch.runners`) for what storage cannot say.
 
-The verbs here are short scripts over one run object, :class:`~airflow_savepoints.jobs.run.Run`,
-which reads these files once (through :mod:`airflow_savepoints.jobs.runfiles`, which checks them)
+The verbs here are short scripts over one run object, :class:`~airflow_savepoints.jobs.workflows.run.Run`,
+which reads these files once (through :mod:`airflow_savepoints.jobs.description.files`, which checks them)
 and is the only code that signals a process, keeps or deletes a checkpoint or writes a stop request.
 These files only describe a run:
 the checkpoint deleted, kept or copied is always one the job owns (its configured checkpoint or
@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
 from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.names import RUN_FILE
@@ -51,23 +52,15 @@ from airflow_savepoints.errors import (  # noqa: F401 - JobNotStoppedError, NoSa
     SavepointInFlightError,
     UntrustedRunFileError,
 )
-from airflow_savepoints.jobs.control import CONTROL_FOLDER, JobControl, new_run_id, run_conf
-from airflow_savepoints.jobs.launcher import (
-    JobFailedError,
-    JobRun,
-    application_id_from_log,
-    checkpoint_progress,
-    log_tail,
-    read_run,
-    start_detached,
-    write_run,
-)
-from airflow_savepoints.jobs.model import StreamingJob
-from airflow_savepoints.jobs.rescale_job import rescale_on_the_job
-from airflow_savepoints.jobs.run import LIVE_STATES, JobContext, JobState, Run, State  # noqa: F401 - imported from here
-from airflow_savepoints.jobs.runfiles import control_folder
-from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT
-from airflow_savepoints.jobs.runners import LocalRunner
+from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, JobControl, new_run_id, run_conf
+from airflow_savepoints.jobs.description.files import control_folder
+from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT
+from airflow_savepoints.jobs.description.model import StreamingJob
+from airflow_savepoints.jobs.description.record import JobRun, read_run, write_run
+from airflow_savepoints.jobs.launch.launcher import JobFailedError, application_id_from_log, log_tail, start_detached
+from airflow_savepoints.jobs.launch.runners import LocalRunner
+from airflow_savepoints.jobs.workflows.rescale import rescale_on_the_job
+from airflow_savepoints.jobs.workflows.run import LIVE_STATES, JobContext, JobState, Run, State  # noqa: F401 - imported from here
 from airflow_savepoints.storage import Store
 
 

@@ -5,7 +5,7 @@
 Runs Spark's offline repartition on CHECKPOINT (an already restored copy, never a savepoint or a live
 checkpoint) into PARTITIONS state partitions; it must commit BATCH. SINK: the job's file sink, whose log
 gets the repartition batch. Writes ``result.json`` into the folder RESULT, read back by
-:mod:`airflow_savepoints.jobs.rescale_job`: ``{"outcome": "rescaled", "partitions": {operator: count}}``,
+:mod:`airflow_savepoints.jobs.workflows.rescale`: ``{"outcome": "rescaled", "partitions": {operator: count}}``,
 or ``{"outcome": "failed", "error": {code, message, hint}}`` with Spark's error class mapped to our error
 codes by :func:`airflow_savepoints.core.rescale.rewrite` (the in-process rescale's own mapping).
 Imports pyspark and the package's core; no Airflow.

@@ -1,7 +1,7 @@
 """Upgrade a running job to a new version, with a health check and an automatic rollback.
 
 The Flink Kubernetes operator's ``upgradeMode`` and ``deployment.rollback.enabled``, for Spark
-Structured Streaming jobs started by :mod:`airflow_savepoints.jobs.lifecycle`:
+Structured Streaming jobs started by :mod:`airflow_savepoints.jobs.workflows.lifecycle`:
 
 * ``savepoint``: stop with a ``stop`` savepoint, start the new version from it (a restored copy);
 * ``last-state``: stop cleanly (a ``stop`` savepoint is still recorded, so a rollback has something
@@ -14,7 +14,7 @@ Structured Streaming jobs started by :mod:`airflow_savepoints.jobs.lifecycle`:
 
 Before anything stops (by default in ``savepoint`` mode, ``check_first``), the new version runs one
 batch on a scratch copy of the running version's state with a ``noop`` sink
-(:mod:`airflow_savepoints.jobs.check`); a version Spark refuses is refused there, the old one untouched.
+(:mod:`airflow_savepoints.jobs.workflows.check`); a version Spark refuses is refused there, the old one untouched.
 A rescale (``state_partitions``) the running version's state cannot take (HDFS-backed state, operators
 without Spark's metadata) is refused before even that, from the live checkpoint's files (no Spark).
 
@@ -38,11 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
 from airflow_savepoints.errors import SavepointError, UpgradeRefusedError
-from airflow_savepoints.jobs import lifecycle
-from airflow_savepoints.jobs.check import check_upgrade, rescale_options
-from airflow_savepoints.jobs.lifecycle import JobContext
-from airflow_savepoints.jobs.model import JobVersion, StreamingJob
-from airflow_savepoints.jobs.rescale_job import refuse_unrescalable
+from airflow_savepoints.jobs.description.model import JobVersion, StreamingJob
+from airflow_savepoints.jobs.workflows import lifecycle
+from airflow_savepoints.jobs.workflows.check import check_upgrade, rescale_options
+from airflow_savepoints.jobs.workflows.rescale import refuse_unrescalable
+from airflow_savepoints.jobs.workflows.run import JobContext
 
 SubmitFor = Callable[[StreamingJob], Callable[[str, dict[str, str]], list[str]]]
 UPGRADE_MODES = ("savepoint", "last-state", "stateless")
@@ -67,7 +67,7 @@ class UpgradeRequest(BaseModel):
     rollback: bool = True
     grace: float = Field(default=60, gt=0)  # seconds for a run to stop between batches before it is forced
     inflight_wait: float = Field(default=300, ge=0)
-    check_first: bool | None = None  # run the new version on a scratch copy first (jobs/check.py); None: in savepoint mode
+    check_first: bool | None = None  # run the new version on a scratch copy first (jobs/workflows/check.py); None: in savepoint mode
     check_timeout: float = Field(default=300, gt=0)  # seconds for the check's batch
     state_partitions: int | None = Field(default=None, ge=1)  # savepoint mode: the check's copy and the new version rescaled
 

@@ -31,14 +31,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.lease import store_now
 from airflow_savepoints.core.names import WATCHDOG_FILE
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.errors import SavepointError
-from airflow_savepoints.jobs import lifecycle
-from airflow_savepoints.jobs.launcher import checkpoint_progress
-from airflow_savepoints.jobs.lifecycle import JobContext, JobState
-from airflow_savepoints.jobs.upgrade import checkpoint_problem
+from airflow_savepoints.jobs.workflows import lifecycle
+from airflow_savepoints.jobs.workflows.run import JobContext, JobState
+from airflow_savepoints.jobs.workflows.upgrade import checkpoint_problem
 
 HISTORY = 20  # decisions kept in the file
 Action = Literal["healthy", "stalled", "not_running", "down", "restarted", "restart_failed", "backoff", "gave_up"]

@@ -1,6 +1,6 @@
 """Runner back ends: what the system that runs a job's driver can tell about it, and its forced stop.
 
-A run that answers its control folder is stopped cooperatively (:mod:`airflow_savepoints.jobs.control`);
+A run that answers its control folder is stopped cooperatively (:mod:`airflow_savepoints.jobs.driver.control`);
 a runner is the fallback for a run that does not (no helper, hung, or too slow), and the only
 source of status for a job without the helper.
 
@@ -32,21 +32,9 @@ from typing import Any, Literal
 
 import psutil
 
+from airflow_savepoints.jobs.description.record import RunTarget
+
 RunnerState = Literal["running", "ended", "unknown"]
-
-
-@dataclass
-class RunTarget:
-    """Where a run's driver is, as far as the run record and its lease say."""
-
-    job: str
-    host: str | None = None
-    pid: int | None = None
-    pid_started: float | None = None  # the process's create_time (psutil), to tell a reused pid
-    application_id: str | None = None
-    master: str | None = None
-    master_ui: str | None = None
-    driver_pod: str | None = None
 
 
 @dataclass
@@ -82,14 +70,6 @@ def _driver_process(target: RunTarget) -> psutil.Process | None:
         return None
     except psutil.AccessDenied:
         return psutil.Process(target.pid) if psutil.pid_exists(target.pid) else None
-
-
-def process_started(pid: int) -> float | None:
-    """A process's start time as psutil gives it (recorded with the pid to tell a reused pid)."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
 
 
 class LocalRunner(Runner):

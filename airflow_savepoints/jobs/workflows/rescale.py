@@ -4,7 +4,7 @@ process. The caller (an Airflow worker, a terminal) needs no pyspark for it.
 
 * :func:`rescale_on_the_job` gives a restore of ``job start`` / ``job upgrade`` / ``UpgradeJobOperator``
   its ``rescaler``: after the copy (``core/restore.py``), :class:`JobRescaler` submits
-  ``airflow_savepoints/jobs/rescale_app.py`` with the job's submit command builder (the job's
+  ``airflow_savepoints/jobs/driver/rescale_app.py`` with the job's submit command builder (the job's
   application and its arguments swapped for the rescale application's: in a spark-submit command they
   come last), waits for it, and reads back ``result.json`` from ``<savepoint dir>/<job>/_rescale/<id>/``
   (then deleted). A failure raises the typed error the application reported (Spark's error class mapped
@@ -29,16 +29,16 @@ from airflow_savepoints.core.names import CHECK_RESULT_FILE, RESCALE_FOLDER
 from airflow_savepoints.core.rescale import RescalePlan, plan_rescale, reported_error
 from airflow_savepoints.core.savepoint import plan_listed
 from airflow_savepoints.errors import RescaleError, RescaleFailedError
-from airflow_savepoints.jobs import rescale_app
-from airflow_savepoints.jobs.control import new_run_id
-from airflow_savepoints.jobs.launcher import log_tail, spawn_submit
-from airflow_savepoints.jobs.runners import kill_own_child
+from airflow_savepoints.jobs.description.channel import new_run_id
+from airflow_savepoints.jobs.driver import rescale_app
+from airflow_savepoints.jobs.launch.launcher import log_tail, spawn_submit
+from airflow_savepoints.jobs.launch.runners import kill_own_child
 from airflow_savepoints.storage import Store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from airflow_savepoints.jobs.lifecycle import JobContext, JobState
+    from airflow_savepoints.jobs.workflows.run import JobContext, JobState
 
 RESCALE_TIMEOUT = 3600.0  # seconds the rescale application may take (it reads and writes all the state)
 CHECKPOINT_PLACEHOLDER = "{checkpoint}"

@@ -1,17 +1,17 @@
 """One run of a streaming job: its files read once, and the only code that acts on it.
 
 A :class:`Run` is what the job folder says of the job's current run, read in one pass (through
-:mod:`airflow_savepoints.jobs.runfiles`, which validates every file): its record (``_run.json``),
+:mod:`airflow_savepoints.jobs.description.files`, which validates every file): its record (``_run.json``),
 its run lease, its control folder (derived from the job folder and the run id, never read from a
 file) and heartbeat, and its runner's handle (:class:`RunTarget`). It answers the run's state and
 is the only code that
 
 * signals a process (:meth:`Run.end`, :func:`kill`: the runner back ends of
-  :mod:`airflow_savepoints.jobs.runners` stay behind it),
+  :mod:`airflow_savepoints.jobs.launch.runners` stay behind it),
 * deletes or keeps a checkpoint (:meth:`Run.apply_retention`: only one the job owns), and
 * writes a control file (a stop request, in :meth:`Run.end`).
 
-The lifecycle verbs (:mod:`airflow_savepoints.jobs.lifecycle`) are short scripts over it; this
+The lifecycle verbs (:mod:`airflow_savepoints.jobs.workflows.lifecycle`) are short scripts over it; this
 module imports neither the lifecycle nor Airflow.
 """
 
@@ -25,16 +25,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.lease import CLOCK_SLACK, store_now
 from airflow_savepoints.core.names import RUN_FILE
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
 from airflow_savepoints.errors import JobNotStoppedError
-from airflow_savepoints.jobs.control import CONTROL_FOLDER, HEARTBEAT_FILE, JobControl
-from airflow_savepoints.jobs.launcher import JobRun, checkpoint_progress, log_tail, read_run, record_end, write_run
-from airflow_savepoints.jobs.model import StreamingJob
-from airflow_savepoints.jobs.runfiles import control_folder, safe_run_id
-from airflow_savepoints.jobs.runlease import DEFAULT_LEASE_TIMEOUT, RunLease, RunLeaseHolder, age_on_store_clock
-from airflow_savepoints.jobs.runners import LocalRunner, RunTarget, runner_for
+from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, HEARTBEAT_FILE, JobControl
+from airflow_savepoints.jobs.description.files import control_folder, safe_run_id
+from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, RunLease, RunLeaseHolder, age_on_store_clock
+from airflow_savepoints.jobs.description.model import StreamingJob
+from airflow_savepoints.jobs.description.record import JobRun, RunTarget, read_run, record_end, write_run
+from airflow_savepoints.jobs.launch.launcher import log_tail
+from airflow_savepoints.jobs.launch.runners import LocalRunner, runner_for
 from airflow_savepoints.storage import Store
 
 LIVE_STATES = ("starting", "running", "stopping", "unknown")

@@ -1,0 +1,143 @@
+"""The control channel's files and Spark conf: what both sides of a run agree on.
+
+Each run has a control folder (``<savepoint dir>/<job>/_control/<run id>/``) on shared storage,
+named to the driver in its Spark conf (:func:`run_conf`). :class:`JobControl` reads and writes the
+folder's files: the driver's announcement, heartbeats, answers and failures, and Airflow's stop
+request. The driver's side of the protocol is :mod:`airflow_savepoints.jobs.driver.control`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow_savepoints.core.names import (
+    ANNOUNCE_FILE,
+    CONTROL_FOLDER,
+    FAILED_FILE,
+    FENCED_FILE,
+    HEARTBEAT_FILE,
+    STOP_REQUEST_FILE,
+    STOPPED_FILE,
+)
+from airflow_savepoints.jobs.description.files import Heartbeat, read_json, tolerant
+from airflow_savepoints.jobs.description.lease import LEASE_FILE, RunLeaseHolder
+from airflow_savepoints.storage import Store
+
+CONTROL_CONF = "spark.savepoints.control"  # the run's control folder URL
+JOB_FOLDER_CONF = "spark.savepoints.jobFolder"  # <savepoint dir>/<job>: without a control folder, one is made here
+RUN_ID_CONF = "spark.savepoints.runId"  # the fencing token; default: the control folder's name
+LEASE_CONF = "spark.savepoints.lease"  # the run lease URL; default: _lease.json of the job folder
+HEARTBEAT_CONF = "spark.savepoints.heartbeatInterval"  # seconds between heartbeats (default 5)
+LEASE_TIMEOUT_CONF = "spark.savepoints.leaseTimeout"  # seconds without a heartbeat before the run counts as lost (30)
+CHECKPOINT_CONF = "spark.savepoints.checkpoint"  # the run's checkpoint location, recorded in its lease
+CHECK_CONF = "spark.savepoints.check"  # an upgrade check's scratch folder: the run is a check (jobs/workflows/check.py)
+CHECK_ENV = "SAVEPOINTS_CHECK"  # the same, for a driver on the launcher's host: the sink is swapped on import
+CHECK_AFTER_CONF = "spark.savepoints.check.afterBatch"  # the restored batch: the check waits for one past it
+CHECK_TIMEOUT_CONF = "spark.savepoints.check.timeout"  # seconds the driver waits for that batch
+DEFAULT_HEARTBEAT_INTERVAL = 5.0
+
+
+def new_run_id() -> str:
+    """A fresh run id: sortable by start time, unique, safe as a folder name."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class JobControl:
+    """One run's control folder; both sides use it (Airflow writes requests, the job answers)."""
+
+    def __init__(self, folder: Store) -> None:
+        self.folder = folder
+
+    def _read(self, name: str) -> dict[str, Any] | None:
+        try:
+            value = json.loads(self.folder.read_bytes(name))
+        except FileNotFoundError:
+            return None
+        except ValueError:  # a foreign or damaged file: as good as none
+            return None
+        return value if isinstance(value, dict) else None
+
+    def _write(self, name: str, value: dict[str, Any]) -> None:
+        self.folder.write_bytes_atomic(name, json.dumps(value, indent=1).encode())
+
+    # the job's side
+    def announce(self, **facts: Any) -> None:
+        self._write(ANNOUNCE_FILE, {**facts, "announced_at": _now()})
+
+    def stop_requested(self) -> dict[str, Any] | None:
+        return self._read(STOP_REQUEST_FILE)
+
+    def acknowledge_stop(self, request: dict[str, Any], **facts: Any) -> None:
+        self._write(STOPPED_FILE, {"request_id": request.get("request_id"), **facts, "stopped_at": _now()})
+
+    def report_failure(self, error: BaseException) -> None:
+        self._write(FAILED_FILE, {"error": f"{type(error).__name__}: {str(error)[:2000]}", "failed_at": _now()})
+
+    def beat(self, **facts: Any) -> None:
+        self._write(HEARTBEAT_FILE, {**facts, "time": _now()})
+
+    def heartbeat(self, warnings: list[str] | None = None) -> dict[str, Any] | None:
+        """The run's last heartbeat, validated (fields of the wrong type dropped, with a warning)."""
+        data = read_json(self.folder, HEARTBEAT_FILE, warnings)
+        beat = tolerant(Heartbeat, data, self.folder.url_of(HEARTBEAT_FILE), warnings) if data is not None else None
+        return beat.model_dump(exclude_none=True) if beat is not None else None
+
+    def report_fenced(self, holder: RunLeaseHolder | None, **facts: Any) -> None:
+        self._write(FENCED_FILE, {"holder": holder.facts() if holder else None, **facts, "fenced_at": _now()})
+
+    def fenced(self) -> dict[str, Any] | None:
+        return self._read(FENCED_FILE)
+
+    # Airflow's side
+    def failure(self) -> dict[str, Any] | None:
+        """What the job reported when its query failed; None if it did not (or does not cooperate)."""
+        return self._read(FAILED_FILE)
+
+    def stopped(self) -> dict[str, Any] | None:
+        return self._read(STOPPED_FILE)
+
+    def announcement(self) -> dict[str, Any] | None:
+        """What the job said when it started; None if it does not cooperate (or has not started)."""
+        return self._read(ANNOUNCE_FILE)
+
+    def request_stop(self, request_id: str) -> None:
+        self._write(STOP_REQUEST_FILE, {"request_id": request_id, "requested_at": _now()})
+
+    def wait_until_stopped(self, request_id: str, timeout: float, poll: float = 0.5) -> dict[str, Any] | None:
+        """The job's acknowledgement of ``request_id``, or None if none came within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stopped = self._read(STOPPED_FILE)
+            if stopped is not None and stopped.get("request_id") == request_id:
+                return stopped
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(poll)
+
+
+def run_conf(job_folder: str, *, run_id: str | None = None, checkpoint: str | None = None,
+             heartbeat_interval: float | None = None, lease_timeout: float | None = None) -> dict[str, str]:
+    """The Spark conf that lets a job take part: its control folder, run id and run lease.
+
+    ``job_folder`` is ``<savepoint dir>/<job>``. Without ``run_id`` the driver makes its own (a job
+    started by another tool, e.g. the Spark provider's SparkSubmitOperator, with a conf fixed at
+    DAG parse time)."""
+    conf = {JOB_FOLDER_CONF: job_folder, LEASE_CONF: Store(job_folder).url_of(LEASE_FILE)}
+    if run_id:
+        conf[RUN_ID_CONF] = run_id
+        conf[CONTROL_CONF] = Store(job_folder).child(CONTROL_FOLDER).child(run_id).url
+    if checkpoint:
+        conf[CHECKPOINT_CONF] = checkpoint
+    if heartbeat_interval is not None:
+        conf[HEARTBEAT_CONF] = str(heartbeat_interval)
+    if lease_timeout is not None:
+        conf[LEASE_TIMEOUT_CONF] = str(lease_timeout)
+    return conf
