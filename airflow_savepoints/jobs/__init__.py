@@ -1,4 +1,5 @@
-"""Streaming jobs, by role: the run's description (description/), what runs in the Spark driver (driver/), launching (launch/) and the lifecycle workflows (workflows/).
+"""Streaming jobs, by role: the run's description (description/), what runs in the Spark driver
+(driver/), launching (launch/) and the lifecycle workflows (workflows/).
 
 The names below are imported on first use: a driver importing ``jobs.driver.control``, or a savepoint
 reading the run lease, does not load the jobs file's model and YAML.
