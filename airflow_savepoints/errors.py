@@ -250,6 +250,19 @@ class JobNotStoppedError(SavepointError):
     code = "job_not_stopped"
 
 
+class NotLiveCheckpointError(InvalidInputError):
+    """A savepoint asked of a checkpoint its job has left: the job's recorded run writes another one.
+    Nothing was copied."""
+
+    code = "not_live_checkpoint"
+
+
+class JobNotRunningError(InvalidInputError):
+    """A savepoint of a job's live query asked while the job has no live run. Nothing was copied."""
+
+    code = "job_not_running"
+
+
 class UntrustedRunFileError(SavepointError):
     """A run's files (``_run.json``, the run lease) name something the job's configuration does not
     allow (another checkpoint): the command refused before it changed anything."""

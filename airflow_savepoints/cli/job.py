@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -193,6 +194,35 @@ def stop(
         result = lifecycle.stop(ctx, grace=grace, inflight_wait=inflight_wait)
         return result, (f"[green]stopped[/] job {job} ({result['stop_method']}); {result['consistency']} stop "
                         f"savepoint of batch {result['batch_id']}: {result['pointer']}")
+
+    _report(as_json, action)
+
+
+class SavepointKind(StrEnum):
+    manual = "manual"
+    periodic = "periodic"
+
+
+@app.command("savepoint")
+@with_option_groups
+def savepoint_job(
+    job: JobArgument,
+    *,
+    savepoint_type: Annotated[SavepointKind, typer.Option(
+        "--type", help="manual (kept by retention) or periodic (subject to retention).")] = SavepointKind.manual,
+    reason: Annotated[str | None, typer.Option(help="Why it is taken (kept in the manifest).")] = None,
+    request_id: Annotated[str | None, typer.Option(help="Idempotency key: a retry returns the same savepoint.")] = None,
+    target: JobTarget,
+    as_json: JsonFlag = False,
+) -> None:
+    """Take a savepoint of JOB's live query: the checkpoint its live run writes, from any host."""
+    def action():
+        from airflow_savepoints.jobs.workflows import lifecycle
+
+        ctx = target.context(job)
+        result = lifecycle.savepoint(ctx, savepoint_type=savepoint_type.value, reason=reason, request_id=request_id)
+        return result, (f"[green]savepoint completed[/]: {result['pointer']}\n  batch {result['batch_id']} of run "
+                        f"{result['run_id']} ({result['checkpoint']})")
 
     _report(as_json, action)
 

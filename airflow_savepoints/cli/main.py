@@ -162,6 +162,9 @@ class TriggerOptions:
     parallelism: Annotated[int | None, typer.Option(
         min=1, max=256, help="Files copied at once (default: 32, or 8 where files are uploaded through this "
                              "machine to an object store).")] = None
+    retired_checkpoint: Annotated[bool, typer.Option(
+        "--retired-checkpoint", help="CHECKPOINT is one the job has left (its recorded run writes another): take it "
+                                     "anyway; such a savepoint is never a restore default.")] = False
 
 
 @app.command()
@@ -177,16 +180,19 @@ def trigger(
     quiet: QuietFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Take a savepoint of the newest committed batch of CHECKPOINT."""
+    """Take a savepoint of the newest committed batch of CHECKPOINT (of a job's live query: `job savepoint`)."""
     from airflow_savepoints.jobs.description.lease import running_spark_version
+    from airflow_savepoints.jobs.description.record import refuse_left_checkpoint
 
     validate_job_name(job)  # a bad name is reported before the storage is opened
     root = open_root(conn_id, savepoint_dir)
+    refuse_left_checkpoint(root.child(job), job, checkpoint, retired=asked.retired_checkpoint)
     with progress_bar("savepoint", enabled=not (quiet or as_json)) as on_event:
         info = core.take_savepoint(
             checkpoint, job, savepoint_dir=root, savepoint_type=asked.savepoint_type.value, reason=asked.reason,
             request_id=asked.request_id, max_attempts=asked.max_attempts, parallelism=asked.parallelism,
             on_event=on_event, spark_version=running_spark_version(root, job, checkpoint),
+            retired_checkpoint=asked.retired_checkpoint,
         )
     s = info.summary()
     _emit(as_json, s, f"[green]savepoint completed[/]: {s['pointer']}\n"

@@ -105,6 +105,7 @@ class SavepointRecord(BaseModel):
     updated_at: datetime
     conflict: str | None = None  # what retention found disagreeing about its identity: kept, never restored or disposed
     job_version_hash: str | None = None  # the short hash of the job's version (manifest job_version.hash)
+    retired_checkpoint: bool = False  # of a checkpoint its job had left: never a restore default
 
     @classmethod
     def from_manifest(cls, manifest: SavepointManifest, pointer: str = "") -> SavepointRecord:
@@ -115,6 +116,7 @@ class SavepointRecord(BaseModel):
             bytes=manifest.total_bytes,
             spark_version=manifest.spark_version, checkpoint_format_version=manifest.state_store.checkpoint_format_version,
             created_at=manifest.created_at, updated_at=datetime.now(UTC), job_version_hash=manifest.job_version_hash,
+            retired_checkpoint=manifest.retired_checkpoint,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -332,14 +334,19 @@ class Catalog:
         """Completed savepoints whose identity nothing disputes (a record in conflict is never picked)."""
         return [r for r in self.records({SavepointState.COMPLETED}) if r.conflict is None]
 
-    def latest(self) -> SavepointInfo | None:
-        """The newest completed savepoint whose ``_metadata`` reads (a record alone is never enough)."""
+    def latest(self, accept: Callable[[SavepointManifest], bool] | None = None) -> SavepointInfo | None:
+        """The newest completed savepoint whose ``_metadata`` reads (a record alone is never enough), of a
+        checkpoint the job had not left (``retired_checkpoint``), and that ``accept`` takes if given."""
         for record in reversed(self.completed()):
+            if record.retired_checkpoint:
+                continue
             location = self.store.child(record.savepoint_id)
             try:
                 manifest = _confirmed_manifest(location)
             except (IncompleteSavepointError, ManifestCorruptError, ManifestVersionError):
                 log.warning("catalog record %s has no usable _metadata; skipped", location.url)
+                continue
+            if manifest.retired_checkpoint or (accept is not None and not accept(manifest)):
                 continue
             return savepoint_info(location, manifest)
         return None

@@ -128,6 +128,7 @@ class SavepointManifest(BaseModel):
     spark_version: str | None = None
     job_version: dict[str, Any] | None = None  # the job's version (application, args, Spark conf, hash); optional
     checkpoint: str  # the live checkpoint it was taken from (a URL, never with credentials)
+    retired_checkpoint: bool = False  # taken on purpose of a checkpoint its job had left: never a restore default
     offset_log_version: int = 1
     commit_log_version: int = 1
     state_store: StateStoreSettings = Field(default_factory=StateStoreSettings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from airflow_savepoints.core.catalog import Catalog, SavepointRecord, SavepointState
@@ -69,9 +70,11 @@ def list_savepoints(root: Store, job: str, states: set[SavepointState] | None = 
     return Catalog(root.child(validate_job_name(job)), job).records(states)
 
 
-def latest_savepoint(root: Store, job: str) -> SavepointInfo | None:
-    """The newest completed savepoint of ``job`` whose ``_metadata`` reads; None if it has none."""
-    return Catalog(root.child(validate_job_name(job)), job).latest()
+def latest_savepoint(root: Store, job: str,
+                     accept: Callable[[SavepointManifest], bool] | None = None) -> SavepointInfo | None:
+    """The restore default of ``job``: its newest completed savepoint whose ``_metadata`` reads, never one
+    taken of a checkpoint the job had left, and one ``accept`` takes if given; None if it has none."""
+    return Catalog(root.child(validate_job_name(job)), job).latest(accept)
 
 
 def list_jobs(root: Store) -> list[str]:

@@ -107,6 +107,7 @@ class SavepointRequest(Request):
     request_id: str | None = None
     spark_version: str | None = None
     job_version: dict[str, Any] | None = None  # the job's version (application, args, Spark conf, hash)
+    retired_checkpoint: bool = False  # of a checkpoint the job has left (asked for on purpose): never a restore default
     copy_mode: CopyMode = "auto"
     incremental: bool = True
     secondary_dir: str | Store | None = None
@@ -472,7 +473,7 @@ class SavepointRun:
             type=request.savepoint_type, reason=request.reason, request_id=request.request_id,
             created_at=datetime.now(UTC), tool_version=__version__,
             spark_version=request.spark_version, job_version=request.job_version,
-            checkpoint=self.source.url,
+            checkpoint=self.source.url, retired_checkpoint=request.retired_checkpoint,
             offset_log_version=plan.offset_log_version, commit_log_version=plan.commit_log_version,
             state_store=StateStoreSettings(
                 provider=plan.state_store_provider, checkpoint_format_version=plan.checkpoint_format_version,

@@ -11,7 +11,7 @@ from airflow_savepoints.core import SavepointType, dispose_savepoint, take_savep
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.jobs.description.lease import running_spark_version
-from airflow_savepoints.jobs.description.record import read_run
+from airflow_savepoints.jobs.description.record import read_run, refuse_left_checkpoint
 from airflow_savepoints.operators.base import SavepointsBaseOperator, savepoints_template_fields
 from airflow_savepoints.operators.links import SavepointsPageLink
 from airflow_savepoints.storage import Store
@@ -120,7 +120,10 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
 
     :param job: job name, the folder of its savepoints (templated)
     :param checkpoint: the job's live checkpoint location (templated); default: the checkpoint of
-        the job's run recorded by RestoreJobOperator, else ``fallback_checkpoint``
+        the job's run recorded by RestoreJobOperator, else ``fallback_checkpoint``. A given checkpoint
+        that the recorded run no longer writes is refused (``not_live_checkpoint``)
+    :param retired_checkpoint: ``checkpoint`` is one the job has left, asked for on purpose: taken, and
+        never a restore default
     :param fallback_checkpoint: the checkpoint when none is given or recorded (a job started by
         other means at its configured location; templated)
     :param savepoint_type: ``periodic`` (default) or ``manual`` (templated)
@@ -150,6 +153,7 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
         checkpoint_storage_options: dict[str, Any] | None = None,
         max_attempts: int = 5,
         parallelism: int | None = None,
+        retired_checkpoint: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("outlets", savepoint_outlets(job))
@@ -163,10 +167,13 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
         self.checkpoint_storage_options = checkpoint_storage_options
         self.max_attempts = max_attempts
         self.parallelism = parallelism
+        self.retired_checkpoint = retired_checkpoint
 
     def execute(self, context: Context) -> dict[str, Any]:
         store = self.savepoint_store()
         ti = context.get("ti")
+        if self.checkpoint:
+            refuse_left_checkpoint(store.child(self.job), self.job, self.checkpoint, retired=self.retired_checkpoint)
         checkpoint = self.checkpoint or recorded_checkpoint(store, self.job, self.fallback_checkpoint)
         info = take_savepoint(
             checkpoint, self.job, savepoint_dir=store, savepoint_type=self.savepoint_type,
@@ -175,7 +182,7 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
             checkpoint_storage_options=checkpoint_options(checkpoint, store, self.checkpoint_storage_options),
             max_attempts=self.max_attempts, parallelism=self.parallelism,
             spark_version=running_spark_version(store, self.job, checkpoint),
-            job_version=recorded_version(store, self.job, checkpoint),
+            job_version=recorded_version(store, self.job, checkpoint), retired_checkpoint=self.retired_checkpoint,
             on_event=self.savepoint_events(store, self.job),
         )
         summary = info.summary()

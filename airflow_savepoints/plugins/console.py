@@ -27,6 +27,7 @@ from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.core.state_summary import read_summary, state_files
 from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.jobs.description.record import restore_default
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ def checksums(root: Store, pointer: str, manifest: SavepointManifest, verify: bo
 def savepoint_detail(root: Store, job: str, record: SavepointRecord, manifest: SavepointManifest | None,
                      verify: bool = False) -> dict[str, Any]:
     """What the detail view shows beside the record and the manifest."""
-    pick = latest_savepoint(root, job)
+    pick = restore_default(root, job)
     detail: dict[str, Any] = {
         "restore_pick": {"savepoint_id": pick.manifest.savepoint_id, "pointer": pick.pointer,
                          "is_this": pick.manifest.savepoint_id == record.savepoint_id} if pick else None,

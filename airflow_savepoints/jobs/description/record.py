@@ -6,13 +6,17 @@ folder, master), so a later task on any worker or an engineer at a terminal find
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from airflow_savepoints.core.models import SavepointInfo, SavepointManifest
 from airflow_savepoints.core.names import RUN_FILE
+from airflow_savepoints.core.pointer import latest_savepoint
+from airflow_savepoints.errors import InvalidInputError, NotLiveCheckpointError
 from airflow_savepoints.jobs.description.files import read_json, tolerant
 from airflow_savepoints.storage import Store
 
@@ -79,3 +83,44 @@ def record_end(job_folder: Store, run: JobRun, ended: Literal["stopped", "cancel
     if current is not None and (current.run_id, current.pid, current.started_at) == (run.run_id, run.pid, run.started_at):
         job_folder.write_bytes_atomic(RUN_FILE, finished.model_dump_json(indent=1).encode())
     return finished
+
+
+def same_checkpoint(a: str, b: str) -> bool:
+    """Whether two checkpoint URLs name one location (a trailing slash aside)."""
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def refuse_left_checkpoint(job_folder: Store, job: str, checkpoint: str, *, retired: bool = False) -> None:
+    """Refuse a savepoint of ``checkpoint`` when the job's recorded run writes another checkpoint: a
+    restart from a savepoint moves a job to ``<checkpoint>-<time>``, and the one it left is stale.
+    ``retired``: the caller means a checkpoint the job has left, and is refused if it is the live one."""
+    run = read_run(job_folder)
+    live = run is None or not run.checkpoint or same_checkpoint(run.checkpoint, checkpoint)
+    if retired and live:
+        raise InvalidInputError(
+            f"checkpoint {checkpoint} is not one job '{job}' has left: " + (
+                "its recorded run writes it" if run is not None and run.checkpoint else "the job has no recorded run"),
+            "leave --retired-checkpoint (retired_checkpoint=True) out; nothing was copied")
+    if live or retired:
+        return
+    raise NotLiveCheckpointError(
+        f"job '{job}' has left checkpoint {checkpoint}: its run {run.run_id or '(no id)'}, started "
+        f"{run.started_at:%Y-%m-%d %H:%M:%S} UTC, writes {run.checkpoint}; nothing was copied",
+        f"take the live query's savepoint with `airflow-savepoints job savepoint {job}` (or leave checkpoint= "
+        "out of TriggerSavepointOperator); to keep a copy of the old checkpoint anyway, pass --retired-checkpoint "
+        "(retired_checkpoint=True): that savepoint is never a restore default",
+    )
+
+
+def in_lineage(run: JobRun | None) -> Callable[[SavepointManifest], bool]:
+    """Whether a savepoint belongs to the job's current lineage: taken of the recorded run's checkpoint,
+    or before that run started (a savepoint of a checkpoint the job had already left is not)."""
+    def accept(manifest: SavepointManifest) -> bool:
+        return run is None or same_checkpoint(manifest.checkpoint, run.checkpoint) or manifest.created_at <= run.started_at
+    return accept
+
+
+def restore_default(root: Store, job: str) -> SavepointInfo | None:
+    """The savepoint a start without ``--from`` restores: the newest of the job's current lineage
+    (:func:`in_lineage`), never one taken of a checkpoint the job has left."""
+    return latest_savepoint(root, job, in_lineage(read_run(root.child(job))))

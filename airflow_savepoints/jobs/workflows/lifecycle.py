@@ -40,12 +40,13 @@ from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
 from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.names import RUN_FILE
-from airflow_savepoints.core.pointer import latest_savepoint, resolve_pointer
+from airflow_savepoints.core.pointer import resolve_pointer
 from airflow_savepoints.core.savepoint import check_apart
 from airflow_savepoints.core.termination import parse_policy
 from airflow_savepoints.errors import (  # noqa: F401 - JobNotStoppedError, NoSavepointError: imported from here
     ForeignSavepointError,
     InvalidInputError,
+    JobNotRunningError,
     JobNotStoppedError,
     JobRunningError,
     NoSavepointError,
@@ -56,7 +57,7 @@ from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, JobContr
 from airflow_savepoints.jobs.description.files import control_folder
 from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT
 from airflow_savepoints.jobs.description.model import StreamingJob
-from airflow_savepoints.jobs.description.record import JobRun, read_run, write_run
+from airflow_savepoints.jobs.description.record import JobRun, read_run, restore_default, write_run
 from airflow_savepoints.jobs.launch.launcher import JobFailedError, application_id_from_log, log_tail, start_detached
 from airflow_savepoints.jobs.launch.runners import LocalRunner
 from airflow_savepoints.jobs.workflows.rescale import rescale_on_the_job
@@ -217,9 +218,9 @@ def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, targe
         ctx.log(f"starting job {job.name} with EMPTY state (fresh start) at {checkpoint}")
         return checkpoint, {}, None
     if pointer is None:
-        latest = latest_savepoint(root, job.name)
+        latest = restore_default(root, job.name)
         if latest is None:
-            raise NoSavepointError(f"job '{job.name}' has no completed savepoint in {root.url}",
+            raise NoSavepointError(f"job '{job.name}' has no completed savepoint of its current lineage in {root.url}",
                                    "pass a pointer, or fresh_start=True (--fresh) to start it with empty state")
         pointer = latest.pointer
     elif not allow_foreign:
@@ -348,6 +349,29 @@ def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, i
     ctx.log(f"stop savepoint {info.pointer} of batch {info.manifest.batch_id} ({consistency})")
     return {**info.summary(), "stop_method": stopped["method"], "consistency": consistency, "run_id": state.run_id,
             "checkpoint": checkpoint, "version": info.manifest.job_version}
+
+
+def savepoint(ctx: JobContext, *, savepoint_type: str = SavepointType.MANUAL.value, reason: str | None = None,
+              request_id: str | None = None, on_event: Callable[[str, dict[str, Any]], None] | None = None,
+              **options: Any) -> dict[str, Any]:
+    """A savepoint of the job's live query (Flink's ``flink savepoint <jobId>``): the checkpoint its live
+    run writes, from the run record, from any host; refused (:class:`JobNotRunningError`) when no run
+    lives. ``options`` go to :func:`take_savepoint` (``parallelism``, ``max_attempts``)."""
+    run = Run.read(ctx)
+    state = run.state()
+    if not state.live:
+        raise JobNotRunningError(
+            f"job '{ctx.job.name}' has no live run (it is {state.state}); nothing was copied",
+            f"start it (`airflow-savepoints job start {ctx.job.name}`); a stopped job's last state is its stop savepoint")
+    checkpoint = run.owned_checkpoint()
+    if checkpoint is None:
+        raise UntrustedRunFileError(f"{run.untrusted()}; no savepoint was taken",
+                                    f"correct {ctx.folder.url_of(RUN_FILE)}, or stop and start the job again")
+    info = take_savepoint(ctx.checkpoint(checkpoint), ctx.job.name, savepoint_dir=ctx.root, savepoint_type=savepoint_type,
+                          reason=reason, request_id=request_id, spark_version=state.spark_version, on_event=on_event,
+                          job_version=state.version or ctx.job.version().model_dump(), **options)
+    ctx.log(f"savepoint {info.pointer} of batch {info.manifest.batch_id} (run {state.run_id}, {checkpoint})")
+    return {**info.summary(), "run_id": state.run_id, "checkpoint": checkpoint, "last_batch": state.last_batch}
 
 
 def cancel(ctx: JobContext, *, policy: str | None = None, grace: float = 60,
