@@ -125,6 +125,19 @@ class Store:
         _, protocol, path = split_url(url)
         return protocol, backend_class(protocol).location(path)[0]
 
+    @staticmethod
+    def is_store_root(url: str) -> bool:
+        """Whether ``url`` is a filesystem root or a bucket (container) with no folder in it; nothing is reached."""
+        protocol, root = Store.location_of(url)
+        return root.strip("/") == "" if protocol == "file" else "/" not in root.strip("/")
+
+    @staticmethod
+    def overlapping(a: str, b: str) -> bool:
+        """Whether one location lies at or below the other (compared as written, on the same store); nothing is reached."""
+        (pa, ra), (pb, rb) = Store.location_of(a), Store.location_of(b)
+        ra, rb = ra.rstrip("/"), rb.rstrip("/")
+        return pa == pb and (ra == rb or ra.startswith(rb + "/") or rb.startswith(ra + "/"))
+
     # --- addressing --------------------------------------------------------------------------------
     @property
     def url(self) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pytest
 from typer.testing import CliRunner
 
 from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import list_savepoints, take_savepoint
 from airflow_savepoints.core.manifest import read_manifest
 from airflow_savepoints.core.termination import apply_checkpoint_retention
+from airflow_savepoints.errors import NotLiveCheckpointError
 from airflow_savepoints.jobs.description.model import JobVersion
 from airflow_savepoints.jobs.description.record import JobRun, write_run
 from airflow_savepoints.operators.savepoint import TriggerSavepointOperator
@@ -36,10 +38,16 @@ def test_a_periodic_savepoint_records_the_version_of_the_run_writing_its_checkpo
     assert summary["job_version_hash"] == VERSION["hash"] and len(VERSION["hash"]) == 12
     assert read_manifest(Store(summary["pointer"])).job_version == VERSION
 
-    record_run(root, str(tmp_path / "another-checkpoint"))  # the recorded run writes elsewhere: no version
-    other = TriggerSavepointOperator(task_id="sp2", job="orders", savepoint_dir=root.url, checkpoint=checkpoint)
+    record_run(root, str(tmp_path / "another-checkpoint"))  # the recorded run writes elsewhere: refused, no copy
+    taken = sorted(p for p in root.child("orders").list_files() if p.endswith("_metadata"))
+    with pytest.raises(NotLiveCheckpointError, match="another-checkpoint"):
+        TriggerSavepointOperator(task_id="sp2", job="orders", savepoint_dir=root.url, checkpoint=checkpoint).execute({})
+    assert sorted(p for p in root.child("orders").list_files() if p.endswith("_metadata")) == taken
+    other = TriggerSavepointOperator(task_id="sp3", job="orders", savepoint_dir=root.url, checkpoint=checkpoint,
+                                     retired_checkpoint=True)  # asked for on purpose: taken, with no version
     summary = other.execute({})
-    assert summary["job_version_hash"] is None and read_manifest(Store(summary["pointer"])).job_version is None
+    manifest = read_manifest(Store(summary["pointer"]))
+    assert summary["job_version_hash"] is None and manifest.job_version is None and manifest.retired_checkpoint
 
 
 def test_a_retained_checkpoint_savepoint_records_the_version(tmp_path):

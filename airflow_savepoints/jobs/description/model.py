@@ -249,31 +249,19 @@ def _expanded(value: object) -> object:
     return value
 
 
-def _is_root(location: str) -> bool:
-    """Whether ``location`` is a filesystem root or a bucket (container) with no folder in it."""
-    protocol, root = Store.location_of(location)
-    return root.strip("/") == "" if protocol == "file" else "/" not in root.strip("/")
-
-
-def _overlap(a: str, b: str) -> bool:
-    """Whether one location lies at or below the other (compared as written, on the same store)."""
-    (pa, ra), (pb, rb) = Store.location_of(a), Store.location_of(b)
-    ra, rb = ra.rstrip("/"), rb.rstrip("/")
-    return pa == pb and (ra == rb or ra.startswith(rb + "/") or rb.startswith(ra + "/"))
-
-
 def _check_locations(path: Path, jobs: dict[str, StreamingJob]) -> None:
     """No savepoint_dir at a root, no checkpoint in its savepoint folder, no checkpoint shared with another job."""
     for job in jobs.values():
         where = f"{path}: job '{job.name}'"
-        if job.savepoint_dir and _is_root(job.savepoint_dir):
+        if job.savepoint_dir and Store.is_store_root(job.savepoint_dir):
             raise InvalidInputError(f"{where}: savepoint_dir {job.savepoint_dir} is a filesystem or bucket root",
                                     "give the savepoints a folder of their own")
-        if job.savepoint_dir and _overlap(job.checkpoint, job.savepoint_dir):
+        if job.savepoint_dir and Store.overlapping(job.checkpoint, job.savepoint_dir):
             raise InvalidInputError(f"{where}: checkpoint {job.checkpoint} and savepoint_dir {job.savepoint_dir} overlap",
                                     "keep the checkpoint outside the savepoint folder (and the other way round)")
         for other in jobs.values():
-            if other.name != job.name and (_overlap(job.checkpoint, other.checkpoint) or other.owns_checkpoint(job.checkpoint)):
+            shared = Store.overlapping(job.checkpoint, other.checkpoint) or other.owns_checkpoint(job.checkpoint)
+            if other.name != job.name and shared:
                 raise InvalidInputError(f"{where}: checkpoint {job.checkpoint} is (or lies within, or is named after) "
                                         f"job '{other.name}''s checkpoint {other.checkpoint}",
                                         "give every job a checkpoint folder of its own, not named <other checkpoint>-...")
