@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
+from airflow_savepoints.core.models import RestoreResult, SavepointInfo
 from airflow_savepoints.core.names import CHECK_FOLDER
 from airflow_savepoints.errors import (
     SavepointInFlightError,
@@ -37,7 +38,14 @@ from airflow_savepoints.errors import (
     UpgradeCheckTimeoutError,
     UpgradeRefusedError,
 )
-from airflow_savepoints.jobs.description.channel import CHECK_CONF, CHECK_ENV, CHECKPOINT_CONF, new_run_id
+from airflow_savepoints.jobs.description.channel import (
+    CHECK_AFTER_CONF,
+    CHECK_CONF,
+    CHECK_ENV,
+    CHECK_TIMEOUT_CONF,
+    CHECKPOINT_CONF,
+    new_run_id,
+)
 from airflow_savepoints.jobs.description.model import JobVersion, StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun
 from airflow_savepoints.jobs.launch.launcher import log_tail, start_detached
@@ -47,11 +55,8 @@ from airflow_savepoints.jobs.workflows.rescale import read_result, rescale_on_th
 from airflow_savepoints.jobs.workflows.run import kill
 from airflow_savepoints.storage import Store
 
-CHECK_AFTER_CONF = "spark.savepoints.check.afterBatch"  # the restored batch: the check waits for one past it
-CHECK_TIMEOUT_CONF = "spark.savepoints.check.timeout"  # seconds the driver waits for that batch
 CHECK_REASON = "upgrade check"
 DRIVER_START_ALLOWANCE = 60.0  # seconds the check's driver may take to start, on top of its timeout
-SPARK_PLAN_MARKER = "\n=== Streaming Query ==="  # Spark's message ends with the query's plan: left out
 
 SubmitCommand = Callable[[str, dict[str, str]], list[str]]
 
@@ -68,56 +73,86 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
     savepoint's batch); the driver gets :data:`DRIVER_START_ALLOWANCE` seconds more to start.
     ``state_partitions``: the check runs on the copy rescaled to that many state partitions (passed
     to the restore only when given)."""
-    job = ctx.job
+    state = _checkable(ctx)
+    restore_options = rescale_options(state_partitions)
+    started = time.monotonic()
+    check = UpgradeCheck(ctx, version, state, _take_check_savepoint(ctx, state, inflight_wait),
+                         ctx.folder.child(CHECK_FOLDER).child(new_run_id()), timeout)
+    ctx.log(f"checking version {version.hash} of job {ctx.job.name} on savepoint {check.saved.pointer} "
+            f"(batch {check.saved.manifest.batch_id}) in {check.scratch.url}")
+    restored, run, result = check.run_on_copy(submit_for, log_dir, restore_options, grace)
+    summary = {"job": ctx.job.name, "outcome": result["outcome"], "run_id": state.run_id,
+               "from_version": state.version, "to_version": version.model_dump(), "savepoint": check.saved.pointer,
+               "savepoint_batch": check.saved.manifest.batch_id, "restored_batch": restored.batch_id,
+               "checked_batch": result.get("batch_id"), "state_partitions": state_partitions,
+               "scratch": check.scratch.url, "log_file": run.log_file, "duration_s": round(time.monotonic() - started, 1)}
+    check.judge(result, restored.batch_id, run.log_file)
+    return summary
+
+
+def _checkable(ctx: lifecycle.JobContext) -> lifecycle.JobState:
+    """The running job's state, if a check can run beside it: live, on a checkpoint, with the in-job helper."""
     state = lifecycle.status(ctx)
     if not state.live or not state.checkpoint:
-        raise UpgradeRefusedError(f"job '{job.name}' is {state.state}, not running: nothing to check",
+        raise UpgradeRefusedError(f"job '{ctx.job.name}' is {state.state}, not running: nothing to check",
                                   "start it first; a stopped job is upgraded by starting the new version")
     if not state.helper:
         raise UpgradeRefusedError(
-            f"job '{job.name}' runs without the in-job helper (no heartbeats): its check could not swap the sink",
+            f"job '{ctx.job.name}' runs without the in-job helper (no heartbeats): its check could not swap the sink",
             "call airflow_savepoints.jobs.driver.control.run_until_stopped in the job, or upgrade without the check")
-    restore_options = rescale_options(state_partitions)
-    started = time.monotonic()
-    saved = _take_check_savepoint(ctx, state, inflight_wait)
-    scratch = ctx.folder.child(CHECK_FOLDER).child(new_run_id())
-    checkpoint = scratch.child("checkpoint")
-    new_job = job.with_version(version)
-    run: JobRun | None = None
-    ctx.log(f"checking version {version.hash} of job {job.name} on savepoint {saved.pointer} "
-            f"(batch {saved.manifest.batch_id}) in {scratch.url}")
-    try:
-        restore_options = rescale_on_the_job(replace(ctx, job=new_job), submit_for(new_job), log_dir, restore_options)
-        restored = restore_savepoint(saved.pointer, checkpoint.url, storage_options=ctx.root.storage_options,
-                                     target_storage_options=ctx.root.storage_options, **restore_options)
-        conf = {**restored.spark_conf_to_set, CHECK_CONF: scratch.url, CHECK_AFTER_CONF: str(restored.batch_id),
-                CHECK_TIMEOUT_CONF: str(timeout), CHECKPOINT_CONF: checkpoint.url}
-        run = start_detached(f"{job.name}-check", submit_for(new_job)(checkpoint.url, conf), checkpoint, scratch,
-                             log_dir, env={CHECK_ENV: scratch.url}, master=new_job.master, master_ui=new_job.master_ui,
-                             version=version.model_dump())
-        result = _wait_for_result(scratch, run, timeout + DRIVER_START_ALLOWANCE)
-    finally:
-        if run is not None:
-            _end_check_run(run, grace)
-        ctx.folder.child(CHECK_FOLDER).remove_tree(scratch.name)
-    summary = {"job": job.name, "outcome": result["outcome"], "run_id": state.run_id,
-               "from_version": state.version, "to_version": version.model_dump(), "savepoint": saved.pointer,
-               "savepoint_batch": saved.manifest.batch_id, "restored_batch": restored.batch_id,
-               "checked_batch": result.get("batch_id"), "state_partitions": state_partitions,
-               "scratch": scratch.url, "log_file": run.log_file, "duration_s": round(time.monotonic() - started, 1)}
-    if result["outcome"] == "passed":
-        ctx.log(f"version {version.hash} of job {job.name} committed batch {result['batch_id']} on the copy: check passed")
-        return summary
-    kept = f"the running version (run {state.run_id}) was left untouched; the check's log: {run.log_file}"
-    if result["outcome"] == "no_batch":
-        raise UpgradeCheckTimeoutError(
-            f"version {version.hash} of job '{job.name}' committed no batch past {restored.batch_id} within "
-            f"{timeout:.0f}s on the state of savepoint {saved.pointer}: {result['error']}; {kept}",
-            "give the check more time (check_timeout, --timeout); it needs input that arrived after the savepoint")
-    raise UpgradeCheckFailedError(
-        f"version {version.hash} of job '{job.name}' fails on the state of batch {restored.batch_id} (savepoint "
-        f"{saved.pointer}): {result['error']}\n{kept}",
-        "fix the new version (Spark's message says what does not match), then check or upgrade again")
+    return state
+
+
+@dataclass
+class UpgradeCheck:
+    """One check: the savepoint it runs from, its scratch folder (``_check/<id>/``), its verdict."""
+
+    ctx: lifecycle.JobContext
+    version: JobVersion
+    state: lifecycle.JobState
+    saved: SavepointInfo
+    scratch: Store
+    timeout: float
+
+    def run_on_copy(self, submit_for: Callable[[StreamingJob], SubmitCommand], log_dir: Path,
+                    restore_options: dict[str, Any], grace: float) -> tuple[RestoreResult, JobRun, dict[str, Any]]:
+        """Restore the savepoint into the scratch folder, run the new version on it in check mode until
+        its result, then end its driver and delete the scratch folder, and only it."""
+        ctx, new_job = self.ctx, self.ctx.job.with_version(self.version)
+        checkpoint = self.scratch.child("checkpoint")
+        run: JobRun | None = None
+        try:
+            restore_options = rescale_on_the_job(replace(ctx, job=new_job), submit_for(new_job), log_dir, restore_options)
+            restored = restore_savepoint(self.saved.pointer, checkpoint.url, storage_options=ctx.root.storage_options,
+                                         target_storage_options=ctx.root.storage_options, **restore_options)
+            conf = {**restored.spark_conf_to_set, CHECK_CONF: self.scratch.url, CHECK_AFTER_CONF: str(restored.batch_id),
+                    CHECK_TIMEOUT_CONF: str(self.timeout), CHECKPOINT_CONF: checkpoint.url}
+            run = start_detached(f"{new_job.name}-check", submit_for(new_job)(checkpoint.url, conf), checkpoint,
+                                 self.scratch, log_dir, env={CHECK_ENV: self.scratch.url}, master=new_job.master,
+                                 master_ui=new_job.master_ui, version=self.version.model_dump())
+            result = _wait_for_result(self.scratch, run, self.timeout + DRIVER_START_ALLOWANCE)
+        finally:
+            if run is not None:
+                _end_check_run(run, grace)
+            ctx.folder.child(CHECK_FOLDER).remove_tree(self.scratch.name)
+        return restored, run, result
+
+    def judge(self, result: dict[str, Any], restored_batch: int, log_file: str | None) -> None:
+        """Nothing when the new version committed a batch past the restored one; else the check's error."""
+        name, version = self.ctx.job.name, self.version.hash
+        if result["outcome"] == "passed":
+            self.ctx.log(f"version {version} of job {name} committed batch {result['batch_id']} on the copy: check passed")
+            return
+        kept = f"the running version (run {self.state.run_id}) was left untouched; the check's log: {log_file}"
+        if result["outcome"] == "no_batch":
+            raise UpgradeCheckTimeoutError(
+                f"version {version} of job '{name}' committed no batch past {restored_batch} within "
+                f"{self.timeout:.0f}s on the state of savepoint {self.saved.pointer}: {result['error']}; {kept}",
+                "give the check more time (check_timeout, --timeout); it needs input that arrived after the savepoint")
+        raise UpgradeCheckFailedError(
+            f"version {version} of job '{name}' fails on the state of batch {restored_batch} (savepoint "
+            f"{self.saved.pointer}): {result['error']}\n{kept}",
+            "fix the new version (Spark's message says what does not match), then check or upgrade again")
 
 
 def rescale_options(state_partitions: int | None) -> dict[str, Any]:
