@@ -306,14 +306,26 @@ def bounded_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
     return results
 
 
-def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int | None, *, stats: Mapping[str, FileStat] | None = None,
-              mode: str = "auto", known: dict[str, KnownChecksum] | None = None,
-              on_file: Callable[[CopiedFile], None] | None = None, algorithms: Mapping[str, str] | None = None,
-              any_store_checksum: bool = False) -> dict[str, CopiedFile]:
-    """Copy ``paths`` (same relative path on both sides) in parallel; the first failure is raised.
-    ``on_file`` is called (from the copying thread) with each file copied, for progress reports.
-    Each file's checksum is by ``algorithms[path]`` (CRC32C when not named), or, with
-    ``any_store_checksum`` (a savepoint), by whichever kind the store computed for its copy.
+@dataclass(frozen=True)
+class CopyOptions:
+    """How a copy runs: ``parallelism`` files at once (None: :func:`workers_for` picks), by ``mode``
+    (``auto``: link, server-side copy or stream, whatever the stores offer; ``stream``), with
+    ``any_store_checksum`` (a savepoint) each file's checksum whichever kind the store computed for
+    its copy, and ``on_file`` called (from the copying thread) with each file copied."""
+
+    parallelism: int | None = None
+    mode: str = "auto"
+    any_store_checksum: bool = False
+    on_file: Callable[[CopiedFile], None] | None = None
+
+
+def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = CopyOptions(), *,
+              stats: Mapping[str, FileStat] | None = None, known: dict[str, KnownChecksum] | None = None,
+              algorithms: Mapping[str, str] | None = None) -> dict[str, CopiedFile]:
+    """Copy ``paths`` (same relative path on both sides) in parallel, as ``options`` say; the first
+    failure is raised. What is known of each file: its listed ``stats``, its ``known`` checksum in the
+    previous savepoint (reused from there where it can be), and the checksum kind to compute,
+    ``algorithms[path]`` (CRC32C when not named).
 
     Where files are linked, the folders are made first, and files whose checksum is known are linked
     from the previous savepoint in this thread, in one loop (a link is one system call; a thread pool would
@@ -322,6 +334,7 @@ def copy_many(src: Store, dst: Store, paths: list[str], parallelism: int | None,
     if not paths:
         return {}
     stats, known = stats or {}, known or {}
+    parallelism, mode, any_store_checksum, on_file = options.parallelism, options.mode, options.any_store_checksum, options.on_file
     methods = _methods(src, dst, mode)
     linking = methods[0] == LINK
     if linking:

@@ -27,7 +27,7 @@ from pydantic import Field
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core import checksums
 from airflow_savepoints.core.catalog import Catalog, pinned_savepoint
-from airflow_savepoints.core.copier import bounded_map, checksum_of, copy_many, workers_for
+from airflow_savepoints.core.copier import CopyOptions, bounded_map, checksum_of, copy_many, workers_for
 from airflow_savepoints.core.input_check import check_input
 from airflow_savepoints.core.lease import Lease
 from airflow_savepoints.core.manifest import parse_manifest
@@ -412,9 +412,10 @@ def _copy_checked(location: Store, manifest: SavepointManifest, destination: Sto
             if e.path not in (CHECKPOINT_METADATA, MANIFEST_FILE) and not _rewritable(e.path)]
     notify("planned", {"files": len(body), "bytes": sum(e.size for e in body)})
     try:
-        copied = copy_many(location, destination, [e.path for e in body], request.parallelism, stats=listing,
-                           algorithms={e.path: e.algorithm for e in body},
-                           mode=request.copy_mode, on_file=lambda c: notify("file_done", {"path": c.path, "bytes": c.size}))
+        options = CopyOptions(request.parallelism, request.copy_mode,
+                              on_file=lambda c: notify("file_done", {"path": c.path, "bytes": c.size}))
+        copied = copy_many(location, destination, [e.path for e in body], options, stats=listing,
+                           algorithms={e.path: e.algorithm for e in body})
     except (SourceChangedError, FileNotFoundError) as exc:
         raise VerificationError(f"savepoint {location.url} changed while it was restored: {exc}",
                                 "nothing was restored; retry, or use another savepoint of the job") from exc

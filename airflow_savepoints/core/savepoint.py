@@ -27,7 +27,15 @@ from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, KnownSnapshot, plan_checkpoint
 from airflow_savepoints.core.catalog import Catalog, Change, PinHold
 from airflow_savepoints.core.checksums import CRC32C, HEX_FORMAT
-from airflow_savepoints.core.copier import MODES, CopiedFile, KnownChecksum, checksum_of, copy_many, default_parallelism
+from airflow_savepoints.core.copier import (
+    MODES,
+    CopiedFile,
+    CopyOptions,
+    KnownChecksum,
+    checksum_of,
+    copy_many,
+    default_parallelism,
+)
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.core.lease import InflightHolder, JobLock
 from airflow_savepoints.core.manifest import new_savepoint_id, savepoint_info
@@ -405,12 +413,11 @@ class SavepointRun:
         known = self.previous.known(plan) if self.previous is not None else {}
         copied: dict[str, CopiedFile] = {}
         on_file = None if self.quiet else lambda c: self.notify("file_done", {"path": c.path, "bytes": c.size})
+        options = CopyOptions(self.request.parallelism, self.request.copy_mode, any_store_checksum=True, on_file=on_file)
         for group in sorted({f.group for f in plan.files}):
             paths = [f.path for f in plan.files if f.group == group]
             try:
-                copied.update(copy_many(self.source, self.location, paths, self.request.parallelism, stats=listing,
-                                        mode=self.request.copy_mode, known=known, any_store_checksum=True,
-                                        on_file=on_file))
+                copied.update(copy_many(self.source, self.location, paths, options, stats=listing, known=known))
             except FileNotFoundError as exc:
                 raise CheckpointRaceError(f"a planned file vanished during the copy: {exc}") from exc
             except SourceChangedError as exc:
@@ -434,8 +441,8 @@ class SavepointRun:
         try:
             self.secondary_root.remove_tree(savepoint_id)  # what an earlier attempt left
             secondary.makedirs()
-            got = copy_many(self.source, secondary, [f.path for f in plan.files], self.request.parallelism, stats=listing,
-                            algorithms={p: c.algorithm for p, c in copied.items()})
+            got = copy_many(self.source, secondary, [f.path for f in plan.files], CopyOptions(self.request.parallelism),
+                            stats=listing, algorithms={p: c.algorithm for p, c in copied.items()})
             wrong = [p for p, c in got.items() if (c.size, c.checksum) != (copied[p].size, copied[p].checksum)]
             if wrong:
                 raise CheckpointRaceError(f"{len(wrong)} files differ from the primary copy, e.g. {wrong[0]}")

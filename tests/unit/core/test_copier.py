@@ -13,6 +13,7 @@ from airflow_savepoints.core.copier import (
     SERVER_COPY,
     STORE,
     STREAM,
+    CopyOptions,
     KnownChecksum,
     copy_file,
     copy_many,
@@ -35,7 +36,7 @@ def filled(store: Store) -> Store:
 def test_between_local_stores_each_file_is_linked_and_its_inode_hashed(tmp_path):
     source, target = filled(Store(str(tmp_path / "ckpt"))), Store(str(tmp_path / "sp"))
     listing = source.list_files()
-    copied = copy_many(source, target, sorted(DATA), 4, stats=listing)
+    copied = copy_many(source, target, sorted(DATA), CopyOptions(4), stats=listing)
     for rel, data in DATA.items():
         assert (copied[rel].method, copied[rel].checksum_source, copied[rel].crc) == (LINK, READ, crc(data))
         assert copied[rel].source_version == listing[rel].version == target.stat(rel).version  # the same inode
@@ -55,7 +56,7 @@ def test_a_known_checksum_is_reused_by_linking_the_previous_savepoints_file(tmp_
     previous = filled(Store(str(tmp_path / "sp1")))
     rel = "state/0/0/4.delta"
     known = {rel: KnownChecksum(previous, rel, len(DATA[rel]), 1234, "savepoint-prev01-x")}  # 1234: not re-read
-    copied = copy_many(source, target, [rel, "offsets/3"], 4, known=known)
+    copied = copy_many(source, target, [rel, "offsets/3"], CopyOptions(4), known=known)
     assert (copied[rel].method, copied[rel].checksum_source, copied[rel].crc) == (LINK, PREVIOUS, 1234)
     assert copied[rel].reused_from == "savepoint-prev01-x" and copied["offsets/3"].checksum_source == READ
     assert target.stat(rel).version == previous.stat(rel).version
@@ -68,7 +69,7 @@ def test_a_previous_file_of_another_size_or_gone_is_not_reused(tmp_path):
     previous.remove_file(gone)
     known = {rel: KnownChecksum(previous, rel, len(DATA[rel]) + 1, 1, "p"),
              gone: KnownChecksum(previous, gone, len(DATA[gone]), 1, "p")}
-    copied = copy_many(source, target, [rel, gone], 4, known=known)
+    copied = copy_many(source, target, [rel, gone], CopyOptions(4), known=known)
     for path in (rel, gone):
         assert (copied[path].method, copied[path].checksum_source, copied[path].crc) == (LINK, READ, crc(DATA[path]))
         assert target.stat(path).version == source.stat(path).version
@@ -78,7 +79,7 @@ def test_a_previous_file_of_another_size_or_gone_is_not_reused(tmp_path):
 def test_between_locations_on_s3_files_are_copied_by_the_store_with_its_crc32c(s3):
     source, target = filled(Store(f"s3://{s3}/ckpt")), Store(f"s3://{s3}/sp")
     listing = source.list_files()
-    copied = copy_many(source, target, sorted(DATA), 4, stats=listing)
+    copied = copy_many(source, target, sorted(DATA), CopyOptions(4), stats=listing)
     for rel, data in DATA.items():
         assert (copied[rel].method, copied[rel].checksum_source, copied[rel].crc) == (SERVER_COPY, STORE, crc(data))
         assert copied[rel].source_version == listing[rel].version and target.read_bytes(rel) == data
@@ -90,7 +91,7 @@ def test_on_s3_a_previous_copy_whose_crc_disagrees_is_replaced_from_the_checkpoi
     rel, other = "state/0/0/4.delta", "state/0/1/4.delta"
     known = {rel: KnownChecksum(previous, rel, len(DATA[rel]), crc(DATA[rel]), "p"),
              other: KnownChecksum(previous, other, len(DATA[other]), crc(b"what was recorded"), "p")}
-    copied = copy_many(source, target, [rel, other], 4, known=known, stats=source.list_files())
+    copied = copy_many(source, target, [rel, other], CopyOptions(4), known=known, stats=source.list_files())
     assert (copied[rel].method, copied[rel].checksum_source, copied[rel].reused_from) == (SERVER_COPY, STORE, "p")
     assert (copied[other].checksum_source, copied[other].reused_from, copied[other].crc) == (STORE, None, crc(DATA[other]))
 
