@@ -492,3 +492,22 @@ def test_the_history_examples_failed_attempt_is_one_the_code_keeps(answered):
     assert first
     keys = set(re.findall(r'"(\w+)":', first.group(0)))
     assert keys <= set(HistoryEntry.model_fields) | {"duration_s", "error_reason"}, keys
+
+
+# --- links between the docs ---------------------------------------------------------------------------
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_to_a_section_finds_it():
+    pages = sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]
+    anchors = {p.name: {_slug(h) for h in re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", p.read_text(), flags=re.S),
+                                                     re.M)} for p in pages}
+    broken = []
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(((?:docs/)?[\w-]*\.md)?#([\w-]+)\)", page.read_text()):
+            name = Path(target).name if target else page.name
+            if name in anchors and anchor not in anchors[name]:
+                broken.append(f"{page.name} -> {name}#{anchor}")
+    assert broken == []
