@@ -511,3 +511,19 @@ def test_every_link_to_a_section_finds_it():
             if name in anchors and anchor not in anchors[name]:
                 broken.append(f"{page.name} -> {name}#{anchor}")
     assert broken == []
+
+
+def test_every_relative_link_finds_its_file():
+    pages = sorted(DOCS.glob("*.md")) + [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks/results/README.md"]
+    broken = [f"{page.relative_to(ROOT)} -> {target}" for page in pages
+              for target in re.findall(r"\]\((?!https?:|#|mailto:)([^)#\s]+)", page.read_text())
+              if not (page.parent / target).exists()]
+    assert broken == []
+
+
+def test_performance_md_is_todays_page_and_the_history_is_in_benchmarks_results():
+    """Today's method and figures, at most 300 lines; the dated record is benchmarks/results/README.md."""
+    text = (DOCS / "performance.md").read_text()
+    assert len(text.splitlines()) <= 300
+    assert "benchmarks/results/README.md" in text
+    assert (ROOT / "benchmarks/results/README.md").exists()
