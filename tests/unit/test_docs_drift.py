@@ -221,6 +221,12 @@ def test_the_json_keys_listed_are_the_keys_printed(printed, name):
     assert sorted(documented) == sorted(printed[name]), f"docs/cli.md ## {name}'s JSON keys"
 
 
+def test_retains_decision_keys_are_the_keys_printed(printed):
+    each = re.search(r"`decisions` \(each: ([^)]*)\)", prose("retain"))
+    assert each and printed["retain"]["decisions"], "retain's JSON: no `decisions` (each: …) list, or no decision printed"
+    assert sorted(re.findall(r"`(\w+)`", each.group(1))) == sorted(printed["retain"]["decisions"][0])
+
+
 def test_inspects_json_keys_are_the_state_summarys_fields():
     from airflow_savepoints.core.state_summary import StateSummary  # no Spark imported
 
