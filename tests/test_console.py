@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -453,6 +454,23 @@ HISTORY = in_page("""return Object.fromEntries(Array.from(doc.querySelectorAll('
     f.textContent]),
   operators: Array.from(view.querySelectorAll('table.operators tbody tr')).map(
     r => Array.from(r.cells).map(c => c.textContent))}]));""")
+OPERATOR_HEADING = in_page("""const id = doc.querySelector('.history-view[data-job=orders] h3 .id');
+return id ? {text: id.textContent, shown: id.innerText, transform: getComputedStyle(id).textTransform} : null;""")
+CHART_AXES = in_page("""return Array.from(doc.querySelectorAll('.history-view[data-job=orders] figure.chart')).map(f => ({
+  chart: f.dataset.chart, x: Array.from(f.querySelectorAll('.axis text[data-axis=x]')).map(t => t.textContent),
+  y: Array.from(f.querySelectorAll('.axis text[data-axis=y]')).map(t => t.textContent),
+  lines: f.querySelectorAll('.axis line').length}));""")
+DETAIL_PARTS = in_page("""const detail = doc.getElementById('detail');
+const provider = detail.querySelector('table.stores tbody td.wrap');
+const offsets = Array.from(detail.querySelectorAll('table.offsets tbody tr')).map(r => [r.dataset.source, r.cells[1].innerText]);
+return {provider: provider && [provider.innerText, provider.title, provider.scrollWidth <= provider.clientWidth],
+  offsets, pre: detail.querySelectorAll('pre').length};""")
+STICKY_HEADER = in_page("""const detail = doc.getElementById('detail');
+detail.scrollTop = detail.scrollHeight;
+const head = detail.querySelector(':scope > header').getBoundingClientRect(), box = detail.getBoundingClientRect();
+const close = Array.from(detail.querySelectorAll('header button')).find(b => b.textContent === 'Close').getBoundingClientRect();
+return {scrolled: detail.scrollTop, headerTop: head.top - box.top,
+  closeVisible: close.top >= box.top && close.bottom <= box.bottom};""")
 PROBLEM = in_page("""const banner = doc.querySelector('#problem .banner');
 return doc.body.dataset.loaded === 'true' && banner ? {code: banner.dataset.code, text: banner.textContent,
   color: getComputedStyle(banner.querySelector('.title')).color} : null;""")
@@ -584,6 +602,12 @@ def test_console_in_chromium(console, tmp_path):
         assert all(row[5].endswith(" s") and row[6].endswith("B") for row in views["orders"]["rows"]), views["orders"]["rows"]
         assert [(name, points) for name, points, _ in views["orders"]["charts"]] == [("Size", 12), ("Duration", 12)]
         assert views["orders"]["operators"][0][0] == "0" and views["orders"]["operators"][0][3].endswith("B")
+        heading = browser.script(OPERATOR_HEADING)  # the newest savepoint's id as it is written, not in capitals
+        assert heading == {"text": ids[-1], "shown": ids[-1], "transform": "none"}, heading
+        axes = browser.script(CHART_AXES)  # each trend has its axes: the highest value and 0, the first and last time
+        assert [a["chart"] for a in axes] == ["Size", "Duration"] and all(a["lines"] == 2 for a in axes), axes
+        assert axes[0]["y"][0].endswith("B") and axes[0]["y"][1] == "0 B" and axes[1]["y"][1] == "0.00 s", axes
+        assert all(len(a["x"]) == 2 and re.fullmatch(r"\d\d-\d\d \d\d:\d\d", a["x"][0]) for a in axes), axes
         # payments: a failed attempt's reason, a disposed savepoint's entry; ledger: declared, no savepoint yet
         click_in_page(browser, "tr.job[data-job=payments]")
         click_in_page(browser, "tr.job[data-job=ledger]")
@@ -623,6 +647,14 @@ def test_console_in_chromium(console, tmp_path):
                                  or None, 30, "verification did not show")
         assert verified
         browser.screenshot(ARTIFACTS / "console-detail.png")
+        parts = browser.script(DETAIL_PARTS)  # the provider's name whole, the offsets as positions, not raw JSON
+        assert parts["provider"][0] in {"HDFS-backed", "RocksDB"} and parts["provider"][1].endswith("StateStoreProvider")
+        assert parts["provider"][2], parts  # not cut
+        assert parts["offsets"] and parts["pre"] == 0 and not parts["offsets"][0][1].startswith("{"), parts
+        sticky = browser.script(STICKY_HEADER)  # scrolled to its end, the drawer keeps Restore and Close in view
+        assert sticky["scrolled"] > 0 and abs(sticky["headerTop"]) <= 1 and sticky["closeVisible"], sticky
+        browser.screenshot(ARTIFACTS / "console-detail-scrolled.png")
+        browser.script(in_page("doc.getElementById('detail').scrollTop = 0; return true;"))
 
         # Restore from the detail view: the dialog offers state partitions (blank: unchanged), refuses 0, queues the run
         before = len(dag_runs(c, "restore_from_savepoint"))
@@ -636,7 +668,10 @@ def test_console_in_chromium(console, tmp_path):
             browser.script(in_page(f"doc.querySelector('{field}').value = ''; return true;"))
             browser.type(field, "4")
         browser.screenshot(ARTIFACTS / "console-restore.png")
-        assert "State partitions" in confirm_dialog(browser, accept=True)
+        said = confirm_dialog(browser, accept=True)
+        assert "State partitions" in said and f"Restore: job orders from {ids[0]}?" in said, said
+        assert f"for job orders from {ids[0]}, which starts the job from this savepoint in a fresh checkpoint location." \
+            in said, said  # the savepoint is named as the source, never as the location
         shown = notice(browser)
         runs = {run["dag_run_id"]: run for run in dag_runs(c, "restore_from_savepoint")}
         assert len(runs) == before + 1 and shown["run"] in runs, (shown, list(runs))

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -104,12 +105,23 @@ def print_savepoints(workdir: Path) -> list:
     return records
 
 
+def pin_demo_paths(jobs_file: Path, workdir: Path) -> None:
+    """Make the defaults of the jobs file's ``${SAVEPOINTS_DEMO_HOME:-…}`` and ``${SAVEPOINTS_DEMO_APP:-…}`` this
+    demo's folder and application, so a command reading that file later (``job status demo-dedup --jobs-file
+    <workdir>/dags/jobs.yaml``) finds the demo's savepoints without the variables; set, they still win."""
+    text = jobs_file.read_text()
+    for variable, value in (("SAVEPOINTS_DEMO_HOME", workdir), ("SAVEPOINTS_DEMO_APP", app.__file__)):
+        text = re.sub(rf"\$\{{{variable}:-[^}}]*\}}", lambda _, v=variable, p=value: f"${{{v}:-{p}}}", text)
+    jobs_file.write_text(text)
+
+
 def prepare(workdir: Path) -> tuple[Path, Path]:
     """A fresh work folder with the example DAGs and an Airflow metadata database: (DAGs folder, task log)."""
     shutil.rmtree(workdir, ignore_errors=True)
     (workdir / "airflow").mkdir(parents=True)
     dags = workdir / "dags"
     install_example_dags(dags)
+    pin_demo_paths(dags / "jobs.yaml", workdir)
     os.environ.update(airflow_environment(workdir, dags))
     log_file = workdir / "airflow-tasks.log"
     console.rule("[bold]airflow-savepoints demo")
@@ -174,8 +186,8 @@ def run(workdir: Path, rounds: int, interval: float) -> int:
             restarted = run_dag(dags, "restore_from_savepoint", log_file, job=JOB)["restore_and_start"]
         next_file = arriving.index
         console.print(f"restore_from_savepoint: restored batch {restarted['restored']['batch_id']} of "
-                      f"{infos[-1].pointer}\n  into {restarted['checkpoint']}; the job resumed and committed "
-                      f"batch {restarted['first_batch']}")
+                      f"{infos[-1].pointer}\n  into {restarted['checkpoint']}; the job is live again at batch "
+                      f"{restarted['first_batch']}")
         deadline = time.monotonic() + 120
         while app.committed_event_ids(workdir / "output") != sorted(sent) and time.monotonic() < deadline:
             time.sleep(1)

@@ -36,6 +36,7 @@ h1 { font-size: 20px; font-weight: 600; margin: 0; }
 h2 { font-size: 16px; font-weight: 600; margin: 0; }
 h3 { font-size: 13px; font-weight: 600; margin: 16px 0 6px; color: var(--fg-muted); text-transform: uppercase;
   letter-spacing: .04em; }
+h3 .id { text-transform: none; letter-spacing: 0; font-family: var(--mono); font-weight: 500; }
 a { color: var(--info); text-decoration: none; } a:hover { text-decoration: underline; }
 button { font: inherit; font-size: 13px; color: var(--fg); background: transparent; border: 1px solid var(--border);
   border-radius: 6px; padding: 3px 10px; cursor: pointer; white-space: nowrap; }
@@ -95,9 +96,12 @@ tr.job .reason { max-width: 280px; overflow-wrap: anywhere; display: -webkit-box
 .chart figcaption { font-size: 12px; color: var(--fg-muted); }
 table.history td.wrap { white-space: normal; }
 #detail { position: fixed; top: 0; right: 0; bottom: 0; width: min(680px, 60vw); overflow: auto; z-index: 10;
-  border-left: 1px solid var(--border); background: var(--bg); padding: 12px 16px; box-shadow: -8px 0 24px rgba(0, 0, 0, .18); }
+  border-left: 1px solid var(--border); background: var(--bg); padding: 0 16px 12px; box-shadow: -8px 0 24px rgba(0, 0, 0, .18); }
 #detail[hidden] { display: none; }
-#detail header { margin-bottom: 8px; }
+#detail > header { position: sticky; top: 0; z-index: 1; background: var(--bg); padding: 12px 0 8px; margin-bottom: 8px;
+  border-bottom: 1px solid var(--border); }
+#detail > .empty, #detail > .banner { margin-top: 12px; }
+.chart svg .axis text { stroke: none; }
 dl.facts { display: grid; grid-template-columns: 170px 1fr; gap: 4px 16px; margin: 0; }
 dl.facts dt { color: var(--fg-muted); } dl.facts dd { margin: 0; overflow-wrap: anywhere; }
 .copyline { display: flex; gap: 8px; align-items: center; margin: 4px 0; }

@@ -206,8 +206,8 @@ function actionButton(name, conf, subject) {
 }
 
 async function runAction(action, conf, subject) {
-  const text = `This triggers a run of the DAG ${action.dag_id}, which ${action.description}` +
-    (subject ? ` (${subject})` : "") + "." + (action.paused ? " The DAG is paused: the run waits until it is unpaused." : "") +
+  const text = `This triggers a run of the DAG ${action.dag_id}` + (subject ? ` for ${subject}` : "") +
+    `, which ${action.description}.` + (action.paused ? " The DAG is paused: the run waits until it is unpaused." : "") +
     (action.stops_job ? " The job stops: its sink gets no new data until it is restored." : "");
   const chosen = await confirmAction(action.label + (subject ? ": " + subject : "") + "?", text, action.stops_job, action.options);
   if (chosen === null) return;
@@ -290,7 +290,7 @@ function jobRow(job) {
   row.append(el("td", {title: stateTitle}, job.state ? badge(job.state) : el("span", {class: "muted", text: "\u2014"}), reason),
     el("td", {class: "num", text: job.last_batch ?? ""}), el("td", {}, newest), el("td", {class: "wrap"}, counts),
     el("td", {class: "num", text: size(job.total_bytes)}),
-    el("td", {}, el("div", {class: "actions"}, LIVE.includes(job.state) ? actionButton("stop", {job: job.job}, job.job) : null)));
+    el("td", {}, el("div", {class: "actions"}, LIVE.includes(job.state) ? actionButton("stop", {job: job.job}, `job ${job.job}`) : null)));
   return row;
 }
 
@@ -366,14 +366,24 @@ function svg(tag, attrs, ...children) {
 function trendChart(title, points, format) {  // points oldest first: {t: ms, v: number, label}
   if (points.length < 2) return el("figure", {class: "chart", data: {chart: title}},
     el("figcaption", {class: "muted", text: `${title}: a trend needs two completed savepoints`}));
-  const width = 280, height = 60, pad = 5, values = points.map(p => p.v), times = points.map(p => p.t);
-  const first = Math.min(...times), last = Math.max(...times), top = Math.max(...values) || 1;
-  const x = t => pad + (last === first ? 0 : (t - first) / (last - first)) * (width - 2 * pad);
-  const y = v => height - pad - v / top * (height - 2 * pad);
+  const width = 320, height = 96, left = 58, right = 8, top = 6, bottom = 20;
+  const values = points.map(p => p.v), times = points.map(p => p.t);
+  const first = Math.min(...times), last = Math.max(...times), highest = Math.max(...values) || 1;
+  const x = t => left + (last === first ? 0 : (t - first) / (last - first)) * (width - left - right);
+  const y = v => height - bottom - v / highest * (height - top - bottom);
   const line = points.map((p, i) => `${i ? "L" : "M"}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
+  const label = (text, attrs) => svg("text", {"font-size": 10, fill: "var(--fg-muted)", ...attrs}, text);
+  const when = p => p.label.slice(5, 16);  // "MM-DD hh:mm" of formatTime's "YYYY-MM-DD hh:mm:ss zone"
+  const axes = svg("g", {class: "axis", stroke: "var(--border)"},
+    svg("line", {x1: left, y1: top, x2: left, y2: height - bottom}),
+    svg("line", {x1: left, y1: height - bottom, x2: width - right, y2: height - bottom}),
+    label(format(highest), {x: left - 4, y: top + 8, "text-anchor": "end", "data-axis": "y"}),
+    label(format(0) || "0", {x: left - 4, y: height - bottom, "text-anchor": "end", "data-axis": "y"}),
+    label(when(points[0]), {x: left, y: height - 6, "text-anchor": "start", "data-axis": "x"}),
+    label(when(points[points.length - 1]), {x: width - right, y: height - 6, "text-anchor": "end", "data-axis": "x"}));
   return el("figure", {class: "chart", data: {chart: title}},
-    el("figcaption", {text: `${title}: latest ${format(values[values.length - 1])}, highest ${format(top)}`}),
-    svg("svg", {viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": `${title} over time`},
+    el("figcaption", {text: `${title}: latest ${format(values[values.length - 1])}, highest ${format(highest)}`}),
+    svg("svg", {viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": `${title} over time`}, axes,
       svg("path", {d: line, fill: "none", stroke: "currentColor", "stroke-width": 1.5}),
       ...points.map(p => svg("circle", {cx: x(p.t).toFixed(1), cy: y(p.v).toFixed(1), r: 2.5, fill: "currentColor"},
         svg("title", {}, `${p.label}: ${format(p.v)}`)))));
@@ -425,8 +435,8 @@ function historyView(job, history) {
       trendChart("Duration", done.filter(e => e.duration_s !== null).map(point(e => e.duration_s)), elapsed)));
     parts.push(historyTable(job, history.history));
   }
-  if (history.operators) parts.push(el("h3", {text: `State per operator (newest savepoint ${history.operators.savepoint_id})`}),
-    operatorsTable(history.operators));
+  if (history.operators) parts.push(el("h3", {}, "State per operator (newest savepoint ",
+    el("span", {class: "id", text: history.operators.savepoint_id}), ")"), operatorsTable(history.operators));
   return el("div", {class: "history-view", data: {job}}, ...parts);
 }
 
@@ -526,12 +536,41 @@ function stateSummaryView(state) {  // recorded by InspectSavepointOperator: row
     ...state.limits.map(text => el("div", {class: "muted", text}))];
 }
 
+function providerName(provider) {  // Spark's class name, short enough for its column; the whole name is the title
+  const name = (provider || "").split(".").pop();
+  if (!name) return "default (HDFS-backed)";
+  if (name === "HDFSBackedStateStoreProvider") return "HDFS-backed";
+  if (name === "RocksDBStateStoreProvider") return "RocksDB";
+  return name.replace(/StateStoreProvider$/, "") || name;
+}
+
+function offsetText(offset) {  // one source's committed position, as a reader says it
+  if (offset === null || offset === undefined) return ["no data yet"];
+  if (typeof offset === "object" && Number.isInteger(offset.logOffset)) return [`file source log entry ${offset.logOffset}`];
+  const topics = typeof offset === "object" ? Object.entries(offset) : [];
+  if (topics.length && topics.every(([, parts]) => parts && typeof parts === "object" &&
+      Object.values(parts).every(Number.isInteger))) {  // Kafka: {"topic": {"partition": offset}}
+    return topics.flatMap(([topic, parts]) => Object.entries(parts).map(([part, at]) => `${topic} partition ${part}: offset ${at}`));
+  }
+  return [typeof offset === "string" ? offset : JSON.stringify(offset)];
+}
+
+function sourceOffsetsView(offsets) {
+  const sources = Object.entries(offsets);
+  if (!sources.length) return el("div", {class: "empty", text: "The savepoint records no source offsets."});
+  return el("table", {class: "offsets"},
+    el("colgroup", {}, el("col", {style: "width:18%"}), el("col", {})),
+    el("thead", {}, el("tr", {}, el("th", {text: "Source"}), el("th", {text: "Committed position (what a restore resumes after)"}))),
+    el("tbody", {}, sources.map(([source, offset]) => el("tr", {data: {source}}, el("td", {text: source}),
+      el("td", {class: "wrap"}, ...offsetText(offset).flatMap((line, i) => i ? [el("br"), line] : [line]))))));
+}
+
 function detailView(answer) {
   const sp = answer.savepoint, manifest = answer.manifest || {}, detail = answer.detail || {};
   const close = el("button", {type: "button", text: "Close",
     onclick: () => { ui.selected = null; $("detail").hidden = true; renderJobs(); }});
   const restore = sp.state === "completed" && !sp.conflict ? actionButton("restore", {job: sp.job, pointer: sp.pointer},
-    sp.savepoint_id) : null;
+    `job ${sp.job} from ${sp.savepoint_id}`) : null;
   const head = el("header", {}, el("h2", {class: "mono", text: sp.savepoint_id}), badge(sp.type), badge(sp.state),
     sp.conflict ? badge("conflict", "conflict", sp.conflict) : null, el("span", {class: "spacer"}), restore, close);
   const facts = el("dl", {class: "facts"},
@@ -556,14 +595,13 @@ function detailView(answer) {
     parts.push(detail.state_stores.length ? el("table", {class: "stores"},
       el("thead", {}, el("tr", {}, ["Operator", "Provider", "Format", "Partitions", "Files", "Size"].map(n => el("th", {text: n})))),
       el("tbody", {}, detail.state_stores.map(s => el("tr", {}, el("td", {text: s.operator}), el("td",
-        {text: (s.provider || "default").split(".").pop(), title: s.provider || ""}),
+        {class: "wrap", text: providerName(s.provider), title: s.provider || ""}),
         el("td", {text: "v" + s.format_version}), el("td", {text: s.partitions}), el("td", {text: s.files}), el("td",
           {text: size(s.bytes)})))))
       : el("div", {class: "empty", text: "A stateless query: no state store files."}));
   }
   if (detail.state_summary) parts.push(...stateSummaryView(detail.state_summary));
-  if (answer.manifest) parts.push(el("h3", {text: "Source offsets"}), el("pre", {text: JSON.stringify(manifest.source_offsets,
-    null, 2)}));
+  if (answer.manifest) parts.push(el("h3", {text: "Source offsets"}), sourceOffsetsView(manifest.source_offsets || {}));
   return parts;
 }
 
