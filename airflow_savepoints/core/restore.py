@@ -301,9 +301,10 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     (``copy_mode="stream"`` always streams); every file's CRC32C is checked against the manifest
     either way (read from the linked inode, or computed by the store).
 
-    Refused before anything is written: a savepoint older than ``max_age``; a file sink past it
-    (``sink_path``); input files a file source will read again that are gone, or Kafka records its Kafka
-    sources would start at that were deleted, asked of ``kafka_bootstrap_servers`` (unless
+    Refused before anything is written: a savepoint older than ``max_age``; a sink past it or one that would get
+    batches again (``sink_path``, ``sink_kind``, ``sink_app_id``, ``rerun_until``, ``allow_repeats``, ``reprocess``:
+    :func:`plan_sink`, reported in the result's ``sink``); input files a file source will read again that are gone,
+    or Kafka records its Kafka sources would start at that were deleted, asked of ``kafka_bootstrap_servers`` (unless
     ``skip_missing_input``; see ``core/input_check.py``).
 
     ``state_partitions=N`` rescales the state: after the copy, Spark's offline repartition (Spark 4.2+,

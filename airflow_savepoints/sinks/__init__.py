@@ -138,7 +138,7 @@ class DeltaSink(Sink):
 class ForeachBatchSink(DeltaSink):
     """``foreachBatch``: at least once, unless ``app_id`` says it writes Delta with ``txnAppId``/``txnVersion``."""
 
-    kind = "foreach_batch"
+    kind, needs_path = "foreach_batch", False
 
     def __init__(self, path: str | None = None, storage_options: dict[str, Any] | None = None, app_id: str | None = None):
         Sink.__init__(self, path, storage_options, app_id)
