@@ -16,7 +16,7 @@ import pytest
 
 from airflow_savepoints.core import restore_savepoint, take_savepoint
 from airflow_savepoints.errors import InvalidInputError, SinkAheadError, SinkRepeatsError
-from airflow_savepoints.sinks import DeltaLog
+from airflow_savepoints.sinks import DeltaLog, DeltaLogError
 from airflow_savepoints.storage import Store
 from tests.support.emulators import JARS, jar_files
 
@@ -143,6 +143,20 @@ def test_the_log_reader_agrees_with_delta_with_and_without_a_checkpoint(spark, r
     assert _names(snapshot.live) == _names(spark.read.format("delta").load(str(table)).inputFiles())
 
 
+def test_the_log_reader_falls_back_to_an_older_checkpoint_and_names_a_gap(run, tmp_path):
+    """_last_checkpoint names a checkpoint that is gone: the older one and the commits after it give the same snapshot;
+    a commit missing after it is a gap no checkpoint covers (delta_log_unreadable), never a guess."""
+    table = _copy(run, tmp_path)
+    whole = DeltaLog(Store(str(table))).snapshot()
+    (table / "_delta_log" / f"{M + 1:020d}.checkpoint.parquet").unlink()
+    older = DeltaLog(Store(str(table))).snapshot()
+    assert (older.checkpoint, older.version, older.txns, older.live) == (M - 1, whole.version, whole.txns, whole.live)
+    (table / "_delta_log" / f"{M:020d}.json").unlink()
+    with pytest.raises(DeltaLogError, match=f"commit {M} is missing") as gap:
+        DeltaLog(Store(str(table))).snapshot()
+    assert gap.value.code == "delta_log_unreadable"
+
+
 def _names(paths) -> set[str]:
     return {os.path.basename(p) for p in paths}
 
@@ -162,6 +176,15 @@ def test_an_older_savepoint_is_refused_with_the_figures(run, tmp_path):
         restore_savepoint(run["saved"][N].pointer, str(target), sink_path=str(table), sink_kind="delta", reprocess=True)
     with pytest.raises(SinkAheadError, match=f"recorded txn {M}"):  # the kind found from the table's _delta_log
         restore_savepoint(run["saved"][N].pointer, str(target), sink_path=str(table))
+    assert not target.exists()
+
+
+def test_reprocess_counts_rows_rewritten_by_optimize_as_still_there(spark, run, tmp_path):
+    """OPTIMIZE removes batch N+1's files without a data change: their rows are still in the table, reprocess refused."""
+    table, target = _copy(run, tmp_path), tmp_path / "restored"
+    spark.sql(f"OPTIMIZE delta.`{table}`")
+    with pytest.raises(SinkAheadError, match="rewritten without a data change"):
+        restore_savepoint(run["saved"][N].pointer, str(target), sink_path=str(table), sink_kind="delta", reprocess=True)
     assert not target.exists()
 
 
