@@ -73,7 +73,7 @@ azurite:
 # with the AWS SDK modules s3a uses, Hadoop's NameNode and DataNode (hadoop-hdfs, 68 MB). Each set is fetched once with `mvn dependency:copy-dependencies`
 # (its pom in tests/support/jars/) into .tools/jars/<set>, Maven's own cache in .tools/m2; a set already there is
 # skipped. Without Maven those tests are skipped with the reason.
-JAR_SETS := kafka-broker spark-kafka s3a hdfs
+JAR_SETS := kafka-broker spark-kafka s3a hdfs delta
 MVN := mvn -q -B -Dmaven.repo.local=$(CURDIR)/.tools/m2
 
 jars:

@@ -164,7 +164,18 @@ class SymlinkError(InvalidInputError):
 
 
 class SinkAheadError(RestoreError):
+    """The sink recorded batches past the savepoint (a file sink's log, a Delta table's txn version): the restored
+    run would re-run them and the sink would skip them, dropping their output. Ways out: restore a later
+    savepoint; for Delta, ``reprocess`` once those batches' rows are gone from the table."""
+
     code = "sink_ahead"
+
+
+class SinkRepeatsError(RestoreError):
+    """An at-least-once sink (Kafka, ``foreach``, ``foreachBatch`` without a txn id) would get batches N+1..M again.
+    Ways out: restore a later savepoint, or accept the duplicates (``allow_repeats``)."""
+
+    code = "sink_repeats"
 
 
 class SavepointTooOldError(RestoreError):

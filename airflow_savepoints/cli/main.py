@@ -43,6 +43,7 @@ from airflow_savepoints.cli.output import err, out
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.names import CATALOG_FILE
 from airflow_savepoints.errors import MissingBackendError
+from airflow_savepoints.sinks import KINDS
 
 # Each command imports what it uses (`core` on first use): `--version`, `--help` and `list` start fast.
 
@@ -279,12 +280,23 @@ def verify(
           f"[green]ok[/]: {location.url}: {len(manifest.files)} files, {_human_size(manifest.total_bytes)} verified")
 
 
+SinkKind = StrEnum("SinkKind", {k: k for k in KINDS})
+
+
 @option_group
 class RestoreChecks:
     """What a restore checks before it copies anything."""
 
     sink_path: Annotated[str | None, typer.Option(
-        help="The job's file sink output path: refuse if it is past the savepoint.")] = None
+        help="The job's sink location (a file sink's output path, a Delta table): refuse if it is past the savepoint.")] = None
+    sink_kind: Annotated[SinkKind | None, typer.Option(
+        help="What the sink is (with no kind, --sink-path is a file sink, or Delta if it holds _delta_log).")] = None
+    sink_app_id: Annotated[str | None, typer.Option(
+        help="A foreach_batch sink writing Delta with txnAppId: that appId (query_id: the query id).")] = None
+    rerun_until: Annotated[int | None, typer.Option(
+        min=0, help="The job's last committed batch M: the restored run runs N+1..M again.")] = None
+    allow_repeats: Annotated[bool, typer.Option(
+        help="Restore though an at-least-once sink (kafka, foreach, foreach_batch) gets batches N+1..M again.")] = False
     max_age: MaxAgeOption = None
     skip_missing_input: SkipMissingInputOption = False
     kafka_bootstrap_servers: Annotated[str | None, typer.Option(
@@ -299,6 +311,9 @@ def restore(
     to: Annotated[str, typer.Option("--to", help="A new, empty checkpoint location.")],
     *,
     new_query_id: Annotated[bool, typer.Option(help="Give the restored query a new id (a fork).")] = False,
+    reprocess: Annotated[bool, typer.Option(help=(
+        "Delta: give the restored query a new id so Delta writes the batches it recorded again; only once their rows "
+        "are gone from the table (a table RESTORE)."))] = False,
     state_partitions: StatePartitionsOption = None,
     checks: RestoreChecks,
     conn_id: ConnOption = None,
@@ -307,7 +322,8 @@ def restore(
 ) -> None:
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
     with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
-        result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, **dataclasses.asdict(checks),
+        result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, reprocess=reprocess,
+                                        **{**dataclasses.asdict(checks), "sink_kind": checks.sink_kind and checks.sink_kind.value},
                                         state_partitions=state_partitions, storage_options=storage_options(conn_id),
                                         on_event=on_event)
     confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
@@ -318,6 +334,7 @@ def restore(
                  else f"\n  the state already has {state_partitions} partitions: restored as is")
     _emit(as_json, result.model_dump(mode="json"),
           f"[green]restored[/] batch {result.batch_id} into {result.checkpoint} (query {result.query_id}){scale}\n"
+          f"  sink: {escape(result.sink.detail)}\n"
           f"  start the query with checkpointLocation={result.checkpoint} and {confs}")
 
 

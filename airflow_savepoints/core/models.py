@@ -21,6 +21,7 @@ from pydantic import (
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.names import MANIFEST_FILE
 from airflow_savepoints.errors import InvalidInputError, InvalidJobNameError
+from airflow_savepoints.sinks import SinkReport
 
 MANIFEST_FORMAT = "airflow-savepoints/savepoint"
 MANIFEST_VERSION = 2  # the newest this release reads and writes: 2 when a file names its own checksum kind
@@ -261,3 +262,4 @@ class RestoreResult(BaseModel):
     rescaled: bool = False  # Spark rewrote the state into the asked partition count (False: none asked, or already so)
     repartition_batch_id: int | None = None  # the batch Spark's repartition wrote; the query continues after it
     dropped_trailing_batch: int | None = None  # the savepoint's planned, uncommitted batch left out of the copy
+    sink: SinkReport = Field(default_factory=lambda: SinkReport(kind="unknown"))  # what the sink sees of the re-run batches

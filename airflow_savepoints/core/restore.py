@@ -47,11 +47,13 @@ from airflow_savepoints.errors import (
     InvalidInputError,
     SavepointTooOldError,
     SinkAheadError,
+    SinkRepeatsError,
     StorageError,
     TargetClaimedError,
     TargetNotEmptyError,
     VerificationError,
 )
+from airflow_savepoints.sinks import DeltaSink, FileSink, Sink, SinkReport, file_sink_latest_batch, sink_for
 from airflow_savepoints.storage import FileStat, Store
 from airflow_savepoints.storage.store import SourceChangedError
 
@@ -106,17 +108,6 @@ def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None
     return location, manifest
 
 
-def file_sink_latest_batch(sink: Store) -> int | None:
-    """The newest batch id recorded in a file sink's ``_spark_metadata`` log, if any."""
-    latest = None
-    for path in sink.list_files("_spark_metadata"):
-        name = path.split("/")[-1]
-        match = formats.BATCH_FILE.match(name) or formats.COMPACT_FILE.match(name)
-        if match and "/" not in path:
-            latest = max(latest if latest is not None else -1, int(match.group(1)))
-    return latest
-
-
 def check_sink(manifest: SavepointManifest, sink_path: str, storage_options: dict[str, Any] | None,
                committed_only: bool = False) -> None:
     """Refuse a restore that a file sink would silently skip (its log is past the savepoint).
@@ -147,6 +138,117 @@ def check_sink(manifest: SavepointManifest, sink_path: str, storage_options: dic
         )
 
 
+def _allowed(manifest: SavepointManifest, committed_only: bool) -> int:
+    """The highest batch a skipping sink may hold: N, or N+1 when the savepoint plans N+1 with its offsets and
+    complete state (Spark re-runs N+1 with the same offsets and the sink skips it, as in its own crash recovery)."""
+    return manifest.batch_id + 1 if manifest.includes_next_offsets and manifest.includes_next_state and not committed_only \
+        else manifest.batch_id
+
+
+def _span(first: int, last: int | None) -> list[int] | None:
+    return [first, last] if last is not None and last >= first else None
+
+
+def plan_sink(manifest: SavepointManifest, request: RestoreRequest, committed_only: bool = False) -> SinkReport:
+    """What the sink will see of the batches the restored run runs again, checked before anything is written.
+
+    Refused: a skipping sink (file, Delta) past the savepoint (``sink_ahead``); ``reprocess`` while the rows of the
+    batches it would write again are still in the Delta table (``sink_ahead``); an at-least-once sink with
+    ``rerun_until`` M > N unless ``allow_repeats`` (``sink_repeats``)."""
+    sink = sink_for(request.sink_kind, request.sink_path, request.sink_storage_options, request.sink_app_id)
+    n, until = manifest.batch_id, request.rerun_until
+    if request.reprocess and not (isinstance(sink, DeltaSink) and sink.on_rerun == "skipped"):
+        raise InvalidInputError(
+            f"reprocess is for a Delta sink (it gives the restored query a new id, so Delta writes the batches it would "
+            f"skip), not a {sink.kind if sink else 'missing'} sink",
+            "declare the Delta table (--sink-path P --sink-kind delta), or restore without --reprocess; nothing was restored")
+    if sink is None:
+        rerun = _span(n + 1, until)
+        return SinkReport(kind="unknown", rerun=rerun, on_rerun="unknown", detail=(
+            f"no sink was given: what it does with batches {rerun[0]}..{rerun[1]}, which the restored run runs again, is "
+            "not checked" if rerun else "no sink was given: what it does with batches the restored run runs again is not checked"))
+    if isinstance(sink, FileSink):
+        check_sink(manifest, sink.path or "", sink.storage_options, committed_only=committed_only)
+        recorded = sink.recorded_batch(manifest.query_id)
+        return _skipping_report(sink, n, recorded, until, f"batches its _spark_metadata log holds (up to {recorded})"
+                                if recorded is not None else "nothing: its log is empty")
+    if isinstance(sink, DeltaSink) and sink.on_rerun == "skipped":
+        return _plan_delta(manifest, sink, request, committed_only)
+    rerun = _span(n + 1, until)
+    if sink.on_rerun == "unknown":
+        return SinkReport(kind=sink.kind, rerun=rerun, on_rerun="unknown", detail=(
+            f"the {sink.describe()} is of a kind not checked here: the restored run runs batches {rerun[0]}..{rerun[1]} again "
+            "and what the sink does with them is unknown" if rerun else
+            f"the {sink.describe()} is of a kind not checked here; no batch after {n} is known to have run"))
+    if rerun and not request.allow_repeats:
+        count = rerun[1] - rerun[0] + 1
+        raise SinkRepeatsError(
+            f"the {sink.describe()} records no batch ids, so the restored run writes batches {rerun[0]}..{rerun[1]} "
+            f"({count} batch{'es' if count > 1 else ''}) to it again: the job already ran to batch {until} and the "
+            f"savepoint is at batch {n}",
+            f"restore a savepoint at batch >= {until}, or accept the {count} repeated batches with --allow-repeats "
+            "(allow_repeats=True); nothing was restored")
+    return SinkReport(kind=sink.kind, rerun=rerun, on_rerun="written_again", recorded_batch=None, detail=(
+        f"the {sink.describe()} gets batches {rerun[0]}..{rerun[1]} again (at least once: duplicates of their output, "
+        "accepted)" if rerun else
+        f"the {sink.describe()} writes again any batch after {n} that already ran; none is known (rerun_until not given "
+        f"or <= {n})"))
+
+
+def _skipping_report(sink: Sink, n: int, recorded: int | None, until: int | None, holds: str) -> SinkReport:
+    last = max(x for x in (recorded, until, n) if x is not None)
+    rerun = _span(n + 1, last)
+    return SinkReport(kind=sink.kind, rerun=rerun, on_rerun="skipped", recorded_batch=recorded, detail=(
+        f"the {sink.describe()} holds {holds}: the restored run runs batches {rerun[0]}..{rerun[1]} again and the sink "
+        "skips each batch it already recorded (exactly once)" if rerun else
+        f"the {sink.describe()} holds {holds}: no batch after {n} ran, nothing is run again"))
+
+
+def _plan_delta(manifest: SavepointManifest, sink: DeltaSink, request: RestoreRequest, committed_only: bool) -> SinkReport:
+    """A Delta table (a ``format("delta")`` sink, or ``foreachBatch`` with ``txnAppId``): its txn version for the
+    savepoint's query id (or the declared appId) against the savepoint's batch."""
+    n, qid = manifest.batch_id, manifest.query_id
+    txn = sink.recorded_batch(qid)
+    app = sink.app_id_for(qid)
+    version = sink.snapshot().version if sink.log.exists() else None
+    if request.reprocess:
+        if not sink.follows_query_id:
+            raise InvalidInputError(
+                f"reprocess gives the restored query a new id, but the {sink.describe()} records its batches under the "
+                f"fixed appId {app!r}, which a new query id does not change: Delta would still skip them",
+                "let the job's foreachBatch write the re-run batches under a new txnAppId (and declare it), or restore a "
+                "later savepoint; nothing was restored")
+        if txn is not None and txn > n:
+            still, why = sink.rows_still_there(qid, n + 1, txn)
+            if still is not False:
+                raise SinkAheadError(
+                    f"reprocess would write batches {n + 1}..{txn} to the Delta table at {sink.path} again, but {why}: "
+                    "their rows would be there twice",
+                    f"RESTORE the table to a version before batch {n + 1}'s commit first, or restore a savepoint at batch "
+                    f">= {txn} without --reprocess; nothing was restored")
+            rerun = _span(n + 1, max(txn, request.rerun_until or txn))
+            return SinkReport(kind=sink.kind, rerun=rerun, on_rerun="written_again", recorded_batch=txn, detail=(
+                f"reprocess: the restored query gets a new id, so the Delta table at {sink.path} (version {version}, txn "
+                f"{txn} for the old query id) writes batches {rerun[0]}..{rerun[1]} again; {why}"))
+        rerun = _span(n + 1, request.rerun_until)
+        return SinkReport(kind=sink.kind, rerun=rerun, on_rerun="written_again", recorded_batch=txn, detail=(
+            f"reprocess: the restored query gets a new id; the Delta table at {sink.path} recorded no batch after {n} "
+            f"for the old one (txn {txn}), so nothing is written twice"))
+    allowed = _allowed(manifest, committed_only)
+    if txn is not None and txn > allowed:
+        commit = sink.log.txn_commits(app, allowed + 1, allowed + 1, version or 0).get(allowed + 1)
+        before = f" (to version {commit.version - 1}, before batch {allowed + 1}'s commit {commit.version})" if commit else ""
+        raise SinkAheadError(
+            f"the Delta table at {sink.path} (version {version}) recorded txn {txn} for appId {app}, past the savepoint's "
+            f"batch {n}: Delta would skip batches {allowed + 1}..{txn} as already written, silently dropping their new "
+            "output, and a stateful query would then fail on missing state",
+            f"restore a savepoint at batch >= {txn}; or, to write those batches again (a bug fix), RESTORE the table{before} "
+            "and restore with --reprocess (reprocess=True: a new query id); nothing was restored")
+    return _skipping_report(sink, n, txn, request.rerun_until,
+                            f"txn {txn} for appId {app} (table version {version})" if txn is not None else
+                            f"no txn for appId {app}" + (f" (table version {version})" if version is not None else " (no table yet)"))
+
+
 class RestoreRequest(Request):
     """What a caller asks of :func:`restore_savepoint` (its keyword arguments are these fields)."""
 
@@ -157,6 +259,11 @@ class RestoreRequest(Request):
     storage_options: dict[str, Any] | None = None
     target_storage_options: dict[str, Any] | None = None
     sink_storage_options: dict[str, Any] | None = None
+    sink_kind: str | None = None  # sinks.KINDS; None with a sink_path: a file sink (a Delta table if it holds _delta_log)
+    sink_app_id: str | None = None  # a foreach_batch sink's Delta txnAppId ("query_id": the query id)
+    reprocess: bool = False  # Delta: a new query id, so the batches it recorded are written again (their rows must be gone)
+    rerun_until: int | None = Field(default=None, ge=0)  # M: the job's last committed batch, if the caller knows it
+    allow_repeats: bool = False  # restore though an at-least-once sink gets batches N+1..M again
     parallelism: int | None = Field(default=None, ge=1)  # None: copier.default_parallelism
     copy_mode: CopyMode = "auto"
     prefer_secondary: bool = True
@@ -194,9 +301,10 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     (``copy_mode="stream"`` always streams); every file's CRC32C is checked against the manifest
     either way (read from the linked inode, or computed by the store).
 
-    Refused before anything is written: a savepoint older than ``max_age``; a file sink past it
-    (``sink_path``); input files a file source will read again that are gone, or Kafka records its Kafka
-    sources would start at that were deleted, asked of ``kafka_bootstrap_servers`` (unless
+    Refused before anything is written: a savepoint older than ``max_age``; a sink past it or one that would get
+    batches again (``sink_path``, ``sink_kind``, ``sink_app_id``, ``rerun_until``, ``allow_repeats``, ``reprocess``:
+    :func:`plan_sink`, reported in the result's ``sink``); input files a file source will read again that are gone,
+    or Kafka records its Kafka sources would start at that were deleted, asked of ``kafka_bootstrap_servers`` (unless
     ``skip_missing_input``; see ``core/input_check.py``).
 
     ``state_partitions=N`` rescales the state: after the copy, Spark's offline repartition (Spark 4.2+,
@@ -219,8 +327,9 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
     rescale = plan_rescale(manifest, request.state_partitions, location.url, local=request.rescaler is None) \
         if request.state_partitions else None
     destination = _fresh_target(location, Store(target, request.target_storage_options))
-    if request.sink_path:
-        check_sink(manifest, request.sink_path, request.sink_storage_options, committed_only=bool(rescale and rescale.trailing))
+    sink = plan_sink(manifest, request, committed_only=bool(rescale and rescale.trailing))
+    if request.reprocess:
+        request = request.model_copy(update={"new_query_id": True})
     if not request.skip_missing_input:
         check_input(location, manifest, request.input_storage_options, request.kafka_bootstrap_servers,
                     request.kafka_options)
@@ -235,12 +344,12 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
             if secondary is not None:
                 try:
                     result = _restore_pinned(secondary, manifest, destination, request, on_event, rescale)
-                    return result.model_copy(update={"pointer": location.url, "restored_from": secondary.url})
+                    return result.model_copy(update={"pointer": location.url, "restored_from": secondary.url, "sink": sink})
                 except (VerificationError, FileNotFoundError, StorageError) as exc:
                     log.warning("the secondary copy %s is not usable (%s); restoring from the primary %s",
                                 secondary.url, getattr(exc, "message", exc), location.url)
             result = _restore_pinned(location, manifest, destination, request, on_event, rescale, listed)
-            return result.model_copy(update={"restored_from": location.url})
+            return result.model_copy(update={"restored_from": location.url, "sink": sink})
 
 
 def _fresh_target(location: Store, destination: Store) -> Store:

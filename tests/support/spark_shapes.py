@@ -32,16 +32,23 @@ DEFAULT_CONF = {
 
 
 def make_spark_session(app_name: str = "airflow-savepoints-tests"):
-    """The tests' local Spark session; with the jars ``make jars`` fetched (Spark's Kafka connector, s3a) when present."""
+    """The tests' local Spark session; with the jars ``make jars`` fetched (Spark's Kafka connector, s3a, Delta Lake) when
+    present. Delta's session extension and catalog are set with its jars (both are fixed when the JVM starts, and the
+    suite shares one session: tests/test_delta.py uses it)."""
     from pyspark.sql import SparkSession
 
     from tests.support.emulators import JARS, jar_files
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder
-    jars = jar_files(JARS / "spark-kafka") + jar_files(JARS / "s3a")
+    delta = jar_files(JARS / "delta")
+    jars = jar_files(JARS / "spark-kafka") + jar_files(JARS / "s3a") + delta
     if jars:
         builder = builder.config("spark.jars", ",".join(jars))
+    if delta:
+        builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+                   .config("spark.databricks.delta.snapshotPartitions", "2"))  # the log replay's tasks (50 by default)
     session = (
         builder.master("local[2]").appName(app_name)
         .config("spark.sql.shuffle.partitions", "2")
