@@ -30,6 +30,7 @@ from airflow_savepoints.errors import InvalidInputError
 if TYPE_CHECKING:  # the job modules are imported by the commands that run (not by every CLI start)
     from airflow_savepoints.jobs.description.model import StreamingJob
     from airflow_savepoints.jobs.workflows.run import JobContext
+    from airflow_savepoints.storage import Store
 
 app = typer.Typer(help="Start, stop (with a savepoint), cancel and watch streaming jobs from a jobs file.",
                   no_args_is_help=True)
@@ -137,6 +138,26 @@ class StartFrom:
                                                         "<checkpoint>-<suffix> (default <checkpoint>-<UTC time>).")] = None
     from_other_job: Annotated[bool, typer.Option("--from-other-job", help="Allow --from a savepoint of another job "
                                                  "or outside this job's folder of the savepoint root.")] = False
+    sink_path: Annotated[str | None, typer.Option("--sink-path", help="The job's sink, instead of the jobs file's "
+                                                  "sink: (its location).")] = None
+    sink_kind: Annotated[str | None, typer.Option("--sink-kind", help="The sink's kind: file, delta, kafka, foreach, "
+                                                  "foreach_batch or other (default: the jobs file's; a path alone: "
+                                                  "file, or delta when it holds _delta_log).")] = None
+    allow_repeats: Annotated[bool, typer.Option("--allow-repeats", help="Start even though an at-least-once sink gets "
+                                                "the batches after the savepoint again (else sink_repeats).")] = False
+    reprocess: Annotated[bool, typer.Option("--reprocess", help="Delta: a new query id, so the table gets the batches "
+                                            "after the savepoint again (only once their rows are gone).")] = False
+
+    def restore_checks(self, root: Store) -> dict[str, Any]:
+        """The restore's own choices, and the sink given here instead of the jobs file's (opened with the
+        savepoint directory's options when on the same kind of store)."""
+        checks = {"max_age": self.max_age, "skip_missing_input": self.skip_missing_input,
+                  "state_partitions": self.state_partitions, "allow_repeats": self.allow_repeats,
+                  "reprocess": self.reprocess}
+        if self.sink_path or self.sink_kind:
+            checks.update(sink_path=self.sink_path, sink_kind=self.sink_kind, sink_app_id=None,
+                          sink_storage_options=root.options_for(self.sink_path) if self.sink_path else None)
+        return checks
 
 
 def _log_dir(given: Path | None) -> Path:
@@ -164,11 +185,9 @@ def start(
             raise InvalidInputError("--from and --fresh exclude each other", "give one of them")
         ctx = target.context(job)
         result = lifecycle.start(ctx, submit_command=_submit_command(ctx), log_dir=_log_dir(log_dir),
-                                 pointer=origin.pointer, fresh=origin.fresh, max_age=origin.max_age,
-                                 skip_missing_input=origin.skip_missing_input,
-                                 state_partitions=origin.state_partitions,
-                                 target_checkpoint=origin.to, wait_timeout=wait_timeout,
-                                 allow_foreign_savepoint=origin.from_other_job)
+                                 pointer=origin.pointer, fresh=origin.fresh, target_checkpoint=origin.to,
+                                 wait_timeout=wait_timeout, allow_foreign_savepoint=origin.from_other_job,
+                                 **origin.restore_checks(ctx.root))
         return result, (f"[green]started[/] job {job}: run {result['run_id']} (pid {result['pid']} on {result['host']}), "
                         f"{'live at' if result.get('live') == 'heartbeat' else 'committed'} batch {result['first_batch']}"
                         f"\n  checkpoint {result['checkpoint']}\n  log {result['log_file']}")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_serializer, model_validator
 
 from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.core.redaction import REDACTED, redact_conf
@@ -28,12 +28,23 @@ class RetentionSettings(BaseModel):
 
 
 class SinkSettings(BaseModel):
-    """The job's sink, for restore safety checks (a file sink's log must not be past a savepoint)."""
+    """The job's sink: every restore of the job reads what it recorded and says what it will see of the
+    batches run again (``airflow_savepoints.sinks``): a file sink's log, a Delta table's transaction
+    version, the repeats an at-least-once sink gets."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["file", "delta", "kafka", "foreach", "other"] = "other"
+    kind: Literal["file", "delta", "kafka", "foreach", "foreach_batch", "other"] = "other"
     path: str | None = None
+    storage_options: dict[str, Any] | None = None  # fsspec options of the sink's store (default: the savepoints')
+    app_id: str | None = None  # foreach_batch writing Delta with txnAppId: that appId ("query_id": the query id)
+
+    @model_validator(mode="after")
+    def _known_to_the_restore(self) -> SinkSettings:
+        from airflow_savepoints.sinks import sink_for
+
+        sink_for(self.kind, self.path, self.storage_options, self.app_id)  # a path missing, an app id misplaced
+        return self
 
 
 class KafkaSettings(BaseModel):

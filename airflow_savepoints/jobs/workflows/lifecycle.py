@@ -170,7 +170,8 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     application_id = read_run(ctx.folder).application_id or (JobControl(control).heartbeat() or {}).get("application_id")
     return {"job": job.name, "run_id": run_id, "pid": run.pid, "host": run.host, "checkpoint": checkpoint,
             "first_batch": batch, "live": live, "log_file": run.log_file, "savepoint_dir": ctx.root.url,
-            "restored": restored, "application_id": application_id, "version": version.model_dump(),
+            "restored": restored, "sink": (restored or {}).get("sink"), "application_id": application_id,
+            "version": version.model_dump(),
             "start_batch": run.start_batch}
 
 
@@ -226,12 +227,26 @@ def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, targe
     elif not allow_foreign:
         own_savepoint(ctx, pointer)
     checkpoint = _new_checkpoint(ctx, target or f"{job.checkpoint.rstrip('/')}-{datetime.now(UTC):%Y%m%dT%H%M%S}")
-    sink = job.sink.path if job.sink and job.sink.kind == "file" else None
     kafka = {"kafka_bootstrap_servers": job.kafka.bootstrap_servers, "kafka_options": job.kafka.client_options} if job.kafka else {}
-    result = restore_savepoint(pointer, checkpoint, sink_path=sink, storage_options=root.storage_options,
-                               target_storage_options=ctx.checkpoint_options, **kafka, **restore_checks)
+    result = restore_savepoint(pointer, checkpoint, storage_options=root.storage_options,
+                               target_storage_options=ctx.checkpoint_options, **kafka,
+                               **{**sink_checks(ctx), **restore_checks})
     ctx.log(f"restored {pointer} (batch {result.batch_id}) into {checkpoint}")
     return checkpoint, result.spark_conf_to_set, result.model_dump(mode="json")
+
+
+def sink_checks(ctx: JobContext) -> dict[str, Any]:
+    """What a restore of the job checks of its sink: the jobs file's ``sink:``, and the last batch the job
+    committed (its recorded run's checkpoint), so the restore can say which batches run again."""
+    sink, run = ctx.job.sink, read_run(ctx.folder)
+    checks: dict[str, Any] = {}
+    if sink is not None and sink.kind != "other":
+        checks.update(sink_kind=sink.kind, sink_path=sink.path, sink_app_id=sink.app_id,
+                      sink_storage_options=sink.storage_options if sink.storage_options is not None
+                      else ctx.root.options_for(sink.path) if sink.path else None)
+    if run is not None and ctx.job.owns_checkpoint(run.checkpoint):
+        checks["rerun_until"] = checkpoint_progress(ctx.checkpoint(run.checkpoint))[0]
+    return checks
 
 
 def _resume_checkpoint(ctx: JobContext, checkpoint: str) -> tuple[str, dict[str, str], None]:
