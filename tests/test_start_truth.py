@@ -3,10 +3,10 @@
 One jobs.yaml job (tests/support/kafka_stream_app.py: Kafka in, a JSON file sink, the in-job helper),
 driven only through the CLI, with no hand edits to the job:
 
-1. a fresh start reads 300 records; while it idles, ``job status`` shows the checkpoint's last
+1. a fresh start reads 150 records; while it idles, ``job status`` shows the checkpoint's last
    commit (an idle trigger's progress names the next batch: the heartbeat used to say that one);
    it is stopped with a savepoint;
-2. 300 more records arrive and Kafka deletes 30 the savepoint resumes at (delete-records);
+2. 150 more records arrive and Kafka deletes 10 the savepoint resumes at (delete-records);
 3. ``job start`` refuses (``kafka_offsets_gone``) before anything runs;
 4. the same start with the check skipped (the job's ``kafka:`` left out) but the job not told:
    its first batch fails, and the start answers ``failed`` (exit 1) with Spark's message, not
@@ -14,7 +14,7 @@ driven only through the CLI, with no hand edits to the job:
    does after ``job stop``, which refuses naming the dead run;
 5. ``job start --skip-missing-input``: the helper reads Kafka with ``failOnDataLoss=false``; the run
    is live from the stop savepoint (the failed run registered none: it committed nothing), and its
-   sink holds every record but the 30 deleted.
+   sink holds every record but the 10 deleted.
 """
 
 from __future__ import annotations
@@ -82,12 +82,12 @@ def test_a_start_answers_failed_a_failure_stays_visible_and_skip_missing_input_r
     checked = write_jobs(tmp_path / "jobs.yaml", home, kafka_broker, kafka_topic, kafka_check=True)
     unchecked = write_jobs(tmp_path / "unchecked.yaml", home, kafka_broker, kafka_topic, kafka_check=False)
     job_folder, savepoints = Store(str(home / "savepoints" / "kafka")), Store(str(home / "savepoints"))
-    produce(kafka_broker, kafka_topic, range(300))  # 100 per partition: 3 batches of 100 (maxOffsetsPerTrigger)
+    produce(kafka_broker, kafka_topic, range(150))  # 50 per partition: 2 batches (maxOffsetsPerTrigger 100)
     try:
         code, started = cli("start", "kafka", "--fresh", "--wait-timeout", "240", "--jobs-file", checked)
         assert code == 0, started
-        wait_for(lambda: committed_event_ids(output) == list(range(300)), 180, "the first 300 records in the sink")
-        for _ in range(4):  # idle now: each no-data trigger's progress names the next batch id
+        wait_for(lambda: committed_event_ids(output) == list(range(150)), 180, "the first 150 records in the sink")
+        for _ in range(3):  # idle now: each no-data trigger's progress names the next batch id
             time.sleep(1)
             code, seen = cli("status", "kafka", "--jobs-file", checked)
             committed, _ = checkpoint_progress(Store(started["checkpoint"]))
@@ -97,9 +97,9 @@ def test_a_start_answers_failed_a_failure_stays_visible_and_skip_missing_input_r
     finally:
         stop_process(read_run(job_folder), grace=10)
 
-    produce(kafka_broker, kafka_topic, range(300, 600))
-    kafka_broker.delete_records(kafka_topic, {1: 130})  # partition 1's offsets 100..129: gone, as retention does
-    deleted = [i for i in range(300, 600) if i % PARTITIONS == 1][:30]
+    produce(kafka_broker, kafka_topic, range(150, 300))
+    kafka_broker.delete_records(kafka_topic, {1: 60})  # partition 1's offsets 50..59: gone, as retention does
+    deleted = [i for i in range(150, 300) if i % PARTITIONS == 1][:10]
 
     code, refused = cli("start", "kafka", "--jobs-file", checked)
     assert code == 1 and refused["error"]["code"] == "kafka_offsets_gone", refused
@@ -128,7 +128,7 @@ def test_a_start_answers_failed_a_failure_stays_visible_and_skip_missing_input_r
         assert code == 0 and live["restored"]["pointer"] == stopped["pointer"], live
         assert [s.type.value for s in list_savepoints(savepoints, "kafka")] == ["stop"]  # none of the failed run
         assert Path(failed_run.checkpoint).is_dir()  # kept, as RETAIN_ON_FAILURE says
-        expected = sorted(set(range(600)) - set(deleted))
+        expected = sorted(set(range(300)) - set(deleted))
         wait_for(lambda: committed_event_ids(output) == expected, 180, "every record but the deleted ones")
     finally:
         stop_process(read_run(job_folder), grace=10)
