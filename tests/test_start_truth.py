@@ -52,7 +52,9 @@ def write_jobs(path: Path, home: Path, broker, topic: str, *, kafka_check: bool)
     job = {"name": "kafka", "application": str(ROOT / "tests" / "support" / "kafka_stream_app.py"),
            "application_args": [broker.bootstrap, topic, "{checkpoint}", str(home / "output")], "master": "local[2]",
            "spark_conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
-                          "spark.jars": ",".join(jar_files(CONNECTOR_JARS))},
+                          "spark.jars": ",".join(jar_files(CONNECTOR_JARS)),
+                          # an idle query's progress (naming the next batch id) 1 s after its last batch, not 10 s
+                          "spark.sql.streaming.noDataProgressEventInterval": "1000"},
            "checkpoint": str(home / "checkpoint"), "savepoint_dir": str(home / "savepoints"),
            "checkpoint_retention": "RETAIN_ON_FAILURE", "sink": {"kind": "file", "path": str(home / "output")},
            "heartbeat_interval": 1}
@@ -87,7 +89,7 @@ def test_a_start_answers_failed_a_failure_stays_visible_and_skip_missing_input_r
         code, started = cli("start", "kafka", "--fresh", "--wait-timeout", "240", "--jobs-file", checked)
         assert code == 0, started
         wait_for(lambda: committed_event_ids(output) == list(range(150)), 180, "the first 150 records in the sink")
-        for _ in range(3):  # idle now: each no-data trigger's progress names the next batch id
+        for _ in range(4):  # idle now: each no-data trigger's progress names the next batch id
             time.sleep(1)
             code, seen = cli("status", "kafka", "--jobs-file", checked)
             committed, _ = checkpoint_progress(Store(started["checkpoint"]))
