@@ -7,7 +7,10 @@
 | NEVER_RETAIN_AFTER_TERMINATION | deleted | deleted |
 
 A kept checkpoint is also registered as a restorable ``retained_checkpoint`` savepoint of its last
-committed batch (a self-contained copy in the savepoint directory). Deleting the live checkpoint is
+committed batch (a self-contained copy in the savepoint directory), unless the run committed nothing
+past the batch it started from (``started_at``): that batch is the savepoint it was restored from
+(or its previous run's checkpoint), so a copy of it would only become the newest savepoint, the
+restore default, for a run that never worked. Deleting the live checkpoint is
 the only place the package deletes outside a savepoint directory, so it is guarded: the location
 must be a Spark checkpoint, and must not overlap the savepoint directory.
 """
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, Literal
 
+from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.models import SavepointInfo, SavepointType
 from airflow_savepoints.core.names import CHECKPOINT_METADATA
 from airflow_savepoints.core.savepoint import check_apart, take_savepoint
@@ -57,10 +61,13 @@ def apply_checkpoint_retention(
     savepoint_dir: str | Store,
     storage_options: dict[str, Any] | None = None,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    started_at: int | None = None,
     **written_by: Any,
 ) -> dict[str, Any]:
     """Keep (and register) or delete the terminated job's live checkpoint, as ``policy`` says.
 
+    ``started_at``: the newest committed batch when the run started (None: an empty checkpoint); a
+    kept checkpoint with no commit past it is not registered (``retained_savepoint`` None, ``note``).
     ``written_by``: what the run that wrote the checkpoint ran (``spark_version``, the driver's;
     ``job_version``), for the retained checkpoint's manifest."""
     policy = parse_policy(policy)
@@ -72,6 +79,12 @@ def apply_checkpoint_retention(
         return {"policy": policy.value, "termination": termination, "checkpoint": source.url, "action": "absent"}
     if policy.retains(termination):
         retained: SavepointInfo | None = None
+        last, _ = checkpoint_progress(source) if started_at is not None else (None, None)
+        if started_at is not None and (last is None or last <= started_at):
+            return {"policy": policy.value, "termination": termination, "checkpoint": source.url, "action": "retained",
+                    "retained_savepoint": None,
+                    "note": f"not registered as a savepoint: the run committed nothing past batch {started_at}, "
+                            "the one it started from"}
         try:
             retained = take_savepoint(source, job, savepoint_dir=root, savepoint_type=SavepointType.RETAINED_CHECKPOINT,
                                       reason=f"checkpoint retained after the job was {termination}",

@@ -87,14 +87,18 @@ class RestoreJobOperator(_JobOperator):
     """Start a job from its latest (or a given) savepoint in a fresh checkpoint location.
 
     Refuses while another run of the job lives (wherever it runs: the run lease); takes over the
-    lease of a lost run. The task ends once the job has committed its first batch; the job keeps
-    running detached. Starting with empty state happens only with ``fresh_start=True``.
+    lease of a lost run. The task ends once the job is live (a batch committed past the restored
+    one, or a trigger with no data run: an idle source is healthy), and fails with Spark's message
+    when its query fails first; the job keeps running detached. Starting with empty state happens
+    only with ``fresh_start=True``.
 
     :param pointer: a savepoint to restore (templated); default: the job's newest completed savepoint
     :param fresh_start: start with empty state in the job's checkpoint location (must be empty)
     :param max_age: refuse a savepoint older than this (``12h``, ``7d``; templated)
-    :param skip_missing_input: start even if input files a file source will read again are gone
-        (templated; by default such a restore is refused, naming them)
+    :param skip_missing_input: start even if input files a file source will read again, or Kafka
+        records it resumes at, are gone (templated; by default such a restore is refused, naming
+        them); the run gets ``spark.savepoints.skipMissingInput=true``, so the in-job helper reads
+        Kafka with ``failOnDataLoss=false``
     :param target_checkpoint: where to restore (templated): the job's checkpoint or
         ``<checkpoint>-<suffix>``; default ``<checkpoint>-<UTC time>``
     :param wait_timeout: seconds to wait for the first committed batch

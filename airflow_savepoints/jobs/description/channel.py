@@ -38,6 +38,7 @@ CHECK_CONF = "spark.savepoints.check"  # an upgrade check's scratch folder: the 
 CHECK_ENV = "SAVEPOINTS_CHECK"  # the same, for a driver on the launcher's host: the sink is swapped on import
 CHECK_AFTER_CONF = "spark.savepoints.check.afterBatch"  # the restored batch: the check waits for one past it
 CHECK_TIMEOUT_CONF = "spark.savepoints.check.timeout"  # seconds the driver waits for that batch
+SKIP_MISSING_INPUT_CONF = "spark.savepoints.skipMissingInput"  # "true": the start accepted lost input (Kafka failOnDataLoss=false)
 DEFAULT_HEARTBEAT_INTERVAL = 5.0
 
 

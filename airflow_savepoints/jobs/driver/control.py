@@ -15,7 +15,15 @@ passed to the job as Spark conf (:func:`airflow_savepoints.jobs.description.chan
    no other (so the stop savepoint is of the last committed batch, exactly), acknowledges with
    ``stopped.json`` and releases the lease,
 4. if the query fails, writes ``failed.json`` (the error) and releases the lease before failing as
-   ``awaitTermination()`` does.
+   ``awaitTermination()`` does,
+5. when the start accepted lost input (``spark.savepoints.skipMissingInput=true``, from
+   ``job start --skip-missing-input``), makes every Kafka source of the session read with
+   ``failOnDataLoss=false`` (:func:`install_skip_missing_input`; on import when pyspark is loaded,
+   and in :func:`claim_run`).
+
+Each heartbeat says ``last_committed_batch`` (the newest batch the query committed, never the one in
+flight or the next one an idle trigger names) and ``triggered`` once the query completed a trigger,
+with data or none (an idle source is healthy): a start waits for that, or a commit.
 
 A job that does not cooperate never announces itself: its runner (local process, standalone
 master, cluster manager) says what it can, and it is stopped through that runner
@@ -28,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,6 +58,7 @@ from airflow_savepoints.jobs.description.channel import (
     LEASE_CONF,
     LEASE_TIMEOUT_CONF,
     RUN_ID_CONF,
+    SKIP_MISSING_INPUT_CONF,
     JobControl,
     new_run_id,
 )
@@ -290,6 +300,7 @@ def claim_run(spark=None) -> RunHandle | None:
     claims it too). Raises :class:`JobFencedError` when another live run holds it, so a stale
     driver writes nothing at all. None when the job was not started with a control folder."""
     spark = spark or _active_session()
+    install_skip_missing_input()
     if _check_run(spark):  # an upgrade check (jobs/workflows/check.py): noop sink, no lease, no heartbeat
         return None
     handle = RunHandle.from_conf(lambda key: spark.conf.get(key, None), _driver_facts(spark))
@@ -325,9 +336,42 @@ def _active_session():
     return SparkSession.active()
 
 
+def install_skip_missing_input() -> None:
+    """From now on a streaming Kafka source of this driver reads with ``failOnDataLoss=false`` when
+    its session has ``spark.savepoints.skipMissingInput=true`` (the start accepted that records the
+    savepoint resumes at are gone); set last, so it wins over the application's own option. Spark has
+    no session conf for it. Classic PySpark only (not Spark Connect's reader)."""
+    from pyspark.sql.streaming.readwriter import DataStreamReader
+
+    if getattr(DataStreamReader.load, "_savepoints_skip", False):
+        return
+    original_format, original_load = DataStreamReader.format, DataStreamReader.load
+
+    def format(self, source):  # noqa: A001 - Spark's name
+        self._savepoints_format = source  # the JVM reader does not tell its format back
+        return original_format(self, source)
+
+    def load(self, path=None, format=None, schema=None, **options):  # noqa: A002 - Spark's names
+        source = format or getattr(self, "_savepoints_format", None)
+        if str(source).lower() == "kafka" and str(self._spark.conf.get(SKIP_MISSING_INPUT_CONF, "false")).lower() == "true":
+            options["failOnDataLoss"] = "false"
+            log.warning("%s=true: this Kafka source reads with failOnDataLoss=false (records gone are skipped)",
+                        SKIP_MISSING_INPUT_CONF)
+        return original_load(self, path, format, schema, **options)
+
+    load._savepoints_skip = True
+    DataStreamReader.format = format
+    DataStreamReader.load = load
+
+
 def _last_batch(query) -> int | None:
+    """The newest batch ``query`` committed: its last progress's, unless that trigger ran no batch
+    (an idle trigger's progress names the next batch id, and has no ``addBatch``)."""
     progress = query.lastProgress
-    return progress["batchId"] if progress else None
+    if not progress:
+        return None
+    batch = progress["batchId"] if "addBatch" in (progress.get("durationMs") or {}) else progress["batchId"] - 1
+    return batch if batch >= 0 else None
 
 
 def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_timeout: float = 600) -> None:
@@ -358,15 +402,17 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
     control = handle.control
     control.announce(application_id=spark.sparkContext.applicationId, pid=os.getpid(), host=socket.gethostname(),
                      query_id=str(query.id), run_id=str(query.runId), query_name=query.name, run=handle.run_id)
-    request, fenced_by, next_beat = None, None, 0.0
+    request, fenced_by, next_beat, triggered = None, None, 0.0, False
     while request is None and fenced_by is None:
         with _failure_reported(handle):
             if query.awaitTermination(poll_interval):
                 handle.end("finished", last_committed_batch=_last_batch(query))
                 return
         request = control.stop_requested()
+        if not triggered and query.lastProgress is not None:  # its first trigger completed: said at once
+            triggered, next_beat = True, 0.0
         if request is None and time.monotonic() >= next_beat:
-            fenced_by = handle.beat(last_committed_batch=_last_batch(query))
+            fenced_by = handle.beat(last_committed_batch=_last_batch(query), triggered=triggered)
             next_beat = time.monotonic() + handle.heartbeat_interval
     if fenced_by is not None:
         log.warning("run %s lost its run lease (%s): stopping between batches", handle.run_id, fenced_by)
@@ -402,3 +448,5 @@ def _failure_reported(handle: RunHandle) -> Iterator[None]:
 
 if os.environ.get(CHECK_ENV):  # an upgrade check's driver: the sink is swapped before any query starts
     _check_run(None)
+if "pyspark.sql" in sys.modules:  # a driver: its Kafka sources get the start's failOnDataLoss choice
+    install_skip_missing_input()

@@ -53,11 +53,12 @@ from airflow_savepoints.errors import (  # noqa: F401 - JobNotStoppedError, NoSa
     SavepointInFlightError,
     UntrustedRunFileError,
 )
-from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, JobControl, new_run_id, run_conf
+from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, SKIP_MISSING_INPUT_CONF, JobControl, new_run_id, run_conf
 from airflow_savepoints.jobs.description.files import control_folder
 from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT
 from airflow_savepoints.jobs.description.model import StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun, read_run, restore_default, write_run
+from airflow_savepoints.jobs.driver.check_sink import spark_message as spark_message_of
 from airflow_savepoints.jobs.launch.launcher import JobFailedError, application_id_from_log, log_tail, start_detached
 from airflow_savepoints.jobs.launch.runners import LocalRunner
 from airflow_savepoints.jobs.workflows.rescale import rescale_on_the_job
@@ -119,7 +120,8 @@ def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, poin
     return _launch(ctx, submit_command, log_dir, wait_timeout,
                    lambda: _prepare_checkpoint(ctx, pointer, fresh, target_checkpoint,
                                                rescale_on_the_job(ctx, submit_command, log_dir, restore_checks),
-                                               allow_foreign_savepoint))
+                                               allow_foreign_savepoint),
+                   run_settings={SKIP_MISSING_INPUT_CONF: "true"} if restore_checks.get("skip_missing_input") else None)
 
 
 def resume(ctx: JobContext, checkpoint: str, *, submit_command: SubmitCommand, log_dir: Path,
@@ -130,8 +132,10 @@ def resume(ctx: JobContext, checkpoint: str, *, submit_command: SubmitCommand, l
 
 
 def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_timeout: float,
-            prepare: Callable[[], tuple[str, dict[str, str], dict[str, Any] | None]]) -> dict[str, Any]:
-    """Take the lease, ``prepare()`` the checkpoint, launch the run and wait for its first commit."""
+            prepare: Callable[[], tuple[str, dict[str, str], dict[str, Any] | None]], *,
+            run_settings: dict[str, str] | None = None) -> dict[str, Any]:
+    """Take the lease, ``prepare()`` the checkpoint, launch the run and wait until it is live.
+    ``run_settings``: Spark conf the start passes to the in-job helper (``spark.savepoints.*``)."""
     job = ctx.job
     previous_run = Run.read(ctx)
     previous = previous_run.state()
@@ -155,7 +159,7 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     try:
         with ctx.lease.kept(run_id):  # a restore may take long; a start that dies meanwhile leaves a lease that lapses
             checkpoint, extra_conf, restored = prepare()
-        conf = {**extra_conf, **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint,
+        conf = {**extra_conf, **(run_settings or {}), **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint,
                                          heartbeat_interval=ctx.heartbeat_interval, lease_timeout=ctx.lease_timeout)}
         run = start_detached(job.name, submit_command(checkpoint, conf), ctx.checkpoint(checkpoint), ctx.folder,
                              log_dir, control=control, master=job.master, master_ui=job.master_ui,
@@ -260,15 +264,15 @@ def _resume_checkpoint(ctx: JobContext, checkpoint: str) -> tuple[str, dict[str,
 
 
 def _wait_until_live(ctx: JobContext, run: JobRun, timeout: float, poll: float = 1.0, *,
-                     new_batch: bool = False) -> tuple[int, str]:
+                     new_batch: bool = False) -> tuple[int | None, str]:
     """Wait until the run is live; returns its newest committed batch and how it was seen live.
 
-    Live (``"heartbeat"``): its heartbeat says its query is active (``running``) and its checkpoint
-    holds a committed batch (a restored run's at once, so an idle source is healthy; a fresh one's
-    first). A run without the helper writes no heartbeat, and so does ``new_batch``'s wait ignore
-    it: then a batch newer than the one it started from must commit (``"commit"``). Fails fast if
-    the run exits or is fenced before. Keeps the run's lease until its driver renews it, and
-    records its application id."""
+    Live: it committed a batch newer than the one it started from (``"commit"``), or its heartbeat
+    says its query is active (``running``) and completed a trigger with no data (``triggered``: an
+    idle source is healthy; ``"heartbeat"``). A run without the helper writes no heartbeat, and so
+    does ``new_batch``'s wait ignore it: then only a commit counts. Fails fast (:class:`JobFailedError`)
+    if the run's query fails first (with Spark's message, from its ``failed.json``), or it exits or
+    is fenced. Keeps the run's lease until its driver renews it, and records its application id."""
     checkpoint = ctx.checkpoint(run.checkpoint)
     folder = control_folder(ctx.folder, run.run_id)
     control = JobControl(folder) if folder is not None else None
@@ -281,7 +285,17 @@ def _wait_until_live(ctx: JobContext, run: JobRun, timeout: float, poll: float =
         if batch is not None and (run.start_batch is None or batch > run.start_batch):
             return batch, "commit"
         heartbeat = control.heartbeat() if control is not None else None
-        if heartbeat is not None and heartbeat.get("state") == "running" and batch is not None and not new_batch:
+        failure = control.failure() if control is not None else None
+        if failure is None and heartbeat is not None and heartbeat.get("state") == "failed":
+            failure = heartbeat
+        if failure is not None:
+            raise JobFailedError(
+                f"job '{run.job}' run {run.run_id} failed before committing a batch past {run.start_batch}: "
+                + spark_message_of(str(failure.get("error") or "no error recorded")),
+                f"see the full log in {run.log_file} and `airflow-savepoints job status {run.job}`; fix the cause, "
+                "then start it again")
+        if heartbeat is not None and heartbeat.get("state") == "running" and heartbeat.get("triggered") is True \
+                and not new_batch:
             return batch, "heartbeat"
         if control is not None and (fenced := control.fenced()) is not None:
             raise JobFailedError(f"job '{run.job}' run {run.run_id} stopped itself: {fenced.get('reason')}",
@@ -337,6 +351,7 @@ def stop(ctx: JobContext, *, grace: float = 60, request_id: str | None = None, i
     flight (that batch re-runs on restore), ``clean`` when it did not."""
     run = Run.read(ctx)
     state = run.state()
+    run.refuse_stop_of_failed(state)
     checkpoint = run.owned_checkpoint()
     if checkpoint is None:
         raise UntrustedRunFileError(f"{run.untrusted()}; job '{ctx.job.name}' was not stopped",
@@ -465,14 +480,17 @@ def committed_past(checkpoint: Store, after_batch: int, run: JobRun | None) -> i
 
 
 def submit_conf(job: StreamingJob, savepoint_dir: Store | str, *, checkpoint: str | None = None,
-                heartbeat_interval: float | None = None, lease_timeout: float | None = None) -> dict[str, str]:
+                heartbeat_interval: float | None = None, lease_timeout: float | None = None,
+                skip_missing_input: bool = False) -> dict[str, str]:
     """The Spark conf to add to a job launched by another operator (SparkSubmitOperator,
     SparkKubernetesOperator, Databricks, EMR) so that savepoints, stop, status, the run lease and
     restore work for it: its job folder (control folders, lease) and checkpoint. The driver makes
-    its own run id and takes the lease when it calls ``run_until_stopped``."""
+    its own run id and takes the lease when it calls ``run_until_stopped``. ``skip_missing_input``:
+    the restore accepted lost input, so the helper reads Kafka with ``failOnDataLoss=false``."""
     root = savepoint_dir if isinstance(savepoint_dir, Store) else Store(savepoint_dir)
-    return run_conf(root.child(job.name).url, checkpoint=checkpoint or job.checkpoint,
-                    heartbeat_interval=heartbeat_interval, lease_timeout=lease_timeout)
+    return {**run_conf(root.child(job.name).url, checkpoint=checkpoint or job.checkpoint,
+                       heartbeat_interval=heartbeat_interval, lease_timeout=lease_timeout),
+            **({SKIP_MISSING_INPUT_CONF: "true"} if skip_missing_input else {})}
 
 
 class JobStatus(BaseModel):

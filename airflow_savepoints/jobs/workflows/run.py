@@ -29,7 +29,7 @@ from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.lease import CLOCK_SLACK, store_now
 from airflow_savepoints.core.names import RUN_FILE
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
-from airflow_savepoints.errors import JobNotStoppedError
+from airflow_savepoints.errors import JobFailedError, JobNotStoppedError
 from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, HEARTBEAT_FILE, JobControl
 from airflow_savepoints.jobs.description.files import control_folder, safe_run_id
 from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, RunLease, RunLeaseHolder, age_on_store_clock
@@ -51,7 +51,7 @@ class JobState(BaseModel):
     run_id: str | None = None
     host: str | None = None
     application_id: str | None = None
-    last_batch: int | None = None  # the last committed batch (the heartbeat's, else the checkpoint's)
+    last_batch: int | None = None  # the last committed batch (a live run's heartbeat's, else the checkpoint's)
     heartbeat_age_s: float | None = None  # on the store's clock
     error: str | None = None
     detail: str | None = None  # why this state (the runner's words, the fencing, ...)
@@ -183,7 +183,30 @@ class Run:
                 f"configured checkpoint {job.checkpoint} nor one named after it: it is not touched")
 
     def state(self) -> JobState:
-        """The run's state from its lease, heartbeat (aged on the store's clock) and runner."""
+        """The run's state from its lease, heartbeat (aged on the store's clock) and runner. The batch
+        of a run that no longer runs is its checkpoint's last commit (its last heartbeat may be older
+        than that, or name the batch in flight when it failed)."""
+        state = self._state()
+        if state.helper and not state.live and state.checkpoint:
+            committed, _ = checkpoint_progress(self.ctx.checkpoint(state.checkpoint))
+            if committed is not None:
+                state.last_batch = committed
+        return state
+
+    def refuse_stop_of_failed(self, state: JobState) -> None:
+        """A stop has nothing to stop, and no savepoint to take, when the run (``state``) failed: raise
+        :class:`JobFailedError` naming it and its error, changing nothing (it stays ``failed``)."""
+        if state.state != "failed":
+            return
+        raise JobFailedError(
+            f"job '{self.ctx.job.name}' is not running: run {state.run_id} failed"
+            + (f" ({state.detail})" if state.ended else "") + f": {(state.error or 'no error recorded')[:1000]}; "
+            f"its checkpoint {state.checkpoint} last committed batch {state.last_batch}. Nothing was stopped, "
+            "no savepoint taken",
+            f"fix the cause, then `airflow-savepoints job start {self.ctx.job.name}` (it applies the checkpoint "
+            f"retention policy for a failure first), or `airflow-savepoints job cancel {self.ctx.job.name}`")
+
+    def _state(self) -> JobState:
         ctx, record, holder, control = self.ctx, self.record, self.holder, self.control
         if self.run_id is None and record is None:
             return JobState(job=ctx.job.name, state="not_started", detail=f"no run recorded in {ctx.folder.url}",
@@ -306,9 +329,10 @@ class Run:
             self.ctx.log(f"warning: {warning}")
             return {"policy": parse_policy(policy).value, "termination": termination, "checkpoint": self.checkpoint,
                     "action": "left as it is", "warning": warning}
+        started_at = self.record.start_batch if self.record is not None and termination == "failed" else None
         return apply_checkpoint_retention(self.ctx.checkpoint(checkpoint), self.ctx.job.name, policy, termination,
                                           savepoint_dir=self.ctx.root, spark_version=state.spark_version,
-                                          job_version=state.version, on_event=on_event)
+                                          job_version=state.version, on_event=on_event, started_at=started_at)
 
     def record_end(self, ended: Literal["stopped", "cancelled", "failed"], termination: dict[str, Any] | None = None) -> None:
         """Mark the run ended in its record (recording a run another tool started first) and free its lease."""
