@@ -76,6 +76,29 @@ class OutsideRootError(StorageError):
     code = "outside_root"
 
 
+class UnsafeFileError(StorageError):
+    """A file of a known name (``storage/known_files.py``) that is no plain, small, well-formed file:
+    whoever may write the savepoint folder put something else there. Nothing was read past its cap."""
+
+    code = "unsafe_file"
+
+
+class NotARegularFileError(UnsafeFileError):
+    """A folder, FIFO, socket or device (an object store: a key prefix) where a file is expected."""
+
+    code = "not_a_regular_file"
+
+
+class FileTooLargeError(UnsafeFileError):
+    code = "file_too_large"
+
+
+class MalformedFileError(UnsafeFileError):
+    """Not UTF-8, not JSON, or JSON nested deeper than any file of ours."""
+
+    code = "malformed_file"
+
+
 # --- the live checkpoint ---------------------------------------------------------------------------
 class CheckpointError(SavepointError):
     code = "checkpoint_error"
@@ -160,6 +183,12 @@ class TargetClaimedError(TargetNotEmptyError):
 
 
 class SymlinkError(InvalidInputError):
+    code = "symlink_refused"
+
+
+class LinkedFileError(UnsafeFileError, SymlinkError):
+    """A file of a known name that is a symbolic link: never followed."""
+
     code = "symlink_refused"
 
 

@@ -279,7 +279,9 @@ def show(
     as_json: JsonFlag = False,
 ) -> None:
     """Show a savepoint's manifest."""
-    location, manifest = core.resolve_pointer(pointer, storage_options(conn_id))
+    from airflow_savepoints.core.pointer import resolve_savepoint
+
+    location, manifest = resolve_savepoint(pointer, storage_options(conn_id))
     if as_json:
         _emit(True, {"pointer": location.url, "manifest": manifest.model_dump(mode="json")})
         return

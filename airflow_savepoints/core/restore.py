@@ -355,7 +355,7 @@ def _usable_secondary(manifest: SavepointManifest, storage_options: dict[str, An
         return None
     try:
         secondary = Store(manifest.secondary, storage_options)
-        copy = parse_manifest(secondary.read_bytes(MANIFEST_FILE), secondary.url_of(MANIFEST_FILE))
+        copy = parse_manifest(secondary.read_known(MANIFEST_FILE, "manifest"), secondary.url_of(MANIFEST_FILE))
     except Exception as exc:  # noqa: BLE001 - absent on this machine, unreadable: use the primary
         log.info("secondary copy %s not used (%s)", manifest.secondary, getattr(exc, "message", exc))
         return None
@@ -432,7 +432,7 @@ def _file_sink(request: RestoreRequest) -> Store | None:
 def _write_identity(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool) -> str:
     """Write the checkpoint's ``metadata`` (its query id, a new one if asked), last; returns the query id."""
     entry = next(e for e in manifest.files if e.path == CHECKPOINT_METADATA)
-    data = location.read_bytes(CHECKPOINT_METADATA)
+    data = location.read_known(CHECKPOINT_METADATA, "spark_metadata")
     _raise_if([_bytes_mismatch(entry, data)], location)
     query_id = manifest.query_id
     if new_query_id:
@@ -471,14 +471,14 @@ def _rewritable(path: str) -> bool:
 def _restore_rewritten(location: Store, destination: Store, entry: FileEntry, manifest: SavepointManifest) -> None:
     if entry.path.endswith(formats.SPARK_SIDECAR_SUFFIX):
         return  # regenerated together with its main file below
-    data = location.read_bytes(entry.path)
+    data = location.read_known(entry.path, "spark_log")
     _raise_if([_bytes_mismatch(entry, data)], location)
     op = entry.path.split("/")[1]
     new = formats.rewrite_schema_file_paths(data, destination.spark_url_of("state"), op, entry.path)
     destination.write_bytes_atomic(entry.path, new)
     sidecar = entry.path + formats.SPARK_SIDECAR_SUFFIX
     if any(e.path == sidecar for e in manifest.files):
-        old = json.loads(location.read_bytes(sidecar))
+        old = location.read_json(sidecar, "spark_log")
         crc = google_crc32c.value(new)
         old["value"] = crc - (1 << 32) if crc >= (1 << 31) else crc  # Spark stores a signed int32
         old["mainFileSize"] = len(new)

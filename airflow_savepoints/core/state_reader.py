@@ -26,7 +26,6 @@ import datetime as dt
 import json
 import logging
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from typing import Any, Literal
 
 from airflow_savepoints.core.catalog import pinned_savepoint
 from airflow_savepoints.core.models import SavepointManifest
-from airflow_savepoints.core.pointer import resolve_pointer
+from airflow_savepoints.core.pointer import resolve_savepoint
 from airflow_savepoints.core.state_summary import OperatorState, StateSummary, StoreState, skew, state_files
 from airflow_savepoints.errors import (
     InvalidInputError,
@@ -84,7 +83,7 @@ def inspect_savepoint(pointer: str, *, operator: int | None = None, sample: int 
         raise InvalidInputError(f"invalid operator id {operator!r}", "pass an operator id (0, 1, ...) as inspect lists them")
     if read_via not in ("auto", "in_place", "copy"):
         raise InvalidInputError(f"invalid read_via {read_via!r}", "pass auto, in_place or copy")
-    location, manifest = resolve_pointer(pointer, storage_options)
+    location, manifest = resolve_savepoint(pointer, storage_options)
     files = state_files(manifest)
     if operator is not None and str(operator) not in files:
         raise InvalidInputError(
@@ -115,12 +114,11 @@ def _readable(location: Store, manifest: SavepointManifest, read_via: ReadVia) -
     folder = tempfile.mkdtemp(prefix="airflow-savepoints-inspect-")
     try:
         wanted = [e.path for e in manifest.files if not e.path.startswith("sources/")]
+        copy = Store(folder)  # through the store, like every other read and write
+        copy.make_parents(wanted)
 
         def fetch(path: str) -> None:
-            target = os.path.join(folder, *path.split("/"))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "wb") as out:
-                out.write(location.read_bytes(path))
+            copy.write_bytes_atomic(path, location.read_bytes(path))
 
         with ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(fetch, wanted))
