@@ -331,6 +331,8 @@ def restore(
     *,
     new_query_id: Annotated[bool, typer.Option(help="Give the restored query a new id (a fork).")] = False,
     state_partitions: StatePartitionsOption = None,
+    many_state_partitions: Annotated[bool, typer.Option(
+        "--many-state-partitions", help="Allow --state-partitions above 10,000.")] = False,
     checks: RestoreChecks,
     conn_id: ConnOption = None,
     quiet: QuietFlag = False,
@@ -339,7 +341,8 @@ def restore(
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
     with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
         result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, **dataclasses.asdict(checks),
-                                        state_partitions=state_partitions, storage_options=storage_options(conn_id),
+                                        state_partitions=state_partitions, many_state_partitions=many_state_partitions,
+                                        storage_options=storage_options(conn_id),
                                         on_event=on_event)
     confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
     scale = ""

@@ -147,6 +147,9 @@ def check_sink(manifest: SavepointManifest, sink_path: str, storage_options: dic
         )
 
 
+SPARK_MAX_INT = 2**31 - 1  # a partition count is a Java int
+MAX_SANE_STATE_PARTITIONS = 10_000  # docs/evolve.md; above it only with many_state_partitions
+
 class RestoreRequest(Request):
     """What a caller asks of :func:`restore_savepoint` (its keyword arguments are these fields)."""
 
@@ -166,11 +169,24 @@ class RestoreRequest(Request):
     input_storage_options: dict[str, Any] | None = None  # for a file source's input files
     kafka_bootstrap_servers: str | None = None  # the brokers of the Kafka topics the savepoint resumes (checked first)
     kafka_options: dict[str, Any] | None = None  # kafka-python client options for them (security_protocol, sasl_*, ...)
-    state_partitions: int | None = Field(default=None, ge=1)  # rescale the state into this many partitions (Spark 4.2+)
+    # rescale the state into this many partitions (Spark 4.2+): an int Spark takes (2^31 - 1 at most), and at
+    # most MAX_SANE_STATE_PARTITIONS unless many_state_partitions (each partition is a store Spark opens)
+    state_partitions: int | None = Field(default=None, ge=1, le=SPARK_MAX_INT)
+    many_state_partitions: bool = False
     spark_session: Any = None  # the SparkSession that rescales (None: the active one, else a local one)
     # runs the rescale elsewhere instead (a job's rescale application: jobs/rescale_job.py), called as
     # rescaler(destination, plan, manifest, conf, file_sink) -> (repartition batch, partitions after)
     rescaler: Any = None
+
+
+def check_state_partitions(request: RestoreRequest) -> None:
+    """Refuse a partition count beyond the sane bound before Spark starts, unless the caller insists."""
+    if request.state_partitions and request.state_partitions > MAX_SANE_STATE_PARTITIONS \
+            and not request.many_state_partitions:
+        raise InvalidInputError(
+            f"invalid state_partitions: {request.state_partitions} is over {MAX_SANE_STATE_PARTITIONS} (each partition "
+            "is a state store every batch opens)",
+            "pass fewer partitions, or insist with --many-state-partitions (many_state_partitions=True)")
 
 
 def check_age(location: Store, manifest: SavepointManifest, max_age: str | None) -> None:
@@ -213,6 +229,7 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
 
     ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress."""
     request: RestoreRequest = RestoreRequest.of("restore_savepoint", pointer=pointer, target=target, **options)
+    check_state_partitions(request)
     location, manifest = resolve_pointer(pointer, request.storage_options)
     refuse_symlinks(location, "savepoint")
     check_age(location, manifest, request.max_age)
