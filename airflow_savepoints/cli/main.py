@@ -12,8 +12,11 @@ import dataclasses
 import functools
 import json
 import os
+import signal
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -42,7 +45,7 @@ from airflow_savepoints.cli.options import (
 )
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.names import CATALOG_FILE
-from airflow_savepoints.errors import MissingBackendError, SavepointError, UnexpectedError
+from airflow_savepoints.errors import InterruptedBySignalError, MissingBackendError, SavepointError, UnexpectedError
 
 # Each command imports what it uses (`core` on first use): `--version`, `--help` and `list` start fast.
 
@@ -114,18 +117,52 @@ def _emit(as_json: bool, payload: Any, text: str | None = None) -> None:
         out.print(text)
 
 
+class Terminated(BaseException):  # noqa: N818 - like KeyboardInterrupt: no ``except Exception`` swallows it
+    """SIGTERM (or SIGINT) arrived: raised in the main thread, so every ``finally`` and ``except BaseException``
+    on the way out runs (a restore empties its target and gives back its claim)."""
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    for each in (signal.SIGTERM, signal.SIGINT):  # a second signal does not cut the clean-up short
+        signal.signal(each, signal.SIG_IGN)
+    raise Terminated(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGINT raise ``Terminated`` in the main thread while a command runs (Python's default for
+    SIGTERM ends the process at once, with no clean-up)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {each: signal.signal(each, _on_signal) for each in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
 def _command(fn):
-    """Run a command; a SavepointError becomes a clear message and exit status 1."""
+    """Run a command; a SavepointError becomes a clear message and exit status 1, and so does SIGTERM or
+    SIGINT once the command has cleaned up (code ``interrupted``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         as_json = kwargs.get("as_json", False)
         try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            with _signals_raise():
+                return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
             raise
-        except Exception as caught:  # noqa: BLE001 - every failure leaves as a coded error, never a raw traceback
-            exc = caught if isinstance(caught, SavepointError) else UnexpectedError.wrap(caught)
+        except (Exception, KeyboardInterrupt, Terminated) as caught:  # noqa: BLE001 - every failure leaves as a coded error
+            if isinstance(caught, KeyboardInterrupt | Terminated):
+                name = caught.args[0] if isinstance(caught, Terminated) else "SIGINT"
+                exc: SavepointError = InterruptedBySignalError(
+                    f"interrupted by {name}; what this command had written was removed (a restore leaves its target "
+                    "empty, a savepoint its location discarded)", "run the command again")
+            else:
+                exc = caught if isinstance(caught, SavepointError) else UnexpectedError.wrap(caught)
             if os.environ.get("AIRFLOW_SAVEPOINTS_DEBUG") and exc is not caught:
                 err.print_exception()
             if as_json:
@@ -339,7 +376,17 @@ def restore(
     as_json: JsonFlag = False,
 ) -> None:
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
-    with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
+    with progress_bar("restore", enabled=not (quiet or as_json)) as bar:
+        def on_event(event: str, data: dict[str, Any]) -> None:
+            if bar is not None:
+                bar(event, data)
+            if quiet or (bar is not None and event == "planned"):
+                return
+            if event == "planned":  # one line per step on stderr (stdout keeps the answer alone)
+                err.print(f"restore: copying {data['files']} files ({_human_size(data['bytes'])})", highlight=False)
+            elif event == "rescaling":
+                err.print(f"restore: Spark rewrites the state into {data['partitions']} partitions", highlight=False)
+
         result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, **dataclasses.asdict(checks),
                                         state_partitions=state_partitions, many_state_partitions=many_state_partitions,
                                         storage_options=storage_options(conn_id),
@@ -370,14 +417,23 @@ def inspect_(
     read_via: Annotated[ReadVia, typer.Option(
         "--read-via", help="auto: a local savepoint in place, a remote one through a local temporary copy; in-place: "
                            "give Spark the store's URL (a session with its connector).")] = ReadVia.auto,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show Spark's own log (its warnings and progress).")] = False,
     conn_id: ConnOption = None,
+    quiet: QuietFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Read a savepoint's state with Spark's state sources (needs the [spark] extra); nothing is written into it."""
+    """Read a savepoint's state with Spark's state sources (needs the [spark] extra); nothing is written into it.
+    A store Spark cannot read is an error (``state_unreadable``, Spark's error class and message as its cause)."""
     from airflow_savepoints.core.state_reader import inspect_savepoint
 
+    started = time.monotonic()
+
+    def progress(line: str) -> None:  # on stderr: stdout keeps the answer alone
+        if not quiet:
+            err.print(f"[dim]{time.monotonic() - started:5.1f}s[/] {escape(line)}", highlight=False)
+
     summary = inspect_savepoint(pointer, operator=operator, sample=sample, storage_options=storage_options(conn_id),
-                                read_via=read_via.value.replace("-", "_"))
+                                read_via=read_via.value.replace("-", "_"), progress=progress, verbose=verbose, strict=True)
     if as_json:
         _emit(True, summary.as_json())
         return

@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.models import SavepointManifest
+from airflow_savepoints.core.spark_cause import spark_cause
 from airflow_savepoints.errors import (
     RescaleError,
     RescaleFailedError,
@@ -177,6 +178,10 @@ def rewrite(session: Any, destination: Store, partitions: int, batch: int, file_
         session._streamingCheckpointManager.repartition(destination.spark_url_of(), partitions, True)
     except Exception as exc:  # noqa: BLE001 - py4j and pyspark errors: mapped by Spark's error class
         raise spark_error(exc, destination) from exc
+    except BaseException:  # interrupted (SIGTERM, SIGINT): Spark's jobs stop before the caller empties the target
+        with contextlib.suppress(Exception):
+            session.sparkContext.cancelAllJobs()
+        raise
     listing = destination.list_files()
     if f"commits/{batch}" not in listing:
         raise RescaleFailedError(f"Spark's repartition of {destination.url} returned without committing batch {batch}",
@@ -211,18 +216,19 @@ def spark_error(exc: BaseException, destination: Store) -> Exception:
         lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(exc).__name__]
         cause = next((line[2:] for line in lines if line.startswith(": ")), lines[0])
         return RescaleFailedError(f"Spark's repartition of {destination.url} failed: {cause}",
-                                  "nothing was restored; fix the cause and retry into a new, empty checkpoint location")
+                                  "nothing was restored; fix the cause and retry into a new, empty checkpoint location",
+                                  cause=spark_cause(exc))
     line = next(line for line in text.splitlines() if match.group(0) in line)
     message = line[line.index(match.group(0)):].strip()  # Spark's own message, from its error class on
     condition = match.group(1)
     if condition.endswith(".UNSUPPORTED_PROVIDER"):
-        return RescaleUnsupportedStateError(message, MOVE_TO_ROCKSDB)
+        return RescaleUnsupportedStateError(message, MOVE_TO_ROCKSDB, cause=message)
     if condition.endswith((".UNSUPPORTED_STATEFUL_OPERATOR", ".UNSUPPORTED_TRANSFORM_WITH_STATE_VARIABLE_TYPE")):
         return RescaleUnsupportedOperatorError(
             message, "Spark cannot repartition this query's state; restore without state_partitions (--state-partitions) "
-            "and keep its partition count; nothing was restored")
+            "and keep its partition count; nothing was restored", cause=message)
     return RescaleRefusedError(message, "Spark's repartition refused the restored copy for the reason it gives; "
-                               "nothing was restored")
+                               "nothing was restored", cause=message)
 
 
 _ERRORS_BY_CODE = {error.code: error for error in (RescaleUnavailableError, RescaleUnsupportedStateError,
@@ -232,7 +238,9 @@ _ERRORS_BY_CODE = {error.code: error for error in (RescaleUnavailableError, Resc
 def reported_error(reported: dict[str, Any]) -> RescaleError:
     """The typed error a rescale that ran elsewhere reported (its ``to_dict()``: code, message, hint)."""
     error = _ERRORS_BY_CODE.get(str(reported.get("code")), RescaleFailedError)
-    return error(str(reported.get("message") or "the rescale failed without a message"), reported.get("hint"))
+    cause = reported.get("cause")
+    return error(str(reported.get("message") or "the rescale failed without a message"), reported.get("hint"),
+                 cause=str(cause) if cause is not None else None)
 
 
 @contextlib.contextmanager

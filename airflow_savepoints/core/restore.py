@@ -79,7 +79,9 @@ def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None
                      ) -> tuple[Store, SavepointManifest]:
     """Check every file of the savepoint against its manifest; raise naming the bad files.
 
-    ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress."""
+    ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress,
+    and ``on_event("rescaling", {partitions})`` when Spark's rewrite starts. Interrupted (SIGTERM, SIGINT, a
+    failure inside Spark), the target is emptied and its claim given back."""
     location, manifest = resolve_pointer(pointer, storage_options)
     refuse_symlinks(location, "savepoint")
     listing = location.list_files()
@@ -398,8 +400,9 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
             f"savepoint {location.url} is damaged: {', '.join(missing[:10])} missing",
             "do not restore it; use another savepoint of the job",
         )
+    notify = on_event or (lambda event, data: None)
     try:
-        _copy_checked(location, manifest, destination, request, listing, on_event or (lambda event, data: None))
+        _copy_checked(location, manifest, destination, request, listing, notify)
         rewritten = [e.path for e in manifest.files if _rewritable(e.path)]
         for entry in manifest.files:
             if _rewritable(entry.path):
@@ -408,6 +411,7 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
         _check_complete(destination, manifest, rewritten)
         rescaled, after = None, before
         if rescale is not None and not rescale.noop:
+            notify("rescaling", {"partitions": rescale.partitions})
             rescaler = request.rescaler or functools.partial(repartition, spark=request.spark_session)
             rescaled, after = rescaler(destination, rescale, manifest, spark_conf_to_set(manifest), file_sink=_file_sink(request))
     except BaseException:
