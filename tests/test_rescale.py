@@ -223,7 +223,10 @@ def test_failure_in_spark_rewrite_leaves_the_target_empty(spark, running_savepoi
     planned: dict[str, int] = {}
 
     def block_new_partition(event: str, data: dict) -> None:
-        planned.update(data) if event == "planned" else copied.append(data["path"])
+        if event == "planned":
+            planned.update(data)
+        elif event == "file_done":
+            copied.append(data["path"])
         if event == "file_done" and len(copied) == planned["files"]:
             (target / "state" / "0" / "4").write_text("in the way of Spark's new partition folder\n")
 

@@ -122,9 +122,13 @@ class Terminated(BaseException):  # noqa: N818 - like KeyboardInterrupt: no ``ex
     on the way out runs (a restore empties its target and gives back its claim)."""
 
 
+_SIGNALLED: list[str] = []  # the signal that stopped the command: whatever error it surfaces as, it is reported
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     for each in (signal.SIGTERM, signal.SIGINT):  # a second signal does not cut the clean-up short
         signal.signal(each, signal.SIG_IGN)
+    _SIGNALLED.append(signal.Signals(signum).name)
     raise Terminated(signal.Signals(signum).name)
 
 
@@ -156,8 +160,8 @@ def _command(fn):
         except (typer.Exit, typer.Abort):
             raise
         except (Exception, KeyboardInterrupt, Terminated) as caught:  # noqa: BLE001 - every failure leaves as a coded error
-            if isinstance(caught, KeyboardInterrupt | Terminated):
-                name = caught.args[0] if isinstance(caught, Terminated) else "SIGINT"
+            if isinstance(caught, KeyboardInterrupt | Terminated) or _SIGNALLED:
+                name = _SIGNALLED[0] if _SIGNALLED else "SIGINT"  # pyspark's own SIGINT handler raises KeyboardInterrupt
                 exc: SavepointError = InterruptedBySignalError(
                     f"interrupted by {name}; what this command had written was removed (a restore leaves its target "
                     "empty, a savepoint its location discarded)", "run the command again")

@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,13 +177,10 @@ def rewrite(session: Any, destination: Store, partitions: int, batch: int, file_
     spark_version(session)
     session.streams  # noqa: B018 - its manager registers the StateStoreCoordinator, which the rewrite needs (a fresh session has none)
     try:
-        session._streamingCheckpointManager.repartition(destination.spark_url_of(), partitions, True)
+        _interruptible(session, lambda: session._streamingCheckpointManager.repartition(destination.spark_url_of(),
+                                                                                        partitions, True))
     except Exception as exc:  # noqa: BLE001 - py4j and pyspark errors: mapped by Spark's error class
         raise spark_error(exc, destination) from exc
-    except BaseException:  # interrupted (SIGTERM, SIGINT): Spark's jobs stop before the caller empties the target
-        with contextlib.suppress(Exception):
-            session.sparkContext.cancelAllJobs()
-        raise
     listing = destination.list_files()
     if f"commits/{batch}" not in listing:
         raise RescaleFailedError(f"Spark's repartition of {destination.url} returned without committing batch {batch}",
@@ -189,6 +188,33 @@ def rewrite(session: Any, destination: Store, partitions: int, batch: int, file_
     if file_sink is not None:
         _record_in_sink(session, file_sink, batch)
     return formats.state_partitions(listing, version=batch + 1)
+
+
+def _interruptible(session: Any, call: Callable[[], Any], grace: float = 120.0) -> Any:
+    """``call`` (one blocking py4j call) on a thread of its own, so that SIGTERM or SIGINT interrupt the wait
+    here, never a py4j exchange (an interrupted one leaves the main thread's connection to the JVM out of step).
+    Interrupted: Spark's jobs are cancelled and the call is waited for (up to ``grace`` seconds), so Spark writes
+    nothing more once the caller empties the target."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-call") as pool:
+        future = pool.submit(call)
+        try:
+            return future.result()
+        except BaseException:
+            deadline = time.monotonic() + grace
+            with contextlib.suppress(Exception):
+                session.sparkContext.cancelAllJobs()
+            with contextlib.suppress(BaseException):
+                future.exception(timeout=grace)
+            with contextlib.suppress(Exception):  # a failed job's other tasks still write until they stop
+                while _running_tasks(session) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            raise
+
+
+def _running_tasks(session: Any) -> int:
+    """Tasks still running on the session's executors (an aborted job's tasks end after the job does)."""
+    infos = session.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return sum(info.numRunningTasks() for info in infos)
 
 
 def _record_in_sink(session: Any, sink: Store, batch: int) -> None:
