@@ -146,3 +146,14 @@ def test_job_check_refuses_a_timeout_that_never_ends(tmp_path):
     for value in ("nan", "inf", "0", "-1"):
         result = CliRunner().invoke(cli_app, ["job", "check", "orders", "--timeout", value, "--json"])
         assert result.exit_code != 0 and "finite number of seconds" in result.stdout, (value, result.stdout)
+
+
+@pytest.mark.timeout(60)  # a FIFO summary tied up a console worker per request, before
+def test_a_fifo_state_summary_reads_as_none_without_waiting(savepoint):
+    from airflow_savepoints.core.names import STATE_SUMMARIES_FOLDER
+    from airflow_savepoints.core.state_summary import read_summary
+    from airflow_savepoints.storage import Store
+
+    _, location = savepoint
+    special(location.parent / STATE_SUMMARIES_FOLDER / f"{location.name}.json", "fifo")
+    assert read_summary(Store(str(location.parent)), location.name) is None
