@@ -12,16 +12,18 @@ class SavepointError(Exception):
 
     code = "error"
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, cause: str | None = None):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.cause = cause  # what another system said, as it said it (Spark's error class and message)
 
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
     def to_dict(self) -> dict[str, str | None]:
-        return {"code": self.code, "message": self.message, "hint": self.hint}
+        found = {"code": self.code, "message": self.message, "hint": self.hint}
+        return found if self.cause is None else {**found, "cause": self.cause}
 
 
 # --- bad input -------------------------------------------------------------------------------------
@@ -74,6 +76,29 @@ class StorageFullError(StorageError):
 
 class OutsideRootError(StorageError):
     code = "outside_root"
+
+
+class UnsafeFileError(StorageError):
+    """A file of a known name (``storage/known_files.py``) that is no plain, small, well-formed file:
+    whoever may write the savepoint folder put something else there. Nothing was read past its cap."""
+
+    code = "unsafe_file"
+
+
+class NotARegularFileError(UnsafeFileError):
+    """A folder, FIFO, socket or device (an object store: a key prefix) where a file is expected."""
+
+    code = "not_a_regular_file"
+
+
+class FileTooLargeError(UnsafeFileError):
+    code = "file_too_large"
+
+
+class MalformedFileError(UnsafeFileError):
+    """Not UTF-8, not JSON, or JSON nested deeper than any file of ours."""
+
+    code = "malformed_file"
 
 
 # --- the live checkpoint ---------------------------------------------------------------------------
@@ -160,6 +185,12 @@ class TargetClaimedError(TargetNotEmptyError):
 
 
 class SymlinkError(InvalidInputError):
+    code = "symlink_refused"
+
+
+class LinkedFileError(UnsafeFileError, SymlinkError):
+    """A file of a known name that is a symbolic link: never followed."""
+
     code = "symlink_refused"
 
 
@@ -332,6 +363,12 @@ class ConfigurationError(SavepointError):
     code = "invalid_configuration"
 
 
+class InterruptedBySignalError(SavepointError):
+    """The command was stopped by SIGTERM or SIGINT, after it cleaned up."""
+
+    code = "interrupted"
+
+
 # --- the unexpected --------------------------------------------------------------------------------
 class UnexpectedError(SavepointError):
     """A failure no check anticipated (a bug, or an environment fault with no typed error yet)."""
@@ -353,6 +390,12 @@ class SourceChangedError(Exception):
 
 
 # --- reading a savepoint's state (inspect) ---------------------------------------------------------
+class StateUnreadableError(SavepointError):
+    """Spark could not read a store of the savepoint's state (its error class and message in ``cause``)."""
+
+    code = "state_unreadable"
+
+
 class SparkNotInstalledError(SavepointError):
     """Reading state needs Spark's state data sources: pyspark 4.0 or newer in this environment."""
 

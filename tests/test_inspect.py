@@ -231,3 +231,24 @@ def test_a_savepoint_on_an_object_store_is_read_through_a_local_copy(made, spark
     assert summary.read_from == "local_copy" and summary.pointer == info.pointer
     assert summary.total_rows == len({r["key"] for r in made["written"]})
     assert not [p for p in Path(tempfile.gettempdir()).glob("airflow-savepoints-inspect-*")]  # the copy is gone
+
+
+def test_damaged_state_is_an_error_with_sparks_own_class_and_progress_goes_to_stderr(made, spark, tmp_path):
+    """Issue 40: a damaged state file made ``inspect`` exit 0 with py4j's "An error occurred while calling
+    o50.collectToPython."; now it fails (``state_unreadable``) with Spark's error class and message as the cause.
+    Each step is a line on stderr; stdout holds the JSON answer alone."""
+    from typer.testing import CliRunner
+
+    from airflow_savepoints.cli.main import app
+
+    damaged = tmp_path / "agg" / Path(made["agg"].pointer).name
+    shutil.copytree(made["agg"].pointer, damaged)
+    for state_file in (damaged / "state").rglob("*.delta"):
+        state_file.write_bytes(b"not a state file")
+    result = CliRunner().invoke(app, ["inspect", str(damaged), "--json"])
+    answer = json.loads(result.stdout)
+    assert result.exit_code == 1 and answer["error"]["code"] == "state_unreadable", answer
+    assert "An error occurred while calling" not in answer["error"]["cause"]
+    assert answer["error"]["cause"].startswith("["), answer  # Spark's error class, e.g. [CANNOT_LOAD_STATE_STORE...]
+    steps = result.stderr.splitlines()
+    assert any("state's metadata" in line for line in steps) and any("counting rows" in line for line in steps), steps

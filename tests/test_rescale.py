@@ -9,7 +9,12 @@ repartition batch takes one batch id), its state has N partitions, and the savep
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -218,7 +223,10 @@ def test_failure_in_spark_rewrite_leaves_the_target_empty(spark, running_savepoi
     planned: dict[str, int] = {}
 
     def block_new_partition(event: str, data: dict) -> None:
-        planned.update(data) if event == "planned" else copied.append(data["path"])
+        if event == "planned":
+            planned.update(data)
+        elif event == "file_done":
+            copied.append(data["path"])
         if event == "file_done" and len(copied) == planned["files"]:
             (target / "state" / "0" / "4").write_text("in the way of Spark's new partition folder\n")
 
@@ -418,4 +426,45 @@ def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
     checkpoint = Path(started["checkpoint"])
     assert formats.state_partitions(_state_files(checkpoint), version=_committed(checkpoint) + 1) == {"0": 3}
     assert not [p for p in Path(folder.path_of("_rescale")).rglob("*") if p.is_file()]  # its result was read and removed
+    verify_savepoint(info.pointer)
+
+
+def _restore_process(pointer: str, target: Path) -> subprocess.Popen:
+    """``airflow-savepoints restore ... --json`` as its own process (its own local Spark for the rescale)."""
+    command = [str(Path(sys.executable).parent / "airflow-savepoints"), "restore", pointer, "--to", str(target),
+               "--state-partitions", "5", "--json"]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _wait_for(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert process.poll() is None, f"the restore ended first: {process.communicate()}"
+        assert time.monotonic() < deadline, "the restore never got there"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_restore_interrupted_while_spark_rewrites_leaves_the_target_empty_and_answers_in_json(
+        running_savepoints, tmp_path, sig):
+    """Issue 40: SIGTERM used to leave a complete-looking, un-rescaled checkpoint and a stale ``_restore.lease``;
+    Ctrl-C printed a traceback. Signalled once Spark has begun its repartition batch (its offsets file is
+    there), the process empties the target, gives back its claim and answers ``interrupted`` in JSON."""
+    _, _, info, _ = running_savepoints("aggregation")
+    target = tmp_path / "restored"
+    process = _restore_process(info.pointer, target)
+    try:
+        rewriting = target / "offsets" / str(info.manifest.batch_id + 1)  # Spark's first write of its repartition batch
+        _wait_for(rewriting.exists, process)
+        os.kill(process.pid, sig)
+        out, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 1, (out, err)
+    assert json.loads(out)["error"]["code"] == "interrupted", (out, err)
+    assert "Traceback" not in err, err
+    left = [p for p in target.rglob("*") if p.is_file()] if target.exists() else []
+    assert left == [], left  # no checkpoint file and no _restore.lease
     verify_savepoint(info.pointer)

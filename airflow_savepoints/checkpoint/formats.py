@@ -58,7 +58,7 @@ def _text(data: bytes, what: str) -> str:
 def _json(line: str, what: str) -> Any:
     try:
         return json.loads(line)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: "[" * 200000
         raise CheckpointError(f"{what} holds invalid JSON: {line[:80]!r}", "the checkpoint may be damaged") from exc
 
 

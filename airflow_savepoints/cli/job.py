@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from enum import StrEnum
 from pathlib import Path
@@ -383,6 +384,13 @@ def upgrade_job(
     _report(as_json, action)
 
 
+def _finite_positive(value: float) -> float:
+    """A number of seconds: finite and above zero (``nan`` and ``inf`` would never end a wait)."""
+    if not math.isfinite(value) or value <= 0:
+        raise typer.BadParameter(f"{value} is not a finite number of seconds above 0")
+    return value
+
+
 @app.command("check")
 @with_option_groups
 def check_job(
@@ -390,7 +398,7 @@ def check_job(
     *,
     version: NewVersion,
     timeout: Annotated[float, typer.Option(help="Seconds for the new version's driver to commit its batch (it gets "
-                                                "60 s more to start).")] = 300,
+                                                "60 s more to start).", callback=_finite_positive)] = 300,
     state_partitions: StatePartitionsOption = None,
     log_dir: LogDir = None,
     target: JobTarget,

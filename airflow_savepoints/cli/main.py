@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -251,7 +252,9 @@ def show(
     as_json: JsonFlag = False,
 ) -> None:
     """Show a savepoint's manifest."""
-    location, manifest = core.resolve_pointer(pointer, storage_options(conn_id))
+    from airflow_savepoints.core.pointer import resolve_savepoint
+
+    location, manifest = resolve_savepoint(pointer, storage_options(conn_id))
     if as_json:
         _emit(True, {"pointer": location.url, "manifest": manifest.model_dump(mode="json")})
         return
@@ -315,16 +318,29 @@ def restore(
         "Delta: give the restored query a new id so Delta writes the batches it recorded again; only once their rows "
         "are gone from the table (a table RESTORE)."))] = False,
     state_partitions: StatePartitionsOption = None,
+    many_state_partitions: Annotated[bool, typer.Option(
+        "--many-state-partitions", help="Allow --state-partitions above 10,000.")] = False,
     checks: RestoreChecks,
     conn_id: ConnOption = None,
     quiet: QuietFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Restore a savepoint into a new checkpoint location (the savepoint is not changed)."""
-    with progress_bar("restore", enabled=not (quiet or as_json)) as on_event:
+    with progress_bar("restore", enabled=not (quiet or as_json)) as bar:
+        def on_event(event: str, data: dict[str, Any]) -> None:
+            if bar is not None:
+                bar(event, data)
+            if quiet or (bar is not None and event == "planned"):
+                return
+            if event == "planned":  # one line per step on stderr (stdout keeps the answer alone)
+                err.print(f"restore: copying {data['files']} files ({_human_size(data['bytes'])})", highlight=False)
+            elif event == "rescaling":
+                err.print(f"restore: Spark rewrites the state into {data['partitions']} partitions", highlight=False)
+
         result = core.restore_savepoint(pointer, to, new_query_id=new_query_id, reprocess=reprocess,
                                         **{**dataclasses.asdict(checks), "sink_kind": checks.sink_kind and checks.sink_kind.value},
-                                        state_partitions=state_partitions, storage_options=storage_options(conn_id),
+                                        state_partitions=state_partitions, many_state_partitions=many_state_partitions,
+                                        storage_options=storage_options(conn_id),
                                         on_event=on_event)
     confs = " ".join(f"--conf {k}={v}" for k, v in result.spark_conf_to_set.items())
     scale = ""
@@ -353,14 +369,23 @@ def inspect_(
     read_via: Annotated[ReadVia, typer.Option(
         "--read-via", help="auto: a local savepoint in place, a remote one through a local temporary copy; in-place: "
                            "give Spark the store's URL (a session with its connector).")] = ReadVia.auto,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show Spark's own log (its warnings and progress).")] = False,
     conn_id: ConnOption = None,
+    quiet: QuietFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Read a savepoint's state with Spark's state sources (needs the [spark] extra); nothing is written into it."""
+    """Read a savepoint's state with Spark's state sources (needs the [spark] extra); nothing is written into it.
+    A store Spark cannot read is an error (``state_unreadable``, Spark's error class and message as its cause)."""
     from airflow_savepoints.core.state_reader import inspect_savepoint
 
+    started = time.monotonic()
+
+    def progress(line: str) -> None:  # on stderr: stdout keeps the answer alone
+        if not quiet:
+            err.print(f"[dim]{time.monotonic() - started:5.1f}s[/] {escape(line)}", highlight=False)
+
     summary = inspect_savepoint(pointer, operator=operator, sample=sample, storage_options=storage_options(conn_id),
-                                read_via=read_via.value.replace("-", "_"))
+                                read_via=read_via.value.replace("-", "_"), progress=progress, verbose=verbose, strict=True)
     if as_json:
         _emit(True, summary.as_json())
         return

@@ -4,17 +4,21 @@ Exit status: 0 done, 1 an error (its message and how to fix it), 2 a usage error
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from airflow_savepoints.errors import SavepointError, UnexpectedError
+from airflow_savepoints.errors import InterruptedBySignalError, SavepointError, UnexpectedError
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # pipes and CI logs: no truncation
@@ -27,18 +31,56 @@ def emit(as_json: bool, payload: Any, text: str | None = None) -> None:
         out.print(text)
 
 
+class Terminated(BaseException):  # noqa: N818 - like KeyboardInterrupt: no ``except Exception`` swallows it
+    """SIGTERM (or SIGINT) arrived: raised in the main thread, so every ``finally`` and ``except BaseException``
+    on the way out runs (a restore empties its target and gives back its claim)."""
+
+
+_SIGNALLED: list[str] = []  # the signal that stopped the command: whatever error it surfaces as, it is reported
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    for each in (signal.SIGTERM, signal.SIGINT):  # a second signal does not cut the clean-up short
+        signal.signal(each, signal.SIG_IGN)
+    _SIGNALLED.append(signal.Signals(signum).name)
+    raise Terminated(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGINT raise ``Terminated`` in the main thread while a command runs (Python's default for
+    SIGTERM ends the process at once, with no clean-up)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {each: signal.signal(each, _on_signal) for each in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
 def command(fn):
-    """Run a command; a SavepointError becomes a clear message and exit status 1."""
+    """Run a command; a SavepointError becomes a clear message and exit status 1, and so does SIGTERM or
+    SIGINT once the command has cleaned up (code ``interrupted``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         as_json = kwargs.get("as_json", False)
         try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            with _signals_raise():
+                return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
             raise
-        except Exception as caught:  # noqa: BLE001 - every failure leaves as a coded error, never a raw traceback
-            exc = caught if isinstance(caught, SavepointError) else UnexpectedError.wrap(caught)
+        except (Exception, KeyboardInterrupt, Terminated) as caught:  # noqa: BLE001 - every failure leaves as a coded error
+            if isinstance(caught, KeyboardInterrupt | Terminated) or _SIGNALLED:
+                name = _SIGNALLED[0] if _SIGNALLED else "SIGINT"  # pyspark's own SIGINT handler raises KeyboardInterrupt
+                exc: SavepointError = InterruptedBySignalError(
+                    f"interrupted by {name}; what this command had written was removed (a restore leaves its target "
+                    "empty, a savepoint its location discarded)", "run the command again")
+            else:
+                exc = caught if isinstance(caught, SavepointError) else UnexpectedError.wrap(caught)
             if os.environ.get("AIRFLOW_SAVEPOINTS_DEBUG") and exc is not caught:
                 err.print_exception()
             if as_json:

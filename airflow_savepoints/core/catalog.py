@@ -38,19 +38,18 @@ from tenacity import (
 )
 
 from airflow_savepoints.core.lease import JobLock, Lease, owner_id
-from airflow_savepoints.core.manifest import SAVEPOINT_NAME, read_manifest, savepoint_info
+from airflow_savepoints.core.manifest import BAD_MANIFEST, SAVEPOINT_NAME, read_manifest, savepoint_info
 from airflow_savepoints.core.models import SavepointInfo, SavepointManifest, SavepointSummary, SavepointType
 from airflow_savepoints.core.names import CATALOG_FILE, CATALOG_LOCK, MANIFEST_FILE
 from airflow_savepoints.errors import (
     CredentialsError,
     IncompleteSavepointError,
-    ManifestCorruptError,
     ManifestUnreadableError,
-    ManifestVersionError,
     SavepointInFlightError,
     SavepointNotFoundError,
     SavepointPinnedError,
     StoragePermissionError,
+    UnsafeFileError,
 )
 from airflow_savepoints.storage import Store
 
@@ -288,8 +287,11 @@ class Catalog:
 
     def _parse(self) -> CatalogDocument | None:
         try:
-            raw = self.store.read_bytes(CATALOG_FILE)
+            raw = self.store.read_known(CATALOG_FILE, "catalog")
         except FileNotFoundError:
+            return None
+        except UnsafeFileError as exc:
+            log.warning("%s; rebuilding the catalog from the _metadata files", exc)
             return None
         try:
             document = CatalogDocument.model_validate_json(raw)
@@ -324,7 +326,7 @@ class Catalog:
         location = self.store.child(record.savepoint_id)
         try:
             manifest = read_manifest(location)
-        except (IncompleteSavepointError, ManifestCorruptError, ManifestVersionError, ManifestUnreadableError):
+        except (IncompleteSavepointError, *BAD_MANIFEST, ManifestUnreadableError):
             return record
         if manifest.savepoint_id != record.savepoint_id or manifest.job != self.job or manifest.type != record.type:
             return record  # identity disputed: left to reconcile, which reports the conflict
@@ -343,7 +345,7 @@ class Catalog:
             location = self.store.child(record.savepoint_id)
             try:
                 manifest = _confirmed_manifest(location)
-            except (IncompleteSavepointError, ManifestCorruptError, ManifestVersionError):
+            except (IncompleteSavepointError, *BAD_MANIFEST):
                 log.warning("catalog record %s has no usable _metadata; skipped", location.url)
                 continue
             if manifest.retired_checkpoint or (accept is not None and not accept(manifest)):
@@ -358,7 +360,7 @@ class Catalog:
                 location = self.store.child(record.savepoint_id)
                 try:
                     return savepoint_info(location, _confirmed_manifest(location))
-                except (IncompleteSavepointError, ManifestCorruptError, ManifestVersionError):
+                except (IncompleteSavepointError, *BAD_MANIFEST):
                     continue
         return None
 
@@ -458,8 +460,9 @@ class Catalog:
             if len(parts) == 2 and parts[1] == MANIFEST_FILE and SAVEPOINT_NAME.match(parts[0]):
                 try:
                     manifest = read_manifest(self.store.child(parts[0]))
-                except (ManifestCorruptError, ManifestVersionError, IncompleteSavepointError):
-                    continue  # not usable; `verify`/`show` report why
+                except (*BAD_MANIFEST, IncompleteSavepointError) as exc:
+                    log.warning("%s: skipped (%s); `verify`/`show` report why", self.store.url_of(parts[0]), exc)
+                    continue
                 if manifest.savepoint_id == parts[0] and manifest.job == self.job:
                     document.records[parts[0]] = SavepointRecord.from_manifest(manifest)
         return document
@@ -547,7 +550,7 @@ class Catalog:
             except IncompleteSavepointError:
                 settled[savepoint_id] = (seen[savepoint_id].model_copy(update={"state": SavepointState.FAILED})
                                          if location.exists() else None)
-            except (ManifestCorruptError, ManifestVersionError):
+            except BAD_MANIFEST:
                 settled[savepoint_id] = seen[savepoint_id].model_copy(update={"state": SavepointState.FAILED})
 
         def apply(doc: CatalogDocument) -> None:

@@ -98,7 +98,7 @@ def _dispose_secondary(manifest: SavepointManifest) -> None:
                 secondary.parent().name == manifest.job:
             # only a real folder <dir>/<job>/<id> whose own _metadata is this savepoint's (the manifest is data: trust no path in it)
             check_no_link(secondary, secondary.parent().parent().root)
-            copy = parse_manifest(secondary.read_bytes(MANIFEST_FILE), secondary.url_of(MANIFEST_FILE))
+            copy = parse_manifest(secondary.read_known(MANIFEST_FILE, "manifest"), secondary.url_of(MANIFEST_FILE))
             if (copy.savepoint_id, copy.job, copy.query_id) != (manifest.savepoint_id, manifest.job, manifest.query_id):
                 raise OutsideRootError(f"{secondary.url} holds another savepoint", "left in place")
             secondary.remove_file(MANIFEST_FILE)

@@ -18,7 +18,6 @@ skips them. The check asks the brokers with kafka-python (the ``kafka`` extra), 
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 from collections import defaultdict
@@ -28,8 +27,9 @@ from urllib.parse import unquote
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.models import SavepointManifest
-from airflow_savepoints.errors import InputCheckFailedError, KafkaOffsetsGoneError, MissingInputError
+from airflow_savepoints.errors import InputCheckFailedError, KafkaOffsetsGoneError, MalformedFileError, MissingInputError
 from airflow_savepoints.storage import Store
+from airflow_savepoints.storage.known_files import parse_json
 
 SHOWN = 10
 log = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ def pending_input_files(location: Store, manifest: SavepointManifest) -> list[st
     paths = {e.path for e in manifest.files}
     if not manifest.includes_next_offsets or f"offsets/{manifest.batch_id + 1}" not in paths:
         return []
-    committed = formats.parse_offsets(location.read_bytes(f"offsets/{manifest.batch_id}"))
-    planned = formats.parse_offsets(location.read_bytes(f"offsets/{manifest.batch_id + 1}"))
+    committed = formats.parse_offsets(location.read_known(f"offsets/{manifest.batch_id}", "spark_log"))
+    planned = formats.parse_offsets(location.read_known(f"offsets/{manifest.batch_id + 1}", "spark_log"))
     pending: list[str] = []
     for source, offset in sorted(planned.sources.items()):
         last = formats.file_source_log_offset(offset)
@@ -61,8 +61,13 @@ def logged_input_files(location: Store, paths: set[str], folder: str, after: int
         match = formats.BATCH_FILE.match(name) or formats.COMPACT_FILE.match(name)
         if not match or int(match.group(1)) <= after:
             continue  # a log file up to the committed batch lists only consumed files
-        for line in location.read_bytes(path).decode("utf-8", "replace").splitlines()[1:]:
-            entry = json.loads(line) if line.strip().startswith("{") else {}
+        where = location.url_of(path)
+        for number, line in enumerate(location.read_known(path, "spark_source_log").decode("utf-8", "replace")
+                                      .splitlines()[1:], start=2):
+            entry = parse_json(line, f"{where} line {number}") if line.strip().startswith("{") else {}
+            if not isinstance(entry, dict):
+                raise MalformedFileError(f"{where} line {number} is not a JSON object",
+                                         "the savepoint's file-source log is damaged; use another savepoint")
             batch = entry.get("batchId")
             if isinstance(entry.get("path"), str) and isinstance(batch, int) and after < batch <= last:
                 found.append(entry["path"])

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_savepoints.core.names import CLOCK_PROBE_PREFIX, INFLIGHT_LEASE, LEASE_BREAK_SUFFIX
-from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.errors import SavepointError, UnsafeFileError
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ LOCK_FILE = INFLIGHT_LEASE
 BREAK_STALE_AFTER = 10.0  # seconds: a break lock is held for one read and one delete
 CLOCK_SLACK = 2.0  # seconds: mtime resolution (1 s on S3) and the probe's own delay
 CLOCK_PROBE_TTL = 30.0  # seconds a measured store clock is extrapolated before it is probed again
+UNSAFE = b"\0unsafe"  # the content a lease file that is no plain small file is read as (never valid JSON)
 MAX_DECLARED_STALE_AFTER = 86400.0  # seconds: a longer stale time written in a lease is not believed
 
 _clock_cache: dict[tuple[str, str], tuple[float, float]] = {}  # (protocol, folder) -> (store time, monotonic)
@@ -110,7 +111,7 @@ def _parse(raw: bytes) -> tuple[str | None, str | None, dict[str, Any], bool, fl
     """(token, owner, facts, readable, the holder's stale time) of a lease's bytes; never raises."""
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None, None, {}, False, None
     if not isinstance(body, dict):
         return None, None, {}, False, None
@@ -162,16 +163,19 @@ class Lease:
     def held(self) -> bool:
         """Whether the lease file carries our token (one read; its age does not matter to its holder)."""
         try:
-            data = self.store.read_bytes(self.name)
-        except FileNotFoundError:
+            data = self.store.read_known(self.name, "lease")
+        except (FileNotFoundError, UnsafeFileError):
             return False
         return _parse(data)[0] == self.token
 
     def _raw(self, name: str) -> tuple[bytes, float | None] | None:
         try:
-            return self.store.read_stamped(name)  # one request on S3
+            return self.store.read_known_stamped(name, "lease")  # one request on S3
         except FileNotFoundError:
             return None
+        except UnsafeFileError as exc:  # a folder, FIFO, link or oversize file: no lease of ours, and lapsed
+            log.warning("%s: taken as a lapsed lease", exc)
+            return UNSAFE, 0.0  # modified at the epoch: stale by any clock
 
     def _state_of(self, name: str, stale_after: float) -> LeaseState | None:
         raw = self._raw(name)
@@ -286,7 +290,10 @@ class Lease:
                 return False  # renewed, or replaced by a fresh lease: not ours to break
             log.warning("breaking the stale lease %s (owner %s, %s)", self.store.url_of(self.name), judged.owner,
                         "age unknown" if judged.age_s is None else f"{judged.age_s:.0f}s old")
-            self.store.remove_file(self.name)
+            if now == (UNSAFE, 0.0) and self.store.isdir(self.name) and self.store.symlink_target(self.name) is None:
+                self.store.remove_tree(self.name)  # a folder in its place never wedges the job
+            else:
+                self.store.remove_file(self.name)
             return True
 
     def _break_lock(self) -> _BreakLock:

@@ -5,7 +5,6 @@ The catalog and the pointer functions both read manifests through this module.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from typing import Any
@@ -22,16 +21,24 @@ from airflow_savepoints.core.names import MANIFEST_FILE
 from airflow_savepoints.errors import (
     CredentialsError,
     IncompleteSavepointError,
+    MalformedFileError,
     ManifestCorruptError,
     ManifestUnreadableError,
     ManifestVersionError,
     MissingBackendError,
     StorageError,
     UnknownSchemeError,
+    UnsafeFileError,
 )
 from airflow_savepoints.storage import Store
+from airflow_savepoints.storage.known_files import parse_json
 
 SAVEPOINT_NAME = re.compile(r"^savepoint-[0-9A-Za-z-]{1,6}-[0-9a-f]{12}\Z")  # \Z: not "$", which allows a final newline
+
+
+# What a folder with a bad ``_metadata`` raises: a command over many folders (retention, the catalog's
+# rebuild) skips that folder with a warning instead of failing for the whole job.
+BAD_MANIFEST = (ManifestCorruptError, ManifestVersionError, UnsafeFileError)
 
 
 def new_savepoint_id(query_id: str) -> str:
@@ -50,11 +57,9 @@ def parse_manifest(data: bytes, where: str) -> SavepointManifest:
         if {"format", "format_version"} <= manifest.model_fields_set and 1 <= manifest.format_version <= MANIFEST_VERSION:
             return manifest
     try:
-        raw: Any = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ManifestCorruptError(
-            f"{where} is not valid JSON: {exc}", "the savepoint is damaged; use another savepoint"
-        ) from exc
+        raw: Any = parse_json(data, where)  # "[" * 200000 included
+    except MalformedFileError as exc:
+        raise ManifestCorruptError(exc.message, "the savepoint is damaged; use another savepoint") from exc
     if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
         raise ManifestCorruptError(
             f"{where} is not an airflow-savepoints manifest (format marker {raw.get('format') if isinstance(raw, dict) else None!r})",
@@ -81,15 +86,15 @@ def parse_manifest(data: bytes, where: str) -> SavepointManifest:
 def read_manifest(location: Store) -> SavepointManifest:
     where = location.url_of(MANIFEST_FILE)
     try:
-        data = location.read_bytes(MANIFEST_FILE)
+        data = location.read_known(MANIFEST_FILE, "manifest")
     except FileNotFoundError as exc:
         raise IncompleteSavepointError(
             f"{location.url} has no {MANIFEST_FILE}: it is an incomplete savepoint (a trigger failed or is "
             "still running) or not a savepoint at all",
             "list the job's savepoints and pick a completed one",
         ) from exc
-    except (CredentialsError, MissingBackendError, UnknownSchemeError):
-        raise
+    except (CredentialsError, MissingBackendError, UnknownSchemeError, UnsafeFileError):
+        raise  # UnsafeFileError: a link, a FIFO, a folder or an oversize file in its place, named
     except Exception as exc:  # noqa: BLE001 - any other read failure is reported as unreadable
         detail = exc.message if isinstance(exc, StorageError) else str(exc)
         raise ManifestUnreadableError(f"cannot read {where}: {detail}", "check access to the store and retry") from exc

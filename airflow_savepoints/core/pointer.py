@@ -40,6 +40,15 @@ def resolve_pointer(pointer: str, storage_options: dict[str, Any] | None = None)
     return store, read_manifest(store)
 
 
+def resolve_savepoint(pointer: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, SavepointManifest]:
+    """``resolve_pointer`` for a command that reads inside the savepoint (``show``, ``inspect``,
+    ``offsets``): links refused as ``restore`` and ``verify`` refuse them (``symlink_refused``), so
+    nothing outside the savepoint is read as its own (a linked ``state/``, ``sources/0/*`` or ``_metadata``)."""
+    location, manifest = resolve_pointer(pointer, storage_options)
+    refuse_symlinks(location, "savepoint")
+    return location, manifest
+
+
 def _refuse_no_savepoint(store: Store) -> None:
     """Nothing at ``store``, or a file: no savepoint there."""
     if not store.exists():

@@ -14,12 +14,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.models import SavepointManifest
+from airflow_savepoints.core.spark_cause import spark_cause
 from airflow_savepoints.errors import (
     RescaleError,
     RescaleFailedError,
@@ -174,7 +177,8 @@ def rewrite(session: Any, destination: Store, partitions: int, batch: int, file_
     spark_version(session)
     session.streams  # noqa: B018 - its manager registers the StateStoreCoordinator, which the rewrite needs (a fresh session has none)
     try:
-        session._streamingCheckpointManager.repartition(destination.spark_url_of(), partitions, True)
+        _interruptible(session, lambda: session._streamingCheckpointManager.repartition(destination.spark_url_of(),
+                                                                                        partitions, True))
     except Exception as exc:  # noqa: BLE001 - py4j and pyspark errors: mapped by Spark's error class
         raise spark_error(exc, destination) from exc
     listing = destination.list_files()
@@ -184,6 +188,33 @@ def rewrite(session: Any, destination: Store, partitions: int, batch: int, file_
     if file_sink is not None:
         _record_in_sink(session, file_sink, batch)
     return formats.state_partitions(listing, version=batch + 1)
+
+
+def _interruptible(session: Any, call: Callable[[], Any], grace: float = 120.0) -> Any:
+    """``call`` (one blocking py4j call) on a thread of its own, so that SIGTERM or SIGINT interrupt the wait
+    here, never a py4j exchange (an interrupted one leaves the main thread's connection to the JVM out of step).
+    Interrupted: Spark's jobs are cancelled and the call is waited for (up to ``grace`` seconds), so Spark writes
+    nothing more once the caller empties the target."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-call") as pool:
+        future = pool.submit(call)
+        try:
+            return future.result()
+        except BaseException:
+            deadline = time.monotonic() + grace
+            with contextlib.suppress(Exception):
+                session.sparkContext.cancelAllJobs()
+            with contextlib.suppress(BaseException):
+                future.exception(timeout=grace)
+            with contextlib.suppress(Exception):  # a failed job's other tasks still write until they stop
+                while _running_tasks(session) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            raise
+
+
+def _running_tasks(session: Any) -> int:
+    """Tasks still running on the session's executors (an aborted job's tasks end after the job does)."""
+    infos = session.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return sum(info.numRunningTasks() for info in infos)
 
 
 def _record_in_sink(session: Any, sink: Store, batch: int) -> None:
@@ -211,18 +242,19 @@ def spark_error(exc: BaseException, destination: Store) -> Exception:
         lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(exc).__name__]
         cause = next((line[2:] for line in lines if line.startswith(": ")), lines[0])
         return RescaleFailedError(f"Spark's repartition of {destination.url} failed: {cause}",
-                                  "nothing was restored; fix the cause and retry into a new, empty checkpoint location")
+                                  "nothing was restored; fix the cause and retry into a new, empty checkpoint location",
+                                  cause=spark_cause(exc))
     line = next(line for line in text.splitlines() if match.group(0) in line)
     message = line[line.index(match.group(0)):].strip()  # Spark's own message, from its error class on
     condition = match.group(1)
     if condition.endswith(".UNSUPPORTED_PROVIDER"):
-        return RescaleUnsupportedStateError(message, MOVE_TO_ROCKSDB)
+        return RescaleUnsupportedStateError(message, MOVE_TO_ROCKSDB, cause=message)
     if condition.endswith((".UNSUPPORTED_STATEFUL_OPERATOR", ".UNSUPPORTED_TRANSFORM_WITH_STATE_VARIABLE_TYPE")):
         return RescaleUnsupportedOperatorError(
             message, "Spark cannot repartition this query's state; restore without state_partitions (--state-partitions) "
-            "and keep its partition count; nothing was restored")
+            "and keep its partition count; nothing was restored", cause=message)
     return RescaleRefusedError(message, "Spark's repartition refused the restored copy for the reason it gives; "
-                               "nothing was restored")
+                               "nothing was restored", cause=message)
 
 
 _ERRORS_BY_CODE = {error.code: error for error in (RescaleUnavailableError, RescaleUnsupportedStateError,
@@ -232,7 +264,9 @@ _ERRORS_BY_CODE = {error.code: error for error in (RescaleUnavailableError, Resc
 def reported_error(reported: dict[str, Any]) -> RescaleError:
     """The typed error a rescale that ran elsewhere reported (its ``to_dict()``: code, message, hint)."""
     error = _ERRORS_BY_CODE.get(str(reported.get("code")), RescaleFailedError)
-    return error(str(reported.get("message") or "the rescale failed without a message"), reported.get("hint"))
+    cause = reported.get("cause")
+    return error(str(reported.get("message") or "the rescale failed without a message"), reported.get("hint"),
+                 cause=str(cause) if cause is not None else None)
 
 
 @contextlib.contextmanager

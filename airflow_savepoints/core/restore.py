@@ -81,7 +81,9 @@ def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None
                      ) -> tuple[Store, SavepointManifest]:
     """Check every file of the savepoint against its manifest; raise naming the bad files.
 
-    ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress."""
+    ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress,
+    and ``on_event("rescaling", {partitions})`` when Spark's rewrite starts. Interrupted (SIGTERM, SIGINT, a
+    failure inside Spark), the target is emptied and its claim given back."""
     location, manifest = resolve_pointer(pointer, storage_options)
     refuse_symlinks(location, "savepoint")
     listing = location.list_files()
@@ -249,6 +251,9 @@ def _plan_delta(manifest: SavepointManifest, sink: DeltaSink, request: RestoreRe
                             f"no txn for appId {app}" + (f" (table version {version})" if version is not None else " (no table yet)"))
 
 
+SPARK_MAX_INT = 2**31 - 1  # a partition count is a Java int
+MAX_SANE_STATE_PARTITIONS = 10_000  # docs/evolve.md; above it only with many_state_partitions
+
 class RestoreRequest(Request):
     """What a caller asks of :func:`restore_savepoint` (its keyword arguments are these fields)."""
 
@@ -273,11 +278,24 @@ class RestoreRequest(Request):
     input_storage_options: dict[str, Any] | None = None  # for a file source's input files
     kafka_bootstrap_servers: str | None = None  # the brokers of the Kafka topics the savepoint resumes (checked first)
     kafka_options: dict[str, Any] | None = None  # kafka-python client options for them (security_protocol, sasl_*, ...)
-    state_partitions: int | None = Field(default=None, ge=1)  # rescale the state into this many partitions (Spark 4.2+)
+    # rescale the state into this many partitions (Spark 4.2+): an int Spark takes (2^31 - 1 at most), and at
+    # most MAX_SANE_STATE_PARTITIONS unless many_state_partitions (each partition is a store Spark opens)
+    state_partitions: int | None = Field(default=None, ge=1, le=SPARK_MAX_INT)
+    many_state_partitions: bool = False
     spark_session: Any = None  # the SparkSession that rescales (None: the active one, else a local one)
     # runs the rescale elsewhere instead (a job's rescale application: jobs/workflows/rescale.py), called as
     # rescaler(destination, plan, manifest, conf, file_sink) -> (repartition batch, partitions after)
     rescaler: Any = None
+
+
+def check_state_partitions(request: RestoreRequest) -> None:
+    """Refuse a partition count beyond the sane bound before Spark starts, unless the caller insists."""
+    if request.state_partitions and request.state_partitions > MAX_SANE_STATE_PARTITIONS \
+            and not request.many_state_partitions:
+        raise InvalidInputError(
+            f"invalid state_partitions: {request.state_partitions} is over {MAX_SANE_STATE_PARTITIONS} (each partition "
+            "is a state store every batch opens)",
+            "pass fewer partitions, or insist with --many-state-partitions (many_state_partitions=True)")
 
 
 def check_age(location: Store, manifest: SavepointManifest, max_age: str | None) -> None:
@@ -321,6 +339,7 @@ def restore_savepoint(pointer: str, target: str, *, on_event: Notify | None = No
 
     ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress."""
     request: RestoreRequest = RestoreRequest.of("restore_savepoint", pointer=pointer, target=target, **options)
+    check_state_partitions(request)
     location, manifest = resolve_pointer(pointer, request.storage_options)
     refuse_symlinks(location, "savepoint")
     check_age(location, manifest, request.max_age)
@@ -464,7 +483,7 @@ def _usable_secondary(manifest: SavepointManifest, storage_options: dict[str, An
         return None
     try:
         secondary = Store(manifest.secondary, storage_options)
-        copy = parse_manifest(secondary.read_bytes(MANIFEST_FILE), secondary.url_of(MANIFEST_FILE))
+        copy = parse_manifest(secondary.read_known(MANIFEST_FILE, "manifest"), secondary.url_of(MANIFEST_FILE))
     except Exception as exc:  # noqa: BLE001 - absent on this machine, unreadable: use the primary
         log.info("secondary copy %s not used (%s)", manifest.secondary, getattr(exc, "message", exc))
         return None
@@ -490,8 +509,9 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
             f"savepoint {location.url} is damaged: {', '.join(missing[:10])} missing",
             "do not restore it; use another savepoint of the job",
         )
+    notify = on_event or (lambda event, data: None)
     try:
-        _copy_checked(location, manifest, destination, request, listing, on_event or (lambda event, data: None))
+        _copy_checked(location, manifest, destination, request, listing, notify)
         rewritten = [e.path for e in manifest.files if _rewritable(e.path)]
         for entry in manifest.files:
             if _rewritable(entry.path):
@@ -500,6 +520,7 @@ def _restore_pinned(location: Store, manifest: SavepointManifest, destination: S
         _check_complete(destination, manifest, rewritten)
         rescaled, after = None, before
         if rescale is not None and not rescale.noop:
+            notify("rescaling", {"partitions": rescale.partitions})
             rescaler = request.rescaler or functools.partial(repartition, spark=request.spark_session)
             rescaled, after = rescaler(destination, rescale, manifest, spark_conf_to_set(manifest), file_sink=_file_sink(request))
     except BaseException:
@@ -542,7 +563,7 @@ def _file_sink(request: RestoreRequest) -> Store | None:
 def _write_identity(location: Store, manifest: SavepointManifest, destination: Store, new_query_id: bool) -> str:
     """Write the checkpoint's ``metadata`` (its query id, a new one if asked), last; returns the query id."""
     entry = next(e for e in manifest.files if e.path == CHECKPOINT_METADATA)
-    data = location.read_bytes(CHECKPOINT_METADATA)
+    data = location.read_known(CHECKPOINT_METADATA, "spark_metadata")
     _raise_if([_bytes_mismatch(entry, data)], location)
     query_id = manifest.query_id
     if new_query_id:
@@ -581,14 +602,14 @@ def _rewritable(path: str) -> bool:
 def _restore_rewritten(location: Store, destination: Store, entry: FileEntry, manifest: SavepointManifest) -> None:
     if entry.path.endswith(formats.SPARK_SIDECAR_SUFFIX):
         return  # regenerated together with its main file below
-    data = location.read_bytes(entry.path)
+    data = location.read_known(entry.path, "spark_log")
     _raise_if([_bytes_mismatch(entry, data)], location)
     op = entry.path.split("/")[1]
     new = formats.rewrite_schema_file_paths(data, destination.spark_url_of("state"), op, entry.path)
     destination.write_bytes_atomic(entry.path, new)
     sidecar = entry.path + formats.SPARK_SIDECAR_SUFFIX
     if any(e.path == sidecar for e in manifest.files):
-        old = json.loads(location.read_bytes(sidecar))
+        old = location.read_json(sidecar, "spark_log")
         crc = google_crc32c.value(new)
         old["value"] = crc - (1 << 32) if crc >= (1 << 31) else crc  # Spark stores a signed int32
         old["mainFileSize"] = len(new)

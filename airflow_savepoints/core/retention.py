@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from airflow_savepoints.core.catalog import Catalog, SavepointRecord, SavepointState
 from airflow_savepoints.core.dispose import check_no_link, check_under_root, discard_incomplete, dispose_location
 from airflow_savepoints.core.lease import JobLock, store_now
-from airflow_savepoints.core.manifest import SAVEPOINT_NAME, read_manifest
+from airflow_savepoints.core.manifest import BAD_MANIFEST, SAVEPOINT_NAME, read_manifest
 from airflow_savepoints.core.models import SavepointManifest, SavepointType, validate_job_name
 from airflow_savepoints.core.names import (
     CATALOG_FILE,
@@ -37,8 +37,6 @@ from airflow_savepoints.core.state_summary import remove_stray_summaries
 from airflow_savepoints.errors import (
     IncompleteSavepointError,
     InvalidInputError,
-    ManifestCorruptError,
-    ManifestVersionError,
     SavepointError,
     SavepointNotFoundError,
 )
@@ -244,7 +242,7 @@ class _Planner:
         location = self.job_store.child(savepoint_id)
         try:  # complete, but the catalog does not know it (yet), or flagged a conflict before: look again
             manifest = read_manifest(location)
-        except (ManifestCorruptError, ManifestVersionError, IncompleteSavepointError) as exc:
+        except (*BAD_MANIFEST, IncompleteSavepointError) as exc:
             self._add(record, savepoint_id, Action.KEEP,
                       f"has an unreadable _metadata ({exc.code}): left for a person to inspect")
             return
@@ -335,7 +333,7 @@ class _Planner:
     def _disposal_conflict(self, record: SavepointRecord) -> str | None:
         try:
             manifest = read_manifest(self.job_store.child(record.savepoint_id))
-        except (ManifestCorruptError, ManifestVersionError) as exc:
+        except BAD_MANIFEST as exc:
             return f"its _metadata is unreadable ({exc.code})"
         except IncompleteSavepointError:
             return None  # gone meanwhile: apply finds it gone

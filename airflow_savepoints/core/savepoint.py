@@ -588,7 +588,7 @@ def check_copied(plan: CheckpointPlan, copied: dict[str, CopiedFile], location: 
                 f"{planned.path} has {got.size} bytes but its snapshot lists {planned.expected_size}"
             )
         if planned.sidecar_of:
-            sidecar = formats.parse_spark_sidecar(location.read_bytes(planned.path), planned.path)
+            sidecar = formats.parse_spark_sidecar(location.read_known(planned.path, "spark_log"), planned.path)
             main = copied[planned.sidecar_of]
             crc = main.crc if main.algorithm == CRC32C else checksum_of(location, planned.sidecar_of)[1]
             if sidecar.value != crc or sidecar.main_file_size not in (-1, main.size):

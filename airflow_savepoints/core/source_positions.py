@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.input_check import logged_input_files
-from airflow_savepoints.core.pointer import resolve_pointer
+from airflow_savepoints.core.pointer import resolve_savepoint
 from airflow_savepoints.storage import Store
 
 
@@ -73,7 +73,7 @@ def position_of(location: Store, paths: set[str], source: str, offset: Any) -> S
 
 def source_positions(pointer: str, storage_options: dict[str, Any] | None = None) -> SourcePositions:
     """Each source's committed position at the savepoint's batch (see the module's docstring)."""
-    location, manifest = resolve_pointer(pointer, storage_options)
+    location, manifest = resolve_savepoint(pointer, storage_options)
     paths = {e.path for e in manifest.files}
     sources = [position_of(location, paths, key, offset)
                for key, offset in sorted(manifest.source_offsets.items(), key=lambda kv: (not kv[0].isdigit(), len(kv[0]), kv[0]))]

@@ -29,18 +29,20 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any, Literal
 
 from airflow_savepoints.core.catalog import pinned_savepoint
 from airflow_savepoints.core.models import SavepointManifest
-from airflow_savepoints.core.pointer import resolve_pointer
+from airflow_savepoints.core.pointer import resolve_savepoint
+from airflow_savepoints.core.spark_cause import spark_cause
 from airflow_savepoints.core.state_summary import OperatorState, StateSummary, StoreState, skew, state_files
 from airflow_savepoints.errors import (
     InvalidInputError,
     SparkNotInstalledError,
+    StateUnreadableError,
 )
 from airflow_savepoints.storage import Store
 
@@ -50,10 +52,18 @@ ReadVia = Literal["auto", "in_place", "copy"]
 MAX_SAMPLE = 1000
 JOIN_INDEX_STORE = "keyToNumValues"  # a join side's key -> count index: its rows are keys, not buffered rows
 INSTALL_HINT = "pip install 'airflow-savepoints[spark]' (pyspark 4.0 or newer, and Java 17 or newer)"
+Progress = Callable[[str], None]  # one line per step: starting Spark, reading state, counting
+# Spark's log4j2 configuration for a session made here: warnings and Spark's start-up lines stay quiet
+QUIET_LOG4J = os.path.join(os.path.dirname(__file__), "log4j2-quiet.properties")
 
 
-def spark_session():
-    """The active Spark session, else a local one (the CLI's in-process Spark)."""
+def _quiet_java_options() -> str:
+    return f"-Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
+
+
+def spark_session(verbose: bool = False):
+    """The active Spark session, else a local one (the CLI's in-process Spark), whose JVM logs only errors
+    unless ``verbose``."""
     try:
         import pyspark
         from pyspark.sql import SparkSession
@@ -67,35 +77,51 @@ def spark_session():
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    session = (SparkSession.builder.master("local[*]").appName("airflow-savepoints-inspect")
+    builder = (SparkSession.builder.master("local[*]").appName("airflow-savepoints-inspect")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+               .config("spark.sql.session.timeZone", "UTC"))
+    if not verbose:
+        builder = builder.config("spark.driver.extraJavaOptions", _quiet_java_options())
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("INFO" if verbose else "ERROR")
     return session
 
 
 def inspect_savepoint(pointer: str, *, operator: int | None = None, sample: int = 0, spark: Any = None,
-                      storage_options: dict[str, Any] | None = None, read_via: ReadVia = "auto") -> StateSummary:
+                      storage_options: dict[str, Any] | None = None, read_via: ReadVia = "auto",
+                      progress: Progress | None = None, verbose: bool = False, strict: bool = False) -> StateSummary:
     """Per stateful operator of the savepoint at ``pointer``: its stores, schemas, partitions, rows per
-    partition, bytes and ``sample`` rows of each store; ``operator``: only that operator id."""
+    partition, bytes and ``sample`` rows of each store; ``operator``: only that operator id. ``progress``
+    gets a line per step; ``strict``: a store Spark cannot read raises ``StateUnreadableError`` (Spark's error
+    class and message as its ``cause``) instead of being reported in the summary."""
+    say = progress or (lambda line: None)
     if not isinstance(sample, int) or not 0 <= sample <= MAX_SAMPLE:
         raise InvalidInputError(f"invalid sample {sample!r}", f"pass a number of rows from 0 to {MAX_SAMPLE}")
     if operator is not None and (not isinstance(operator, int) or operator < 0):
         raise InvalidInputError(f"invalid operator id {operator!r}", "pass an operator id (0, 1, ...) as inspect lists them")
     if read_via not in ("auto", "in_place", "copy"):
         raise InvalidInputError(f"invalid read_via {read_via!r}", "pass auto, in_place or copy")
-    location, manifest = resolve_pointer(pointer, storage_options)
+    location, manifest = resolve_savepoint(pointer, storage_options)
     files = state_files(manifest)
     if operator is not None and str(operator) not in files:
         raise InvalidInputError(
             f"savepoint {location.url} has no stateful operator {operator} "
             f"(its operators: {', '.join(files) or 'none, a stateless query'})",
             "pass one of its operator ids, or leave --operator out")
-    session = spark_session() if files else None
+    if files:
+        say("starting Spark" if spark is None else "using the given Spark session")
+    session = (spark or spark_session(verbose)) if files else None
     with pinned_savepoint(location, manifest, "inspect"), \
             _readable(location, manifest, read_via if files else "in_place") as (path, read_from):
-        reader = _Reader(session, path, manifest.batch_id, sample) if session is not None else None
+        reader = _Reader(session, path, manifest.batch_id, sample, say) if session is not None else None
         operators, limits = reader.operators(files, operator) if reader is not None else ([], [])
+    failed = [(op, s) for op in operators for s in op.stores if s.error]
+    if strict and failed:
+        op, store = failed[0]
+        raise StateUnreadableError(
+            f"Spark could not read {len(failed)} store(s) of savepoint {location.url}, first operator {op.operator_id} "
+            f"store {store.state_var or store.store}", "the savepoint's state is damaged or was written by a Spark this "
+            "one cannot read (see cause); verify the savepoint, or inspect another one", cause=store.error)
     if not files:
         limits.append("a stateless query: the savepoint holds no state")
     counted = [op.rows for op in operators if op.rows is not None]
@@ -115,12 +141,11 @@ def _readable(location: Store, manifest: SavepointManifest, read_via: ReadVia) -
     folder = tempfile.mkdtemp(prefix="airflow-savepoints-inspect-")
     try:
         wanted = [e.path for e in manifest.files if not e.path.startswith("sources/")]
+        copy = Store(folder)  # through the store, like every other read and write
+        copy.make_parents(wanted)
 
         def fetch(path: str) -> None:
-            target = os.path.join(folder, *path.split("/"))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "wb") as out:
-                out.write(location.read_bytes(path))
+            copy.write_bytes_atomic(path, location.read_bytes(path))
 
         with ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(fetch, wanted))
@@ -149,16 +174,15 @@ def json_safe(value: Any) -> Any:
 
 
 def _spark_message(exc: Exception) -> str:
-    """Spark's own message, first line (its error class is in it), without the JVM stack."""
-    text = getattr(exc, "desc", None) or str(exc)
-    return text.strip().split("\n")[0][:500]
+    """Spark's own error class and message, without py4j's "An error occurred while calling" or the JVM stack."""
+    return spark_cause(exc)[:500]
 
 
 class _Reader:
     """Spark's two state sources over one checkpoint path at one batch."""
 
-    def __init__(self, spark: Any, path: str, batch_id: int, sample: int):
-        self.spark, self.path, self.batch_id, self.sample = spark, path, batch_id, sample
+    def __init__(self, spark: Any, path: str, batch_id: int, sample: int, say: Progress = lambda line: None):
+        self.spark, self.path, self.batch_id, self.sample, self.say = spark, path, batch_id, sample, say
         # the state store coordinator is made with the session's StreamingQueryManager; a session that has
         # not run a query yet has none, and RocksDB state then fails to load
         spark.streams.active  # noqa: B018
@@ -168,6 +192,7 @@ class _Reader:
 
     def operators(self, files: dict[str, dict[str, Any]], only: int | None) -> tuple[list[OperatorState], list[str]]:
         limits: list[str] = []
+        self.say("reading the state's metadata")
         try:
             metadata = self.metadata()
         except Exception as exc:  # noqa: BLE001 - Spark's refusal is reported, the stores are still read
@@ -223,6 +248,8 @@ class _Reader:
             options["readRegisteredTimers"] = "true"
         elif store.store != "default":
             options["storeName"] = store.store
+        self.say(f"reading operator {operator_id} store {store.state_var or store.store}"
+                 f"{' timers' if store.kind == 'timers' else ''}: counting rows per partition")
         try:
             frame = self.spark.read.format("statestore").options(**options).load(self.path)
             columns = {f.name: f.dataType.simpleString() for f in frame.schema.fields if f.name != "partition_id"}

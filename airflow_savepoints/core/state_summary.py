@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from airflow_savepoints.core.manifest import SAVEPOINT_NAME
 from airflow_savepoints.core.models import SavepointManifest
 from airflow_savepoints.core.names import STATE_SUMMARIES_FOLDER
-from airflow_savepoints.errors import InvalidInputError
+from airflow_savepoints.errors import InvalidInputError, UnsafeFileError
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
@@ -143,8 +143,11 @@ def record_beside(summary: StateSummary, storage_options: dict[str, Any] | None 
 def read_summary(job_folder: Store, savepoint_id: str) -> StateSummary | None:
     """The recorded summary of ``savepoint_id``; None when there is none (or it does not read)."""
     try:
-        return StateSummary.model_validate_json(job_folder.read_bytes(summary_path(savepoint_id)))
+        return StateSummary.model_validate_json(job_folder.read_known(summary_path(savepoint_id), "state_summary"))
     except FileNotFoundError:
+        return None
+    except UnsafeFileError as exc:  # a FIFO never ties up a console worker: it is not opened for reading
+        log.warning("%s; ignored", exc)
         return None
     except ValidationError as exc:
         log.warning("state summary %s does not read (%s); ignored", job_folder.url_of(summary_path(savepoint_id)), exc)

@@ -19,8 +19,11 @@ from fsspec.registry import known_implementations
 
 from airflow_savepoints.errors import (
     CredentialsError,
+    FileTooLargeError,
     InvalidPathError,
+    LinkedFileError,
     MissingBackendError,
+    NotARegularFileError,
     OutsideRootError,
     SourceChangedError,
     StorageError,
@@ -30,6 +33,8 @@ from airflow_savepoints.errors import (
     UnknownSchemeError,
 )
 from airflow_savepoints.storage.backends import LINK, SERVER_COPY, Backend, FileStat, ServerCopy, backend_class
+from airflow_savepoints.storage.backends.base import TooLarge, WrongKind
+from airflow_savepoints.storage.known_files import cap_of, parse_json
 
 __all__ = ["EXTRA_OF_PROTOCOL", "SCHEME_ALIASES", "FileStat", "ServerCopy", "SourceChangedError", "Store", "split_url"]
 
@@ -341,6 +346,46 @@ class Store:
         """The bytes of ``rel`` and its modification time on the store's clock (None if not reported)."""
         with self.translate_errors(self.url_of(rel)):
             return self.backend.read_stamped(self.path_of(rel))
+
+    def read_known(self, rel: str, kind: str) -> bytes:
+        """The bytes of ``rel``, a file of ``kind`` (``known_files.CAPS``): read only if it is a regular
+        file (a link is not followed, a FIFO not waited on) within the kind's cap, else
+        ``LinkedFileError``, ``NotARegularFileError`` or ``FileTooLargeError`` naming it. A missing
+        file raises FileNotFoundError."""
+        return self.read_known_stamped(rel, kind)[0]
+
+    def read_known_stamped(self, rel: str, kind: str) -> tuple[bytes, float | None]:
+        """``read_known`` with the file's time on the store's clock (``read_stamped``)."""
+        cap, where = cap_of(kind), self.url_of(rel)
+        with self.translate_errors(where):
+            path = self.path_of(rel)
+            try:
+                return self.backend.read_capped(path, cap)
+            except WrongKind as exc:
+                if "link" in str(exc):
+                    raise LinkedFileError(f"{where} is a symbolic link: not followed",
+                                          "a file of this name must be a regular file in place; remove the link") \
+                        from None
+                raise self._not_a_file(where, str(exc)) from None
+            except TooLarge as exc:
+                raise FileTooLargeError(f"{where} is over {cap} bytes ({exc.args[0]} or more): not read",
+                                        "the file is damaged or forged: remove or replace it") from None
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                if isinstance(exc, IsADirectoryError) or self.backend.folder_in_place(path):
+                    raise self._not_a_file(where, "a folder") from None
+                if isinstance(exc, NotADirectoryError):
+                    raise FileNotFoundError(where) from exc
+                raise
+
+    @staticmethod
+    def _not_a_file(where: str, what: str) -> NotARegularFileError:
+        return NotARegularFileError(f"{where} is {what}, not a regular file: not read",
+                                    "remove it; a file of this name must be a regular file")
+
+    def read_json(self, rel: str, kind: str) -> Any:
+        """The JSON value in ``rel`` (``read_known``, then ``known_files.parse_json``: a parse failure
+        or a nesting too deep is a ``MalformedFileError`` naming it)."""
+        return parse_json(self.read_known(rel, kind), self.url_of(rel))
 
     def open_read(self, rel: str, block_size: int | None = None) -> Reader:
         """A binary reader; its read errors are translated like every other call's. Its ``version`` is

@@ -191,7 +191,7 @@ def printed(tmp_path_factory) -> dict[str, dict]:
     def run(*args: str) -> dict:
         result = runner.invoke(app, [*args, "--json"], env=env)
         assert result.exit_code == 0, result.output
-        return json.loads(result.output)
+        return json.loads(result.stdout)
 
     out = {"trigger": run("trigger", str(checkpoint), "--job", "orders", "--dir", str(root), "--type", "periodic")}
     pointer = out["trigger"]["pointer"]
@@ -388,7 +388,7 @@ def documented_codes() -> set[str]:
     cli = (DOCS / "cli.md").read_text().split("\n## Errors\n", 1)[1]
     api = (DOCS / "api.md").read_text()
     api = api[api.index("### Errors"):api.index("## The console")]
-    return set(re.findall(r"`([a-z][a-z0-9]*(?:_[a-z0-9]+)+)`", cli + api)) & (set(c for c, _ in error_classes().values())
+    return set(re.findall(r"`([a-z][a-z0-9]*(?:_[a-z0-9]+)*)`", cli + api)) & (set(c for c, _ in error_classes().values())
                                                                                | {"usage_error"})
 
 

@@ -12,7 +12,6 @@ runner's start-time check).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airflow_savepoints.core.names import CONTROL_FOLDER
+from airflow_savepoints.errors import UnsafeFileError
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
@@ -71,17 +71,17 @@ def tolerant(model: type[Model], data: Any, where: str, warnings: list[str] | No
 
 
 def read_json(store: Store, name: str, warnings: list[str] | None = None) -> dict[str, Any] | None:
-    """The JSON object in ``name`` of ``store``; None if it is absent, or (with a warning) not a JSON object."""
+    """The JSON object in ``name`` of ``store``; None if it is absent, or (with a warning) not a JSON
+    object, not a regular file (a folder, a FIFO: never waited on), a link, over its cap or too deep."""
     try:
-        data = store.read_bytes(name)
+        value = store.read_json(name, "run_file")
     except FileNotFoundError:
         return None
-    try:
-        value = json.loads(data)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
+    except UnsafeFileError as exc:
+        text, value = f"{exc.message}: ignored", None
+    else:
         text = f"{store.url_of(name)} is not a JSON object (damaged or foreign): ignored"
+    if not isinstance(value, dict):
         log.warning("%s", text)
         if warnings is not None:
             warnings.append(text)

@@ -37,6 +37,14 @@ TRANSPORT_MODULES = {"botocore", "aiobotocore", "aiohttp", "urllib3", "requests"
 OnError = Callable[[OSError, str], NoReturn]
 
 
+class WrongKind(Exception):  # noqa: N818 - a signal to the Store, which raises the typed error
+    """``read_capped`` found no regular file at the path: its ``args[0]`` says what is there."""
+
+
+class TooLarge(Exception):  # noqa: N818
+    """``read_capped`` found a file over the cap: its ``args[0]`` is the size seen (at least cap + 1)."""
+
+
 @dataclass(frozen=True)
 class FileStat:
     """What a listing says of one file: its size and a token that changes when it is replaced."""
@@ -219,6 +227,28 @@ class Backend:
         tell both in one request does: the leases read theirs this way)."""
         data = self.read_bytes(path)
         return data, self.stat(path).modified
+
+    def read_capped(self, path: str, cap: int) -> tuple[bytes, float | None]:
+        """``read_stamped`` of a regular file of at most ``cap`` bytes, else ``WrongKind`` (a folder in
+        its place, a link) or ``TooLarge``. Generic: its listing entry first, then the read."""
+        info = self.fs.info(path)
+        if info.get("islink"):
+            raise WrongKind("a symbolic link")
+        if info.get("type") != "file":
+            raise WrongKind(f"a {info.get('type') or 'non-file'}")
+        if int(info.get("size") or 0) > cap:
+            raise TooLarge(int(info.get("size") or 0))
+        data, modified = self.read_stamped(path)
+        if len(data) > cap:  # replaced since
+            raise TooLarge(len(data))
+        return data, modified
+
+    def folder_in_place(self, path: str) -> bool:
+        """Whether a folder (an object store: a key prefix) stands where the file ``path`` is missing."""
+        try:
+            return self.isdir(path)
+        except Exception:  # noqa: BLE001 - the file is missing either way
+            return False
 
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         """A binary reader of ``path`` and the version token of exactly the file it reads, when the

@@ -12,10 +12,11 @@ import contextlib
 import errno
 import os
 import posixpath
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any, ClassVar
 
-from airflow_savepoints.storage.backends.base import LINK, STREAM, Backend, FileStat, OnError
+from airflow_savepoints.storage.backends.base import LINK, STREAM, Backend, FileStat, OnError, TooLarge, WrongKind
 from airflow_savepoints.storage.backends.generic import temporary_name
 
 # errnos of a link the filesystem refuses (another device, no hard links, not allowed): copy instead
@@ -95,6 +96,37 @@ class LocalBackend(Backend):
     def read_stamped(self, path: str) -> tuple[bytes, float | None]:
         with open(path, "rb") as handle:  # the time of exactly the file read
             return handle.read(), os.fstat(handle.fileno()).st_mtime
+
+    def read_capped(self, path: str, cap: int) -> tuple[bytes, float | None]:
+        """The final name opened without following a link (``O_NOFOLLOW``) nor waiting for a FIFO's
+        writer (``O_NONBLOCK``), then ``fstat``: a regular file of at most ``cap`` bytes is read."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise WrongKind("a symbolic link") from exc
+            if exc.errno == errno.ENXIO:  # a socket
+                raise WrongKind("a socket") from exc
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise WrongKind(_kind_of(st.st_mode))
+            if st.st_size > cap:
+                raise TooLarge(st.st_size)
+            chunks, left = [], cap + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            data = b"".join(chunks)
+            if len(data) > cap:  # grew since the fstat
+                raise TooLarge(len(data))
+            return data, st.st_mtime
+        finally:
+            os.close(fd)
 
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         handle = open(path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
@@ -187,6 +219,15 @@ class LocalBackend(Backend):
         for folder in sorted(set(paths), key=lambda f: -f.count("/")):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
+
+
+def _kind_of(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _raise(exc: OSError, path: str):

@@ -34,6 +34,7 @@ from airflow_savepoints.storage.backends.base import (
     FileStat,
     ServerCopy,
     StreamReader,
+    TooLarge,
     exception_chain,
     modified_time,
 )
@@ -136,6 +137,19 @@ class S3Backend(ObjectStoreBackend):
         with ObjectReader(self.fs, path) as reader:
             return reader.read(), reader.modified
 
+    def read_capped(self, path: str, cap: int) -> tuple[bytes, float | None]:
+        """One ``GetObject`` whose length is checked before its body is read (a HEAD first would double
+        the requests of every lease read)."""
+        with ObjectReader(self.fs, path, cap=cap) as reader:
+            data = reader.read(cap + 1)
+        if len(data) > cap:
+            raise TooLarge(len(data))
+        return data, reader.modified
+
+    def folder_in_place(self, path: str) -> bool:
+        """Keys below the missing object's name (one listing, only when it is missing)."""
+        return Backend.folder_in_place(self, path)
+
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         return ObjectReader(self.fs, path), None
 
@@ -209,8 +223,9 @@ class ObjectReader(StreamReader):
     mid-way is resumed where it stopped (a ranged GET guarded by the first response's ETag), up to
     the filesystem's ``retries`` times. ``modified``: the object's time, from the first response."""
 
-    def __init__(self, fs: Any, path: str):
+    def __init__(self, fs: Any, path: str, cap: int | None = None):
         super().__init__()
+        self.cap = cap  # an object longer than this is refused (TooLarge) before its body is read
         bucket, key, version = fs.split_path(path)
         self.fs, self.offset, self.end, self.etag, self.resumes, self.body = fs, 0, None, None, 0, None
         self.modified: float | None = None
@@ -226,7 +241,10 @@ class ObjectReader(StreamReader):
             self.modified = modified_time(response)
         length = response.get("ContentLength")
         self.end = None if length is None else self.offset + int(length)
-        return await self._read(READ_CHUNK)
+        if self.cap is not None and self.end is not None and self.end > self.cap:
+            self._close_body()
+            raise TooLarge(self.end)
+        return await self._read(READ_CHUNK if self.cap is None else min(READ_CHUNK, self.cap + 1))
 
     async def _read(self, size: int) -> bytes:
         chunk = await self.body.read(size)
@@ -236,6 +254,8 @@ class ObjectReader(StreamReader):
     def _resumable(self, step, *args) -> bytes:
         try:
             return fsspec.asyn.sync(self.fs.loop, step, *args)
+        except TooLarge:
+            raise
         except Exception:
             if self.resumes >= self.fs.retries or not self.etag:
                 raise
