@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
@@ -36,7 +36,7 @@ from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, Run
 from airflow_savepoints.jobs.description.model import StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun, RunTarget, read_run, record_end, write_run
 from airflow_savepoints.jobs.launch.launcher import log_tail
-from airflow_savepoints.jobs.launch.runners import LocalRunner, runner_for
+from airflow_savepoints.jobs.launch.runners import LocalRunner, Runner, runner_for
 from airflow_savepoints.storage import Store
 
 LIVE_STATES = ("starting", "running", "stopping", "unknown")
@@ -98,6 +98,16 @@ class JobContext:
 
     def checkpoint(self, url: str) -> Store:
         return Store(url, self.checkpoint_options)
+
+
+class _Seen(NamedTuple):
+    """What :meth:`Run.state` reads of a run once: its facts, last heartbeat and its age, driver, runner."""
+
+    base: dict[str, Any]
+    heartbeat: dict[str, Any] | None
+    age: float | None
+    target: RunTarget
+    runner: Runner
 
 
 @dataclass
@@ -207,10 +217,19 @@ class Run:
             f"retention policy for a failure first), or `airflow-savepoints job cancel {self.ctx.job.name}`")
 
     def _state(self) -> JobState:
-        ctx, record, holder, control = self.ctx, self.record, self.holder, self.control
-        if self.run_id is None and record is None:
-            return JobState(job=ctx.job.name, state="not_started", detail=f"no run recorded in {ctx.folder.url}",
+        """Judged from the surest evidence down: an end the run recorded or wrote, its heartbeat, its runner."""
+        if self.run_id is None and self.record is None:
+            return JobState(job=self.ctx.job.name, state="not_started", detail=f"no run recorded in {self.ctx.folder.url}",
                             warnings=self.warnings)
+        seen = self._seen()
+        ended = self._ended(seen)
+        if ended is not None:
+            return ended
+        return self._by_heartbeat(seen) if seen.heartbeat is not None else self._by_runner(seen)
+
+    def _seen(self) -> _Seen:
+        """What the run's files, heartbeat and checkpoint say of it, once."""
+        ctx, record, holder, control = self.ctx, self.record, self.holder, self.control
         target = self.target()
         checkpoint = self.owned_checkpoint()
         base: dict[str, Any] = {"job": ctx.job.name, "run_id": self.run_id, "host": target.host,
@@ -227,7 +246,11 @@ class Run:
             base["last_batch"], _ = checkpoint_progress(ctx.checkpoint(checkpoint))
         runner = runner_for(target.master)
         base["runner"] = runner.name
+        return _Seen(base, heartbeat, age, target, runner)
 
+    def _ended(self, seen: _Seen) -> JobState | None:
+        """The run's end as its record or its driver's files (failure, stop answer, fencing) say it; None: not ended."""
+        record, control, base = self.record, self.control, seen.base
         if record is not None and record.ended is not None:
             failed = record.ended == "failed"
             return JobState(**base, state="failed" if failed else "stopped",
@@ -241,26 +264,34 @@ class Run:
         fenced = control.fenced() if control else None
         if fenced is not None:
             return JobState(**base, state="stopped", detail=f"fenced off: {fenced.get('reason')}")
-        if heartbeat is not None:
-            beat_state = heartbeat.get("state")
-            if beat_state in ("stopped", "finished", "fenced"):
-                return JobState(**base, state="stopped", detail=f"its last heartbeat says {beat_state}")
-            if beat_state == "failed":
-                return JobState(**base, state="failed", error=heartbeat.get("error"))
-            local = LocalRunner().status(target) if target.pid else None
-            timeout = heartbeat.get("timeout_s") or DEFAULT_LEASE_TIMEOUT
-            if local is not None and local.state == "ended":
-                return JobState(**base, state="failed", error=f"{local.detail} without a stop request",
-                                detail=log_tail(record.log_file if record else None, 10) or None)
-            if age is not None and age < 0:
-                self.warnings.append(f"{control.folder.url_of(HEARTBEAT_FILE)} is dated {-age:.0f}s ahead of the "
-                                     "store's clock: treated as lapsed")
-                return JobState(**{**base, "heartbeat_age_s": None}, state="lost",
-                                detail=f"its heartbeat is dated {-age:.0f}s ahead of the store's clock")
-            if age is not None and age > timeout:
-                return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
-            stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
-            return JobState(**base, state="stopping" if stopping else "running")
+        return None
+
+    def _by_heartbeat(self, seen: _Seen) -> JobState:
+        """A run of the in-job helper: its last heartbeat's state and age (on the store's clock), its local process."""
+        base, heartbeat, age, control = seen.base, seen.heartbeat, seen.age, self.control
+        beat_state = heartbeat.get("state")
+        if beat_state in ("stopped", "finished", "fenced"):
+            return JobState(**base, state="stopped", detail=f"its last heartbeat says {beat_state}")
+        if beat_state == "failed":
+            return JobState(**base, state="failed", error=heartbeat.get("error"))
+        local = LocalRunner().status(seen.target) if seen.target.pid else None
+        timeout = heartbeat.get("timeout_s") or DEFAULT_LEASE_TIMEOUT
+        if local is not None and local.state == "ended":
+            return JobState(**base, state="failed", error=f"{local.detail} without a stop request",
+                            detail=log_tail(self.record.log_file if self.record else None, 10) or None)
+        if age is not None and age < 0:
+            self.warnings.append(f"{control.folder.url_of(HEARTBEAT_FILE)} is dated {-age:.0f}s ahead of the "
+                                 "store's clock: treated as lapsed")
+            return JobState(**{**base, "heartbeat_age_s": None}, state="lost",
+                            detail=f"its heartbeat is dated {-age:.0f}s ahead of the store's clock")
+        if age is not None and age > timeout:
+            return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
+        stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
+        return JobState(**base, state="stopping" if stopping else "running")
+
+    def _by_runner(self, seen: _Seen) -> JobState:
+        """A run without heartbeats: what its runner (else its local process) and its run lease say."""
+        base, target, runner, holder = seen.base, seen.target, seen.runner, self.holder
         view = runner.status(target)
         if view.state == "unknown" and not isinstance(runner, LocalRunner) and target.pid:
             view = LocalRunner().status(target)  # a client-mode driver on this host
@@ -271,7 +302,7 @@ class Run:
             return JobState(**base, state="running", detail=f"{view.detail} (no heartbeats: a job without the helper)")
         if view.state == "ended":
             return JobState(**base, state="failed", error=f"{view.detail} without a stop request",
-                            detail=log_tail(record.log_file if record else None, 10) or None)
+                            detail=log_tail(self.record.log_file if self.record else None, 10) or None)
         if not _checkable(target):  # no heartbeat, no live lease, nothing a runner could look up: nothing runs that we know of
             lease = (f"its run lease lapsed {holder.age_s or 0:.0f}s ago" if held and holder.age_s is not None
                      else "its run lease lapsed" if held else "no run lease")
