@@ -24,7 +24,9 @@ import pytest
 from airflow_savepoints.core.lease import Lease, store_now
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.backends.hdfs import FAIL_FAST_CONF, HdfsBackend
+from tests.conftest import require_part
 from tests.support.blocked import cli_without
+from tests.support.hdfs import missing_hdfs_native
 from tests.test_s3a import savepointed_while_running_restored_and_continued
 
 pytestmark = pytest.mark.hdfs
@@ -77,7 +79,7 @@ def test_a_forked_process_of_one_holding_an_hdfs_client_works_and_exits(hdfs_roo
 def test_a_dead_namenode_fails_a_command_within_seconds_naming_it(tmp_path, monkeypatch):
     """Nothing listens at the NameNode's port: hdfs-native would retry for minutes (Hadoop's 15 failover
     attempts); the command fails in seconds with storage_unreachable naming the URL (not "does not exist")."""
-    pytest.importorskip("hdfs_native")
+    require_part("hdfs", missing_hdfs_native())
     from typer.testing import CliRunner
 
     from airflow_savepoints.cli.main import app

@@ -38,7 +38,7 @@ from airflow_savepoints.jobs.lifecycle import JobContext, JobRunningError
 from airflow_savepoints.jobs.run import stop_process
 from airflow_savepoints.jobs.runlease import RunLease
 from airflow_savepoints.storage import Store
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_part
 from tests.support.fault_proxy import FaultProxy, Rule
 from tests.support.spark_cluster import standalone_cluster
 
@@ -150,8 +150,8 @@ def test_a_start_is_refused_while_another_run_lives_and_a_lapsed_lease_is_taken_
     assert live.beat() is not None  # the old run's next heartbeat finds itself fenced off
 
 
-@pytest.mark.skipif(shutil.which("faketime") is None, reason="faketime is not installed (make testbed installs it)")
 def test_a_worker_with_a_skewed_clock_judges_the_state_right(tmp_path):
+    require_part("faketime", None if shutil.which("faketime") else "faketime is not installed (make testbed installs it)")
     ctx = context(tmp_path, lease_timeout=4)
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(json.dumps({"jobs": [ctx.job.model_dump(exclude_none=True)]}))
