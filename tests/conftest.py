@@ -30,6 +30,76 @@ os.environ["PYSPARK_PYTHON"] = sys.executable  # the venv interpreter, not its r
 
 import pytest  # noqa: E402
 
+# ---- real parts: a missing one fails the run unless SKIP_PARTS names it ---------------------------
+# Each real part the tests start (a NameNode, a broker, an emulator, a browser, ...) says here why it
+# cannot run, through require_part(). A missing part FAILS its tests: `make test` installs them all
+# (Makefile), so a gap is a broken machine, not a detail. To leave parts out on purpose, name them:
+# `SKIP_PARTS=hdfs,kafka make test`; their tests are then skipped and the summary lists them.
+LEFT_OUT = "left out (SKIP_PARTS): "
+PARTS = {
+    "hdfs": "a NameNode and DataNode (Hadoop's jars, `make jars`) through hdfs-native",
+    "kafka": "a Kafka broker and Spark's Kafka connector (`make jars`)",
+    "s3a": "hadoop-aws and the AWS SDK in Spark (`make jars`)",
+    "delta": "Delta Lake's jars for Spark (`make jars`)",
+    "gcs": "fake-gcs-server (the test extra's wheel)",
+    "azure": "Azurite (`make emulators`)",
+    "browser": "Chromium and chromedriver (`make browser`)",
+    "testbed": "root, Postgres, Redis and libfaketime for the distributed test bed (`make testbed`)",
+    "faketime": "the faketime command (`make testbed`)",
+    "js-lint": "Biome, the JavaScript linter (`make js-lint-tools`)",
+}
+
+
+def skipped_parts() -> set[str]:
+    """The parts named in SKIP_PARTS (comma- or space-separated); an unknown name is a usage error."""
+    names = {n for n in os.environ.get("SKIP_PARTS", "").replace(",", " ").split() if n}
+    unknown = names - PARTS.keys()
+    if unknown:
+        raise pytest.UsageError(f"SKIP_PARTS names {', '.join(sorted(unknown))}: not a part; "
+                                f"the parts are {', '.join(sorted(PARTS))}")
+    return names
+
+
+def require_part(part: str, missing: str | None) -> None:
+    """The one rule for real parts. ``missing`` is why ``part`` cannot run here (None: it can). A part
+    named in SKIP_PARTS is left out (the test skips, the summary says so) whether present or not; a
+    missing part not named fails the test with the reason and how to leave it out."""
+    if part in skipped_parts():
+        pytest.skip(f"{LEFT_OUT}{part}", allow_module_level=True)
+    if missing:
+        pytest.fail(f"{part} is missing: {missing}. `make test` installs it; to leave it out, "
+                    f"SKIP_PARTS={part} make test", pytrace=False)
+
+
+def pytest_configure(config):
+    skipped_parts()  # an unknown name stops the run before anything starts
+
+
+def pytest_terminal_summary(terminalreporter):
+    names = skipped_parts()
+    if not names:
+        return
+    left_out: dict[str, list[str]] = {part: [] for part in names}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if LEFT_OUT in reason:
+            left_out.setdefault(reason.split(LEFT_OUT, 1)[1].strip(), []).append(report.nodeid)
+    terminalreporter.section("parts left out (SKIP_PARTS)")
+    for part, tests in sorted(left_out.items()):
+        terminalreporter.write_line(f"{part}: {PARTS.get(part, '?')}; {len(tests)} test(s) skipped")
+        for test in tests:
+            terminalreporter.write_line(f"    {test}")
+
+
+@pytest.fixture
+def chromium():
+    """The browser part: Chromium and chromedriver, for the UI page tests."""
+    from tests.test_plugin import CHROMEDRIVER, CHROMIUM
+
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    require_part("browser", missing and f"no {' and no '.join(missing)} "
+                 "(Debian: apt-get install -y chromium chromium-driver, or `make browser-deps` as root)")
+
 
 def free_port() -> int:
     with socket.socket() as s:

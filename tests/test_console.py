@@ -31,18 +31,15 @@ from airflow_savepoints.core.catalog import Catalog
 from airflow_savepoints.core.models import SavepointType
 from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, JobControl
 from airflow_savepoints.storage import Store
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_part
 from tests.support.airflow_cluster import airflow_cluster, tail
-from tests.test_plugin import ARTIFACTS, CHROMEDRIVER, CHROMIUM, WebDriver
+from tests.test_plugin import ARTIFACTS, WebDriver
 
 API = "/savepoints/api"
 VIEWER = "viewer-vera"
 JOBS = ["clicks", "empty-job", "fraud", "inventory", "ledger", "orders", "payments"]
 EXAMPLE_DAGS = ("periodic_savepoints.py", "stop_job_with_savepoint.py", "restore_from_savepoint.py", "jobs.yaml")
-browser_needed = pytest.mark.skipif(
-    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="the console tests need /usr/bin/chromium and /usr/bin/chromedriver "
-           "(Debian: apt-get install -y chromium chromium-driver, or `make browser-deps` as root)")
+browser_needed = pytest.mark.usefixtures("chromium")  # tests/conftest.py: the browser part
 
 
 # ---- the savepoint root the console shows ----------------------------------------------------------
@@ -143,10 +140,10 @@ def test_a_failure_reason_is_its_error_line_not_the_log_around_it():
 BIOME = ROOT / ".tools" / "biome" / "node_modules" / ".bin" / "biome"
 
 
-@pytest.mark.skipif(not BIOME.exists(), reason="the JavaScript linter is not installed: `make js-lint-tools` "
-                                              "(npm install of @biomejs/biome into .tools/biome; needs Node.js and npm)")
 def test_the_console_script_passes_the_linter():
     """plugins/static/console.js, as the page loads it, passes Biome's recommended rules (biome.json)."""
+    require_part("js-lint", None if BIOME.exists() else "the JavaScript linter is not installed: `make js-lint-tools` "
+                 "(npm install of @biomejs/biome into .tools/biome; needs Node.js and npm)")
     linted = subprocess.run([str(BIOME), "lint", "--error-on-warnings", "airflow_savepoints/plugins/static"],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert linted.returncode == 0, linted.stdout[-4000:] + linted.stderr[-4000:]

@@ -20,8 +20,14 @@ from airflow_savepoints.sinks import DeltaLog, DeltaLogError
 from airflow_savepoints.storage import Store
 from tests.support.emulators import JARS, jar_files
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not jar_files(JARS / "delta"), reason="no Delta Lake jars: run `make jars` (needs Maven)")]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def delta_jars():
+    from tests.conftest import require_part
+
+    require_part("delta", None if jar_files(JARS / "delta") else f"Delta Lake's jars are not in {JARS / 'delta'} (make jars)")
 
 EVENTS_PER_BATCH = 4
 N, M = 1, 3  # the older savepoint's batch, the last batch of the first run (and its newest savepoint's)

@@ -27,8 +27,14 @@ from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
 from tests.support.emulators import JARS, jar_files
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not jar_files(JARS / "delta"), reason="no Delta Lake jars: run `make jars` (needs Maven)")]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def delta_jars():
+    from tests.conftest import require_part
+
+    require_part("delta", None if jar_files(JARS / "delta") else f"Delta Lake's jars are not in {JARS / 'delta'} (make jars)")
 
 JOB = "dl"
 PER_FILE = 5
@@ -73,6 +79,7 @@ def jobs(tmp_path, monkeypatch):
       spark.sql.extensions: io.delta.sql.DeltaSparkSessionExtension
       spark.sql.catalog.spark_catalog: org.apache.spark.sql.delta.catalog.DeltaCatalog
       spark.sql.shuffle.partitions: "2"
+      spark.databricks.delta.snapshotPartitions: "2"
       spark.ui.enabled: "false"
       spark.savepoints.test.version: "${{DL_VERSION:-1}}"
     checkpoint: {tmp_path}/checkpoint

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_part
 from tests.support.distributed import Testbed, distributed_testbed, missing_parts
 from tests.support.spark_shapes import ROCKS_CHANGELOG
 
@@ -40,9 +40,7 @@ KAFKA_PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory, s3_endpoint):
-    reason = missing_parts()
-    if reason:
-        pytest.skip(reason)
+    require_part("testbed", missing_parts())
     import s3fs
 
     s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=s3_endpoint, skip_instance_cache=True).mkdir(BUCKET)

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shutil
 import socket
 import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -24,7 +27,9 @@ import pytest
 from airflow_savepoints.core.lease import Lease, store_now
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.backends.hdfs import FAIL_FAST_CONF, HdfsBackend
+from tests.conftest import require_part
 from tests.support.blocked import cli_without
+from tests.support.hdfs import missing_hdfs_native
 from tests.test_s3a import savepointed_while_running_restored_and_continued
 
 pytestmark = pytest.mark.hdfs
@@ -39,7 +44,29 @@ def test_a_query_running_on_hdfs_is_savepointed_restored_to_a_new_folder_and_con
     assert Store(hdfs_root).isfile("savepoints/aggregation_hdfs/_catalog.json")
 
 
+# A judge in a child process on a clock faketime moved: it prints its clock and what it reads of the lease.
+JUDGE = ("import json, sys, time\n"
+         "from airflow_savepoints.core.lease import Lease\n"
+         "from airflow_savepoints.storage import Store\n"
+         "state = Lease(Store(sys.argv[1]), '_lease.json', stale_after=1.5).read()\n"
+         "print(json.dumps({'clock': time.time(), 'token': state.token, 'stale': state.stale, 'age_s': state.age_s}))")
+
+
+def judged_on_a_skewed_clock(url: str, offset: str, skew_s: float) -> dict:
+    """The lease at ``url`` as a process whose clock is ``offset`` away judges it; checks the clock moved."""
+    before = time.time()
+    out = subprocess.run(["faketime", "-f", offset, sys.executable, "-c", JUDGE, url],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    judged = json.loads(out.stdout)
+    assert abs(judged["clock"] - before - skew_s) < 60, (judged, offset)  # the judge's clock moved by the offset
+    return judged
+
+
 def test_a_lease_on_hdfs_goes_by_the_namenodes_clock_and_its_fencing_token(hdfs_root):
+    """Judges an hour ahead and an hour behind the NameNode see a renewed lease fresh and a lapsed one
+    stale: a judge by its own clock would call the first an hour old and the second an hour ahead."""
+    require_part("faketime", None if shutil.which("faketime") else "faketime is not installed (make testbed installs it)")
     store = Store(f"{hdfs_root}/job")
     assert abs(store_now(store, fresh=True) - time.time()) < 5  # the NameNode's clock: this machine's
     first = Lease(store, "_lease.json", token="run-1", stale_after=1.5, facts={"host": "a"})
@@ -47,8 +74,24 @@ def test_a_lease_on_hdfs_goes_by_the_namenodes_clock_and_its_fencing_token(hdfs_
     assert first.renew(application_id="app-7")
     state = Lease(store, "_lease.json", stale_after=1.5).read()
     assert (state.token, state.facts, state.stale) == ("run-1", {"host": "a", "application_id": "app-7"}, False)
+    renewing = threading.Event()
+
+    def renew() -> None:  # the holder's heartbeat, at a quarter of its 1.5 s
+        while not renewing.wait(0.35):
+            first.renew()
+
+    thread = threading.Thread(target=renew)
+    thread.start()
+    try:
+        ahead = judged_on_a_skewed_clock(store.url, "+1h", 3600)
+    finally:
+        renewing.set()
+        thread.join()
+    assert (ahead["token"], ahead["stale"]) == ("run-1", False) and ahead["age_s"] < 1.5, ahead
     assert Lease(store, "_lease.json", token="run-2", stale_after=1.5).try_acquire().token == "run-1"  # held
     time.sleep(2.0)  # first stops renewing: stale by the file's modification time on the NameNode
+    behind = judged_on_a_skewed_clock(store.url, "-1h", -3600)
+    assert (behind["token"], behind["stale"]) == ("run-1", True) and behind["age_s"] >= 1.5, behind
     second = Lease(store, "_lease.json", token="run-2", stale_after=1.5)
     assert second.try_acquire() is None
     assert first.renew() is False and first.release() is False  # the fencing token tells them apart
@@ -77,7 +120,7 @@ def test_a_forked_process_of_one_holding_an_hdfs_client_works_and_exits(hdfs_roo
 def test_a_dead_namenode_fails_a_command_within_seconds_naming_it(tmp_path, monkeypatch):
     """Nothing listens at the NameNode's port: hdfs-native would retry for minutes (Hadoop's 15 failover
     attempts); the command fails in seconds with storage_unreachable naming the URL (not "does not exist")."""
-    pytest.importorskip("hdfs_native")
+    require_part("hdfs", missing_hdfs_native())
     from typer.testing import CliRunner
 
     from airflow_savepoints.cli.main import app

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -37,7 +38,7 @@ from airflow_savepoints.jobs.workflows import lifecycle
 from airflow_savepoints.jobs.workflows.lifecycle import JobRunningError
 from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
 from airflow_savepoints.storage import Store
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_part
 from tests.support.fault_proxy import FaultProxy, Rule
 from tests.support.spark_cluster import standalone_cluster
 
@@ -149,8 +150,8 @@ def test_a_start_is_refused_while_another_run_lives_and_a_lapsed_lease_is_taken_
     assert live.beat() is not None  # the old run's next heartbeat finds itself fenced off
 
 
-@pytest.mark.skipif(shutil.which("faketime") is None, reason="faketime is not installed (make testbed installs it)")
 def test_a_worker_with_a_skewed_clock_judges_the_state_right(tmp_path):
+    require_part("faketime", None if shutil.which("faketime") else "faketime is not installed (make testbed installs it)")
     ctx = context(tmp_path, lease_timeout=4)
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(json.dumps({"jobs": [ctx.job.model_dump(exclude_none=True)]}))
@@ -165,15 +166,21 @@ def test_a_worker_with_a_skewed_clock_judges_the_state_right(tmp_path):
     thread = threading.Thread(target=beat)
     thread.start()
 
-    def status_with_clock(offset: str) -> dict:
-        out = subprocess.run(["faketime", "-f", offset, sys.executable, "-m", "airflow_savepoints.cli.main", "job",
-                              "status", "demo", "--jobs-file", str(jobs), "--json"],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    # the CLI in a child that first prints its own clock: proof that faketime moved the judge's clock
+    child = ("import sys, time; print(f'clock {time.time()}', file=sys.stderr); sys.argv[0] = 'airflow-savepoints'; "
+             "from airflow_savepoints.cli.main import main; main()")
+
+    def status_with_clock(offset: str, skew_s: float) -> dict:
+        before = time.time()
+        out = subprocess.run(["faketime", "-f", offset, sys.executable, "-c", child, "job", "status", "demo",
+                              "--jobs-file", str(jobs), "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert out.returncode == 0, out.stderr
+        clock = float(re.search(r"^clock (\S+)$", out.stderr, re.M).group(1))
+        assert abs(clock - before - skew_s) < 60, (clock - before, offset)  # the child's clock moved by the offset
         return json.loads(out.stdout)
 
     try:
-        ahead = status_with_clock("+5m")  # a local-clock judge would call this heartbeat 5 minutes old
+        ahead = status_with_clock("+5m", 300)  # a local-clock judge would call this heartbeat 5 minutes old
     finally:
         beating.set()
         thread.join()
@@ -181,7 +188,7 @@ def test_a_worker_with_a_skewed_clock_judges_the_state_right(tmp_path):
     assert list(ahead)[:7] == ["job", "state", "run_id", "host", "application_id", "last_batch", "heartbeat_age_s"]
     assert (ahead["run_id"], ahead["application_id"], ahead["last_batch"]) == ("r1", APP_ID, 7)
     time.sleep(4.5)
-    behind = status_with_clock("-5m")  # and this lapsed one fresh
+    behind = status_with_clock("-5m", -300)  # and this lapsed one fresh
     assert behind["state"] == "lost" and behind["heartbeat_age_s"] > 4, behind
 
 

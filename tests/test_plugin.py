@@ -354,9 +354,7 @@ def ui_route() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-                    reason="the UI page test needs /usr/bin/chromium and /usr/bin/chromedriver "
-                           "(Debian: apt-get install -y chromium chromium-driver, or `make browser-deps` as root)")
+@pytest.mark.usefixtures("chromium")  # tests/conftest.py: the browser part
 def test_ui_page_lists_the_savepoints_after_login(deployment, tmp_path):
     d = deployment
     ARTIFACTS.mkdir(exist_ok=True)

@@ -24,8 +24,10 @@ FIRST_FILES, ALL_FILES = 6, 9
 @pytest.fixture
 def s3a(spark, s3_endpoint, s3):
     """Hadoop's s3a in the tests' Spark session, reaching moto's S3 server; a fresh bucket."""
-    if not any("hadoop-aws" in j for j in jar_files(JARS / "s3a")):
-        pytest.skip(f"hadoop-aws and the AWS SDK are not in {JARS / 's3a'} (make jars)")
+    from tests.conftest import require_part
+
+    require_part("s3a", None if any("hadoop-aws" in j for j in jar_files(JARS / "s3a"))
+                 else f"hadoop-aws and the AWS SDK are not in {JARS / 's3a'} (make jars)")
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     for key, value in {"fs.s3a.endpoint": s3_endpoint, "fs.s3a.endpoint.region": "us-east-1",
                        "fs.s3a.path.style.access": "true", "fs.s3a.connection.ssl.enabled": "false",

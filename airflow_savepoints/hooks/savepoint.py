@@ -59,7 +59,7 @@ class SavepointStorageHook(BaseHook):
             options.setdefault("secret", connection.password)
         for name, value in options.items():
             if isinstance(value, str) and any(word in name.lower() for word in SECRET_OPTION_WORDS):
-                mask_secret(value, name)
+                mask_secret(value)  # no name: Airflow masks a named value only if IT deems the name secret
         return options
 
     def _extra_options(self, extra: str | dict[str, Any]) -> dict[str, Any]:

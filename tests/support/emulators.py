@@ -8,7 +8,8 @@
 
 Each emulator runs as a child process on a free port, logs to a file in its own work folder and
 is stopped (terminate, then kill) by :meth:`Emulator.stop`. :func:`missing_gcs` and
-:func:`missing_azurite` say why one cannot run here (the fixtures skip with that reason).
+:func:`missing_azurite` say why one cannot run here (the fixtures fail with that reason unless
+SKIP_PARTS names the part: tests/conftest.py::require_part).
 
 The ``gcs_bucket`` and ``azure_container`` fixtures (re-exported by tests/conftest.py) give each test
 a fresh bucket or container and configure the store through fsspec's own configuration
@@ -242,11 +243,12 @@ def fsspec_configured(monkeypatch, protocol: str, options: dict):
         fsspec.config.conf.update(saved)
 
 
-def running(missing, start):
-    """Start an emulator for a session fixture, or skip the test with the reason it cannot run here."""
-    reason = missing()
-    if reason:
-        pytest.skip(reason)
+def running(part: str, missing, start):
+    """Start an emulator for a session fixture; a missing one fails the test, or skips it when
+    SKIP_PARTS names ``part`` (tests/conftest.py::require_part)."""
+    from tests.conftest import require_part
+
+    require_part(part, missing())
     emulator = start()
     yield emulator
     emulator.stop()
@@ -264,8 +266,8 @@ def fresh_root(emulator: Emulator, monkeypatch, protocol: str):
 
 @pytest.fixture(scope="session")
 def gcs_emulator():
-    """fake-gcs-server for the whole session (skips the test with the reason if it cannot run here)."""
-    yield from running(missing_gcs, start_fake_gcs)
+    """fake-gcs-server for the whole session (tests/conftest.py::require_part if it cannot run here)."""
+    yield from running("gcs", missing_gcs, start_fake_gcs)
 
 
 @pytest.fixture
@@ -276,8 +278,8 @@ def gcs_bucket(gcs_emulator, monkeypatch):
 
 @pytest.fixture(scope="session")
 def azure_emulator():
-    """Azurite for the whole session (skips the test with the reason if it cannot run here)."""
-    yield from running(missing_azurite, start_azurite)
+    """Azurite for the whole session (tests/conftest.py::require_part if it cannot run here)."""
+    yield from running("azure", missing_azurite, start_azurite)
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ session. The jars carry no web UI resources: empty ``webapps/<name>`` folders on
 enough for their HTTP servers.
 
 Tests reach it with hdfs-native (the ``hdfs`` extra): ``hdfs://127.0.0.1:PORT/...``, as the store does;
-Spark reaches it through its own Hadoop client. Without java, the jars or hdfs-native, the tests are
-skipped with the reason.
+Spark reaches it through its own Hadoop client. Without java, the jars or hdfs-native, the tests fail
+with the reason, unless SKIP_PARTS names hdfs (tests/conftest.py::require_part).
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ def missing_hdfs() -> str | None:
         return "no java on PATH"
     if not any("hadoop-hdfs-3" in Path(j).name for j in jar_files(HDFS_JARS)):
         return f"Hadoop's NameNode and DataNode jars are not in {HDFS_JARS} (make jars)"
+    return missing_hdfs_native()
+
+
+def missing_hdfs_native() -> str | None:
+    """Why hdfs-native (the store's HDFS client) cannot be imported here, or None."""
     try:
         import hdfs_native  # noqa: F401
     except ImportError:
@@ -137,10 +142,10 @@ def start_hdfs() -> HdfsCluster:
 
 @pytest.fixture(scope="session")
 def hdfs_namenode():
-    """One NameNode and DataNode for the whole session (skips the test with the reason if they cannot run here)."""
+    """One NameNode and DataNode for the whole session (tests/conftest.py::require_part if they cannot run here)."""
     from tests.support.emulators import running
 
-    yield from running(missing_hdfs, start_hdfs)
+    yield from running("hdfs", missing_hdfs, start_hdfs)
 
 
 @pytest.fixture

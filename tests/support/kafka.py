@@ -173,10 +173,10 @@ def start_kafka() -> KafkaBroker:
 
 @pytest.fixture(scope="session")
 def kafka_broker():
-    """One Kafka broker for the whole session (skips the test with the reason if it cannot run here)."""
+    """One Kafka broker for the whole session (tests/conftest.py::require_part if it cannot run here)."""
     from tests.support.emulators import running
 
-    yield from running(missing_kafka, start_kafka)
+    yield from running("kafka", missing_kafka, start_kafka)
 
 
 @pytest.fixture

@@ -15,8 +15,10 @@ from airflow_savepoints.errors import InvalidInputError, InvalidPathError, Stora
 from airflow_savepoints.storage import Store
 from airflow_savepoints.storage.backends import backend_class
 from airflow_savepoints.storage.backends.hdfs import HdfsBackend
+from tests.conftest import require_part
+from tests.support.hdfs import missing_hdfs_native
 
-pytest.importorskip("hdfs_native")
+require_part("hdfs", missing_hdfs_native())
 
 
 def test_hdfs_urls_get_the_hdfs_back_end():
