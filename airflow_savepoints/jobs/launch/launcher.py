@@ -26,6 +26,7 @@ import psutil
 from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.redaction import redact_command
 from airflow_savepoints.errors import JobFailedError
+from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, new_run_id
 from airflow_savepoints.jobs.description.files import process_started
 from airflow_savepoints.jobs.description.record import JobRun, write_run
@@ -96,17 +97,20 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
     """Start ``command`` in its own session (it outlives the caller) and record the run.
 
     ``control``: the control folder passed to the job in its command (``spark.savepoints.control``);
-    its name is the run id. ``secrets``: values the recorded command shows as ``***`` (besides the
-    ``--conf`` of secret-looking keys); the process gets them. ``recorded``: further fields of the
-    run record (``master``, ``master_ui``, ``version``)."""
+    its name is the run id (else a fresh one). ``secrets``: values the recorded command shows as ``***``
+    (besides the ``--conf`` of secret-looking keys); the process gets them. ``recorded``: further fields
+    of the run record (``master``, ``master_ui``, ``version``). The process gets the run's token in its
+    environment (:func:`~airflow_savepoints.jobs.description.trust.run_token`): the proof, never
+    written anywhere, that lets the local runner signal it."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     start_batch, _ = checkpoint_progress(checkpoint)
-    process = spawn_submit(command, log_file, env)
+    run_id = control.name if control else new_run_id()
+    process = spawn_submit(command, log_file, {**(env or {}), trust.RUN_TOKEN_ENV: trust.run_token(job, run_id)})
     run = JobRun(job=job, pid=process.pid, pid_started=process_started(process.pid), host=socket.gethostname(),
                  command=redact_command(list(process.args), secrets), log_file=str(log_file), checkpoint=checkpoint.url,
                  started_at=datetime.now(UTC), start_batch=start_batch, control=control.url if control else None,
-                 run_id=control.name if control else None, **recorded)
+                 run_id=run_id, **recorded)
     write_run(job_folder, run)
     return run
 

@@ -477,7 +477,7 @@ def job_status(job: str, job_folder: Store) -> JobStatus:
     id, and its checkpoint's progress."""
     run = read_run(job_folder)
     placeholder = StreamingJob.model_construct(name=job, application="", checkpoint=run.checkpoint if run else "",
-                                               master=(run.master if run else None) or "local[2]", master_ui=None)
+                                               master="local[2]", master_ui=None)  # no jobs.yaml: no runner address
     state = status(JobContext(placeholder, job_folder.parent()))
     batch, at = checkpoint_progress(Store(state.checkpoint)) if state.checkpoint else (None, None)
     return JobStatus(job=job, state=state.state, running=state.state in ("starting", "running", "stopping"),

@@ -83,10 +83,16 @@ class JobContext:
     heartbeat_interval: float | None = None  # passed to runs this context starts (default 5 s)
     lease_timeout: float | None = None  # (default 30 s)
     log: Callable[[str], None] = field(default=lambda message: None)
+    spark_master: str | None = None  # the Spark connection's master, for a job that names one (its ``spark_conn_id``)
 
     def __post_init__(self) -> None:
         self.heartbeat_interval = self.heartbeat_interval or self.job.heartbeat_interval
         self.lease_timeout = self.lease_timeout or self.job.lease_timeout
+
+    @property
+    def master(self) -> str:
+        """The job's master as configured (the Spark connection's, else jobs.yaml's): its runner's address."""
+        return self.spark_master or self.job.master
 
     @property
     def folder(self) -> Store:
@@ -142,15 +148,15 @@ class Run:
         return self.record is not None or self.holder is not None
 
     def target(self) -> RunTarget:
-        """Where the run's driver is: the record's facts, bettered by the driver's own (its lease, its announcement)."""
-        job = self.ctx.job
-        target = self.record.target() if self.record else RunTarget(job=job.name, master=job.master,
-                                                                     master_ui=job.master_ui)
+        """Where the run's driver is: the record's facts, bettered by the driver's own (its lease, its
+        announcement); the runner's addresses are the configuration's (:attr:`JobContext.master`), never a file's."""
+        ctx = self.ctx
+        target = self.record.target() if self.record else RunTarget(job=ctx.job.name)
+        target.job, target.run_id, target.master, target.master_ui = ctx.job.name, self.run_id, ctx.master, ctx.job.master_ui
         holder = self.holder if self.holder and self.holder.run_id == self.run_id else None
         if holder is not None:  # the driver's own facts are the better ones
             target.host = holder.host or target.host
             target.application_id = holder.application_id or target.application_id
-            target.master = holder.master or target.master
             target.driver_pod = holder.driver_pod
             if self.record is None or self.record.pid is None:
                 target.pid, target.pid_started = holder.pid, holder.pid_started
