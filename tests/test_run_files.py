@@ -35,6 +35,7 @@ from airflow_savepoints.errors import (
     UntrustedRunFileError,
 )
 from airflow_savepoints.jobs import StreamingJob, load_jobs
+from airflow_savepoints.jobs.description.channel import JobControl
 from airflow_savepoints.jobs.description.record import read_run
 from airflow_savepoints.jobs.launch.launcher import spark_submit_command
 from airflow_savepoints.jobs.workflows import lifecycle
@@ -287,6 +288,32 @@ def test_a_control_folder_named_in_the_lease_is_never_written(where):
         assert not folder.exists("stop-request.json")  # today: written outside the root, and into payments' run
 
 
+def test_a_forged_heartbeat_or_stop_acknowledgement_is_not_believed(where):
+    """Issue 40: a run's control files count only when sealed with its channel secret (derived from
+    the run key, never written): forged ones are absent, with a warning."""
+    ctx = context(where)
+    put_tree(SPARK35, ctx.job.checkpoint)
+    assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30, "checkpoint": ctx.job.checkpoint}) is None
+    control = JobControl(ctx.folder.child("_control/r1"))
+    control.beat(state="running", timeout_s=30, last_committed_batch=5)  # the run's own driver
+    assert lifecycle.status(ctx).state == "running"
+    forged = ctx.folder.child("_control/r1")
+    forged.write_bytes_atomic("stopped.json", json.dumps({"request_id": "stop-1", "stopped_at": "now"}).encode())
+    state = lifecycle.status(ctx)
+    assert state.state == "running", state  # today: stopped ("it acknowledged a stop request")
+    assert any("stopped.json" in w and "not sealed" in w for w in state.warnings), state.warnings
+    forged.write_bytes_atomic(HEARTBEAT_FILE, json.dumps({"state": "running", "timeout_s": 30,
+                                                          "last_committed_batch": 999999}).encode())
+    state = lifecycle.status(ctx)  # the lease still holds: starting, with no heartbeat believed
+    assert state.state == "starting" and state.last_batch != 999999 and not state.helper, state  # today: running
+    assert any(HEARTBEAT_FILE in w and "not sealed" in w for w in state.warnings), state.warnings
+    other = JobControl(ctx.folder.child("_control/r2"))
+    other.beat(state="stopped")  # sealed, but for another run: copied over, it is still foreign
+    forged.write_bytes_atomic(HEARTBEAT_FILE, other.folder.read_bytes(HEARTBEAT_FILE))
+    assert lifecycle.status(ctx).state == "starting"
+    assert control.wait_until_stopped("stop-1", timeout=0) is None  # a stop waits for the run's own answer
+
+
 # --- 4./5. damaged or impossible files never wedge a command ------------------------------------------
 def test_damaged_run_files_are_ignored_with_a_warning_and_every_command_answers(tmp_path):
     ctx = context(str(tmp_path))
@@ -294,8 +321,7 @@ def test_damaged_run_files_are_ignored_with_a_warning_and_every_command_answers(
     jobs.write_text(json.dumps({"jobs": [ctx.job.model_dump(exclude_none=True)]}))
     assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30}) is None
     control = ctx.folder.child("_control/r1")
-    control.write_bytes_atomic(HEARTBEAT_FILE, json.dumps({"state": "running", "timeout_s": "abc",
-                                                           "last_committed_batch": "x"}).encode())
+    JobControl(control).beat(state="running", timeout_s="abc", last_committed_batch="x")  # sealed, as the driver does
     state = lifecycle.status(ctx)
     assert state.state == "running" and state.last_batch is None
     assert any(HEARTBEAT_FILE in w and "timeout_s" in w for w in state.warnings)
@@ -329,7 +355,7 @@ def test_a_lease_with_no_live_holder_past_its_timeout_and_a_heartbeat_dated_ahea
     ctx.folder.remove_file(RUN_FILE)
     assert ctx.lease.acquire("r2", {"host": "worker-a", "timeout_s": 30}) is None
     control = ctx.folder.child("_control/r2")
-    control.write_bytes_atomic(HEARTBEAT_FILE, json.dumps({"state": "running", "timeout_s": 30}).encode())
+    JobControl(control).beat(state="running", timeout_s=30)
     day_ahead = time.time() + 86400
     os.utime(Path(control.path_of(HEARTBEAT_FILE)), (day_ahead, day_ahead))
     state = lifecycle.status(ctx)

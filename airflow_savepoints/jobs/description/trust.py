@@ -9,10 +9,14 @@ them. What this tool acts on is proven with a secret that never goes to shared s
   (:func:`process_holds_token`). A driver started by another tool holds none: never signalled.
   The host key is a file created ``0600`` on first use, ``$XDG_STATE_HOME/airflow-savepoints/run.key``
   (default ``~/.local/state/...``): the local runner signals only on its own host anyway.
-* **sealed results** (:func:`seal`, :func:`sealed`): an HMAC over a file's content with a secret
-  the reader holds; ``job check`` makes a fresh secret per check, keeps it in memory and hands it
+* **sealed files** (:func:`seal`, :func:`sealed`): an HMAC over a file's content with a secret
+  the reader holds. ``job check`` makes a fresh secret per check, keeps it in memory and hands it
   to its driver in its environment (:data:`CHECK_SECRET_ENV`), or a Spark conf Spark redacts
-  (:data:`CHECK_SECRET_CONF`: its name says ``secret``) for a driver on another host.
+  (:data:`CHECK_SECRET_CONF`: its name says ``secret``) for a driver on another host. A run's
+  control files (heartbeats, stop acknowledgements, failures, its announcement) are sealed with
+  its channel secret (:func:`channel_secret`): ``HMAC(run key, job, run id)``, which ``job status``
+  and ``job stop`` derive on any host holding the run key (``[savepoints] run_key``, else this
+  host's key: one-host set-ups), and the launcher hands to its driver (:data:`RUN_SECRET_ENV`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import psutil
 log = logging.getLogger(__name__)
 
 RUN_TOKEN_ENV = "SAVEPOINTS_RUN_TOKEN"  # the run's token, in the driver's environment
+RUN_SECRET_ENV = "SAVEPOINTS_RUN_SECRET"  # "<run id>:<secret>": the run's channel secret, in the driver's environment
+RUN_KEY_OPTION = "run_key"  # [savepoints] run_key / AIRFLOW__SAVEPOINTS__RUN_KEY: the channel key shared by hosts
 CHECK_SECRET_ENV = "SAVEPOINTS_CHECK_SECRET"  # an upgrade check's result key, in its driver's environment
 CHECK_SECRET_CONF = "spark.savepoints.check.secret"  # the same as Spark conf (a cluster-mode driver); redacted
 MAC_FIELD = "mac"
@@ -76,6 +82,34 @@ def process_holds_token(pid: int, token: str) -> bool:
     except psutil.Error:
         return False
     return hmac.compare_digest(held.encode(), token.encode())
+
+
+def run_key() -> bytes:
+    """The key run channel secrets are made with: ``[savepoints] run_key`` when configured (every host
+    that runs or judges the job's runs needs the same), else this host's key (:func:`host_key`)."""
+    from airflow_savepoints.core.settings import configured_option
+
+    configured = configured_option(RUN_KEY_OPTION)
+    return configured.encode() if configured else host_key()
+
+
+def channel_secret(job: str, run_id: str) -> str:
+    """The secret run ``run_id`` of ``job`` seals its control files with (heartbeats, stop
+    acknowledgements, failures): derivable with :func:`run_key`, never written anywhere."""
+    return hmac.new(run_key(), f"channel\0{job}\0{run_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def folder_secret(job: str, run_id: str) -> str | None:
+    """The channel secret of a control folder ``<job>/_control/<run id>``: the one the launcher gave
+    this driver (:data:`RUN_SECRET_ENV`) for that run, else derived; None when no key can be read."""
+    given_run, _, given = os.environ.get(RUN_SECRET_ENV, "").partition(":")
+    if given and given_run == run_id:
+        return given
+    try:
+        return channel_secret(job, run_id)
+    except OSError as exc:
+        log.warning("no run key to check run %s's control files with: %s", run_id, exc)
+        return None
 
 
 def new_secret() -> str:

@@ -106,7 +106,9 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
     log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     start_batch, _ = checkpoint_progress(checkpoint)
     run_id = control.name if control else new_run_id()
-    process = spawn_submit(command, log_file, {**(env or {}), trust.RUN_TOKEN_ENV: trust.run_token(job, run_id)})
+    secrets_env = {trust.RUN_TOKEN_ENV: trust.run_token(job, run_id),
+                   trust.RUN_SECRET_ENV: f"{run_id}:{trust.channel_secret(job, run_id)}"}
+    process = spawn_submit(command, log_file, {**(env or {}), **secrets_env})
     run = JobRun(job=job, pid=process.pid, pid_started=process_started(process.pid), host=socket.gethostname(),
                  command=redact_command(list(process.args), secrets), log_file=str(log_file), checkpoint=checkpoint.url,
                  started_at=datetime.now(UTC), start_batch=start_batch, control=control.url if control else None,

@@ -129,6 +129,9 @@ class Run:
             record = None  # the recorded run is an older one: the lease holder (started by another tool) is current
         if holder is None:  # no run holds the lease: the newest run that wrote heartbeats may be newer than the record
             latest = _latest_beating_run(ctx)
+            if latest is not None and JobControl(ctx.folder.child(CONTROL_FOLDER).child(latest[0]),
+                                                 warnings).heartbeat() is None:
+                latest = None  # a heartbeat not sealed with its run's secret names no run
             if latest is not None and (record is None or (latest[0] != record.run_id
                                                            and latest[1] > record.started_at.timestamp())):
                 record, run_id = None, latest[0]
@@ -140,7 +143,7 @@ class Run:
         for url in named - {None, folder.url if folder else None}:
             warnings.append(f"the run files name control folder {url}; ignored: a run's control folder is "
                             f"{ctx.folder.url_of(CONTROL_FOLDER)}/<run id>")
-        control = JobControl(folder) if folder is not None else None
+        control = JobControl(folder, warnings) if folder is not None else None
         return cls(ctx, record, holder, run_id, control, warnings)
 
     @property
