@@ -373,11 +373,10 @@ def test_a_stop_waits_for_the_periodic_savepoint_in_flight_then_takes_its_own(sl
 
 
 def test_the_local_runner_never_signals_a_reused_pid_nor_another_hosts_process():
+    from airflow_savepoints.jobs.description import trust
     from airflow_savepoints.jobs.description.files import process_started
     from airflow_savepoints.jobs.description.record import RunTarget
     from airflow_savepoints.jobs.launch.runners import LocalRunner
-
-    from airflow_savepoints.jobs.description import trust
 
     process = subprocess.Popen(["sleep", "60"], start_new_session=True,  # with its token, as the launcher starts it
                                env={**os.environ, trust.RUN_TOKEN_ENV: trust.run_token("j", "r1")})

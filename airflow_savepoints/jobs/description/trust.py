@@ -52,20 +52,24 @@ def key_path() -> Path:
 def host_key() -> bytes:
     """This host's (and user's) run key: 32 random bytes, created ``0600`` on first use (one creator wins)."""
     path = key_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        pass
-    else:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(descriptor, "w") as out:
             out.write(secrets.token_hex(32))
             out.flush()
             os.fsync(out.fileno())
+        try:
+            os.link(draft, path)  # complete when visible; one creator wins
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(draft)
     descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(descriptor) as key_file:
         text = key_file.read().strip()
-    if len(text) < 32:  # a creator that has not written yet, or a damaged file
+    if len(text) < 32:  # a damaged file
         raise OSError(f"the run key {path} is empty or too short; remove it and it is made afresh")
     return text.encode()
 
