@@ -36,6 +36,7 @@ LEASE_CONF = "spark.savepoints.lease"  # the run lease URL; default: _lease.json
 HEARTBEAT_CONF = "spark.savepoints.heartbeatInterval"  # seconds between heartbeats (default 5)
 LEASE_TIMEOUT_CONF = "spark.savepoints.leaseTimeout"  # seconds without a heartbeat before the run counts as lost (30)
 CHECKPOINT_CONF = "spark.savepoints.checkpoint"  # the run's checkpoint location, recorded in its lease
+RUN_SECRET_CONF = "spark.savepoints.run.secret"  # a cluster-mode driver's channel secret (Spark redacts it by name)
 CHECK_CONF = "spark.savepoints.check"  # an upgrade check's scratch folder: the run is a check (jobs/workflows/check.py)
 CHECK_ENV = "SAVEPOINTS_CHECK"  # the same, for a driver on the launcher's host: the sink is swapped on import
 CHECK_AFTER_CONF = "spark.savepoints.check.afterBatch"  # the restored batch: the check waits for one past it
@@ -63,10 +64,10 @@ class JobControl:
     acknowledgement, failure, fencing or announcement is treated as absent, with a warning
     (``warnings``). A stop request is sealed too, but the driver does not require it."""
 
-    def __init__(self, folder: Store, warnings: list[str] | None = None) -> None:
+    def __init__(self, folder: Store, warnings: list[str] | None = None, secret: str | None = None) -> None:
         self.folder = folder
         self.warnings = warnings if warnings is not None else []
-        self._secret: str | None = None
+        self._secret = secret  # given to a driver on another host (RUN_SECRET_CONF); else derived
 
     @property
     def secret(self) -> str | None:
@@ -160,16 +161,20 @@ class JobControl:
 
 
 def run_conf(job_folder: str, *, run_id: str | None = None, checkpoint: str | None = None,
-             heartbeat_interval: float | None = None, lease_timeout: float | None = None) -> dict[str, str]:
+             heartbeat_interval: float | None = None, lease_timeout: float | None = None,
+             cluster: bool = False) -> dict[str, str]:
     """The Spark conf that lets a job take part: its control folder, run id and run lease.
 
     ``job_folder`` is ``<savepoint dir>/<job>``. Without ``run_id`` the driver makes its own (a job
     started by another tool, e.g. the Spark provider's SparkSubmitOperator, with a conf fixed at
-    DAG parse time)."""
+    DAG parse time). ``cluster``: the driver runs on another host (cluster deploy mode), so the run's
+    channel secret goes in the conf (:data:`RUN_SECRET_CONF`, redacted by Spark and in the run record)."""
     conf = {JOB_FOLDER_CONF: job_folder, LEASE_CONF: Store(job_folder).url_of(LEASE_FILE)}
     if run_id:
         conf[RUN_ID_CONF] = run_id
         conf[CONTROL_CONF] = Store(job_folder).child(CONTROL_FOLDER).child(run_id).url
+        if cluster:
+            conf[RUN_SECRET_CONF] = trust.channel_secret(Store(job_folder).name, run_id)
     if checkpoint:
         conf[CHECKPOINT_CONF] = checkpoint
     if heartbeat_interval is not None:

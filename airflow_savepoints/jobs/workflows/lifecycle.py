@@ -156,7 +156,8 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
         with ctx.lease.kept(run_id):  # a restore may take long; a start that dies meanwhile leaves a lease that lapses
             checkpoint, extra_conf, restored = prepare()
         conf = {**extra_conf, **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint,
-                                         heartbeat_interval=ctx.heartbeat_interval, lease_timeout=ctx.lease_timeout)}
+                                         heartbeat_interval=ctx.heartbeat_interval, lease_timeout=ctx.lease_timeout,
+                                         cluster=job.deploy_mode == "cluster")}
         run = start_detached(job.name, submit_command(checkpoint, conf), ctx.checkpoint(checkpoint), ctx.folder,
                              log_dir, control=control, master=job.master, master_ui=job.master_ui,
                              version=version.model_dump(), secrets=job.secrets())

@@ -46,3 +46,27 @@ def test_a_seal_holds_only_for_its_content_and_secret():
     assert not trust.sealed({**sealed, "last_committed_batch": 6}, secret)
     assert not trust.sealed(sealed, trust.new_secret())
     assert not trust.sealed({"state": "running"}, secret) and not trust.sealed(None, secret)
+
+
+def test_a_cluster_mode_driver_seals_with_the_secret_its_conf_gives(tmp_path, monkeypatch):
+    """A driver on another host (its own key file) seals its heartbeats with the secret the launcher
+    put in its conf (``run_conf(..., cluster=True)``), so the launcher's host believes them; without
+    it, they are not believed. The recorded command shows the secret as ``***``."""
+    from airflow_savepoints.core.redaction import redact_command
+    from airflow_savepoints.jobs.description.channel import RUN_SECRET_CONF, JobControl, run_conf
+    from airflow_savepoints.jobs.driver.control import RunHandle
+    from airflow_savepoints.storage import Store
+
+    monkeypatch.delenv("AIRFLOW__SAVEPOINTS__RUN_KEY", raising=False)
+    monkeypatch.delenv(trust.RUN_SECRET_ENV, raising=False)
+    job_folder = Store(str(tmp_path / "savepoints" / "orders"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "launcher"))
+    conf = run_conf(job_folder.url, run_id="r1", cluster=True)
+    assert conf[RUN_SECRET_CONF] == trust.channel_secret("orders", "r1")
+    command = ["spark-submit", *(arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")), "app.py"]
+    assert conf[RUN_SECRET_CONF] not in " ".join(redact_command(command, []))
+    for given, believed in ((conf, True), ({k: v for k, v in conf.items() if k != RUN_SECRET_CONF}, False)):
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "cluster-node"))  # the driver's host: another key
+        RunHandle.from_conf(given.get).control.beat(state="running", timeout_s=30)
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "launcher"))
+        assert (JobControl(job_folder.child("_control").child("r1")).heartbeat() is not None) is believed
