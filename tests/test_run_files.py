@@ -268,6 +268,26 @@ def test_a_standalone_kill_only_of_an_application_the_master_names_after_the_job
     assert ("POST", "/app/kill/") in listener.requests  # the job's own application is killed
 
 
+def test_a_run_record_chooses_no_file_whose_lines_status_shows(tmp_path):
+    """A failed run's status shows the tail of its driver's log; a ``log_file`` in ``_run.json`` that
+    is not a log this tool names, or a link, shows nothing (it read any file the record named)."""
+    ctx = context(str(tmp_path))
+    secret = tmp_path / "private.key"
+    secret.write_text("PRIVATE-KEY-LINE\n")
+    linked = tmp_path / "logs" / "orders-20260101T000000.log"
+    linked.parent.mkdir()
+    linked.symlink_to(secret)
+    real = tmp_path / "logs" / "orders-20260101T000001.log"
+    real.write_text("the driver's last words\n")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    for log_file, shown in ((secret, None), (linked, None), (real, "the driver's last words")):
+        forge_run(ctx, pid=ended.pid, pid_started=time.time() - 60, log_file=str(log_file))
+        state = lifecycle.status(ctx)
+        assert state.state == "failed" and state.detail == shown, state  # today: PRIVATE-KEY-LINE, twice
+        assert "PRIVATE-KEY-LINE" not in state.model_dump_json()
+
+
 # --- 3. control files go only into <job folder>/_control/<run id> -------------------------------------
 def test_a_control_folder_named_in_the_lease_is_never_written(where):
     ctx = context(where)

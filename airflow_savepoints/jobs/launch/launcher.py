@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -62,11 +63,31 @@ def process_alive(pid: int) -> bool:
         return True
 
 
-def log_tail(path: str | None, lines: int = 25) -> str:
-    if not path:
+LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-\d{8}T\d{6}(\d{6})?\.log")  # what start_detached and rescale name
+LOG_TAIL_BYTES = 64 * 1024
+
+
+def _read_log(path: str | None, size: int, *, tail: bool = False) -> str:
+    """A driver log named by a run file, if it is one this tool names (``<job>-<UTC time>.log``), a
+    regular file and no link (a run file chooses no other file to show): its first (``tail``: last)
+    ``size`` bytes."""
+    if not path or LOG_NAME.fullmatch(os.path.basename(path)) is None:
         return ""
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(descriptor, "rb") as log:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return ""
+        if tail:
+            log.seek(max(0, os.fstat(descriptor).st_size - size))
+        return log.read(size).decode(errors="replace")
+
+
+def log_tail(path: str | None, lines: int = 25) -> str:
+    try:
+        return "\n".join(_read_log(path, LOG_TAIL_BYTES, tail=True).splitlines()[-lines:])
     except OSError:
         return ""
 
@@ -82,13 +103,10 @@ APP_ID_IN_LOG = re.compile(r"app ID (app-\d{14}-\d{4,})")
 def application_id_from_log(path: str | None) -> str | None:
     """The standalone application id a driver logs when it connects (``... with app ID app-…``)."""
     try:
-        with open(path or "", errors="replace") as log:
-            for line in log:
-                if (found := APP_ID_IN_LOG.search(line)) is not None:
-                    return found.group(1)
+        found = APP_ID_IN_LOG.search(_read_log(path, 4 * 1024 * 1024))
     except OSError:
         return None
-    return None
+    return found.group(1) if found is not None else None
 
 
 def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: Store, log_dir: Path,
