@@ -16,7 +16,8 @@ and is the only code that signals a process, keeps or deletes a checkpoint or wr
 These files only describe a run:
 the checkpoint deleted, kept or copied is always one the job owns (its configured checkpoint or
 ``<checkpoint>-<UTC time>``), the control folder written is ``_control/<run id>`` of the job's
-folder, and a process is signalled only when host, pid and start time match. A damaged file
+folder, and a process is signalled only when host, pid, start time and its run token match
+(:mod:`airflow_savepoints.jobs.description.trust`). A damaged file
 counts as absent, with a warning in the answer (``warnings``).
 
 States: ``not_started`` (no run recorded), ``starting`` (lease taken, no heartbeat yet),
