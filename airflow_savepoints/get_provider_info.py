@@ -46,7 +46,8 @@ def get_provider_info() -> dict:
         ],
         "config": {"savepoints": {"description": "Defaults of airflow-savepoints.", "options": {
             option.name: {"description": option.description, "version_added": "0.1.0", "type": option.type,
-                          "example": option.example, "default": option.default}
+                          "example": option.example, "default": option.default,
+                          **({"sensitive": True} if option.sensitive else {})}
             for option in OPTIONS
         }}},
     }

@@ -380,13 +380,16 @@ def test_a_stop_waits_for_the_periodic_savepoint_in_flight_then_takes_its_own(sl
 
 
 def test_the_local_runner_never_signals_a_reused_pid_nor_another_hosts_process():
+    from airflow_savepoints.jobs.description import trust
     from airflow_savepoints.jobs.description.files import process_started
     from airflow_savepoints.jobs.description.record import RunTarget
     from airflow_savepoints.jobs.launch.runners import LocalRunner
 
-    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True,  # with its token, as the launcher starts it
+                               env={**os.environ, trust.RUN_TOKEN_ENV: trust.run_token("j", "r1")})
     try:
-        mine = RunTarget(job="j", host=socket.gethostname(), pid=process.pid, pid_started=process_started(process.pid))
+        mine = RunTarget(job="j", host=socket.gethostname(), run_id="r1", pid=process.pid,
+                         pid_started=process_started(process.pid))
         reused = RunTarget(job="j", host=socket.gethostname(), pid=process.pid, pid_started=mine.pid_started - 100)
         elsewhere = RunTarget(job="j", host="worker-a", pid=process.pid, pid_started=mine.pid_started)
         assert LocalRunner().status(reused).state == "ended" and not LocalRunner().kill(reused, 1)["killed"]

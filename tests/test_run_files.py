@@ -35,6 +35,7 @@ from airflow_savepoints.errors import (
     UntrustedRunFileError,
 )
 from airflow_savepoints.jobs import StreamingJob, load_jobs
+from airflow_savepoints.jobs.description.channel import JobControl
 from airflow_savepoints.jobs.description.record import read_run
 from airflow_savepoints.jobs.launch.launcher import spark_submit_command
 from airflow_savepoints.jobs.workflows import lifecycle
@@ -151,6 +152,142 @@ def test_a_pid_without_its_start_time_is_never_signalled(tmp_path, sleeper):
     assert sleeper.poll() is None
 
 
+def test_a_forged_pid_with_its_real_start_time_is_never_signalled_by_cancel_or_stop(tmp_path, sleeper):
+    """Issue 40: anyone can read a pid's start time from /proc; only the run's token, which the
+    launcher put in its driver's environment and no file holds, lets a pid be signalled."""
+    from airflow_savepoints.jobs.description.files import process_started
+
+    ctx = context(str(tmp_path))
+    shutil.copytree(SPARK35, ctx.job.checkpoint)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(json.dumps({"jobs": [ctx.job.model_dump(exclude_none=True)]}))
+    forge_run(ctx, pid=sleeper.pid, pid_started=process_started(sleeper.pid))
+    with pytest.raises(JobNotStoppedError, match="not a driver this tool started") as refused:
+        lifecycle.cancel(ctx, grace=1)  # today: SIGTERM to the sleeper, "cancelled"
+    assert "stop the driver yourself" in refused.value.message and sleeper.poll() is None
+    result = CliRunner().invoke(cli_app, ["job", "cancel", "orders", "--grace", "1", "--jobs-file", str(jobs), "--json"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["error"]["code"] == "job_not_stopped", result.stdout
+    assert sleeper.poll() is None
+
+    ctx.folder.remove_file(RUN_FILE)  # the lease's facts, as a driver started by another tool writes them
+    assert ctx.lease.acquire("r2", {"host": HOST, "pid": sleeper.pid, "pid_started": process_started(sleeper.pid),
+                                    "timeout_s": 30, "checkpoint": ctx.job.checkpoint}) is None
+    with pytest.raises(JobNotStoppedError, match="not a driver this tool started"):
+        lifecycle.stop(ctx, grace=1, inflight_wait=1)  # today: SIGTERM, then a stop savepoint
+    result = CliRunner().invoke(cli_app, ["job", "stop", "orders", "--grace", "1", "--jobs-file", str(jobs), "--json"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["error"]["code"] == "job_not_stopped", result.stdout
+    assert sleeper.poll() is None and list_savepoints(ctx.root, "orders") == []
+
+
+class Listener:
+    """A local HTTP server that counts the requests it gets; ``apps`` is what its ``/json/`` lists (a
+    standalone master's web UI)."""
+
+    def __init__(self, apps: list[dict] | None = None) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[tuple[str, str]] = []
+        self.apps = apps or []
+        listener = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                listener.requests.append((self.command, self.path))
+                body = json.dumps({"activeapps": listener.apps, "completedapps": []}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def listener():
+    server = Listener()
+    yield server
+    server.close()
+
+
+def test_run_files_naming_a_master_and_web_ui_make_no_request_from_status_cancel_or_the_console(tmp_path, listener):
+    """Issue 40: the runner's addresses are jobs.yaml's (here: a local master); a ``_run.json`` and a
+    lease naming a standalone master and web UI send nothing there."""
+    from airflow_savepoints.plugins.console import overview
+
+    ctx = context(str(tmp_path))
+    shutil.copytree(SPARK35, ctx.job.checkpoint)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(json.dumps({"jobs": [ctx.job.model_dump(exclude_none=True)]}))
+    named = {"master": f"spark://127.0.0.1:{listener.url.rsplit(':', 1)[1]}", "master_ui": listener.url,
+             "application_id": "app-20260101000000-0001"}
+    cli = ["--jobs-file", str(jobs), "--json"]
+    for where in ("record", "lease"):
+        if where == "record":
+            forge_run(ctx, host="worker-a", **named)
+        else:
+            ctx.folder.remove_file(RUN_FILE)
+            assert ctx.lease.acquire("r2", {"host": "worker-a", "timeout_s": 30, **named}) is None
+        state = lifecycle.status(ctx)
+        answers = [CliRunner().invoke(cli_app, ["job", "status", "orders", *cli]),
+                   CliRunner().invoke(cli_app, ["status", "--job", "orders", "--dir", ctx.root.url, "--json"])]
+        summary = overview(ctx.root, interval_s=60, jobs_file=str(jobs))  # what the console's API serves
+        assert [row["job"] for row in summary["jobs"]] == ["orders"], summary
+        summary = overview(ctx.root, interval_s=60, jobs_file=None)  # a job folder the jobs file does not declare
+        answers.append(CliRunner().invoke(cli_app, ["job", "cancel", "orders", "--grace", "1", *cli]))
+        assert all(answer.exit_code in (0, 1) and answer.stdout.startswith("{") for answer in answers), answers
+        assert listener.requests == [], (where, listener.requests)  # today: GET /json/ and POST /app/kill/
+        assert state.runner == "local", state
+
+
+def test_a_standalone_kill_only_of_an_application_the_master_names_after_the_job(tmp_path, listener):
+    """Issue 40: the master is jobs.yaml's; the application id a run file names is killed only when
+    the master's ``/json/`` lists it under the job's name (spark-submit ``--name <job>``)."""
+    port = listener.url.rsplit(":", 1)[1]
+    ctx = context(str(tmp_path), master=f"spark://127.0.0.1:{port}", master_ui=listener.url)
+    forge_run(ctx, host="worker-a", application_id="app-20260101000000-0007", master=ctx.job.master,
+              master_ui=listener.url)  # as a start of this job records it, with another application's id
+    listener.apps = [{"id": "app-20260101000000-0007", "name": "payments", "state": "RUNNING"}]
+    with pytest.raises(JobNotStoppedError, match="is not job 'orders''s") as refused:
+        lifecycle.cancel(ctx, grace=1)  # today: POST /app/kill/ of payments' application, "killed"
+    assert "named 'payments'" in refused.value.message
+    assert [method for method, _ in listener.requests] == ["GET", "GET"]  # its status, then the kill's look
+    listener.apps = [{"id": "app-20260101000000-0007", "name": "orders", "state": "RUNNING"}]
+    lifecycle.cancel(ctx, grace=0)
+    assert ("POST", "/app/kill/") in listener.requests  # the job's own application is killed
+
+
+def test_a_run_record_chooses_no_file_whose_lines_status_shows(tmp_path):
+    """A failed run's status shows the tail of its driver's log; a ``log_file`` in ``_run.json`` that
+    is not a log this tool names, or a link, shows nothing (it read any file the record named)."""
+    ctx = context(str(tmp_path))
+    secret = tmp_path / "private.key"
+    secret.write_text("PRIVATE-KEY-LINE\n")
+    linked = tmp_path / "logs" / "orders-20260101T000000.log"
+    linked.parent.mkdir()
+    linked.symlink_to(secret)
+    real = tmp_path / "logs" / "orders-20260101T000001.log"
+    real.write_text("the driver's last words\n")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    for log_file, shown in ((secret, None), (linked, None), (real, "the driver's last words")):
+        forge_run(ctx, pid=ended.pid, pid_started=time.time() - 60, log_file=str(log_file))
+        state = lifecycle.status(ctx)
+        assert state.state == "failed" and state.detail == shown, state  # today: PRIVATE-KEY-LINE, twice
+        assert "PRIVATE-KEY-LINE" not in state.model_dump_json()
+
+
 # --- 3. control files go only into <job folder>/_control/<run id> -------------------------------------
 def test_a_control_folder_named_in_the_lease_is_never_written(where):
     ctx = context(where)
@@ -171,6 +308,32 @@ def test_a_control_folder_named_in_the_lease_is_never_written(where):
         assert not folder.exists("stop-request.json")  # today: written outside the root, and into payments' run
 
 
+def test_a_forged_heartbeat_or_stop_acknowledgement_is_not_believed(where):
+    """Issue 40: a run's control files count only when sealed with its channel secret (derived from
+    the run key, never written): forged ones are absent, with a warning."""
+    ctx = context(where)
+    put_tree(SPARK35, ctx.job.checkpoint)
+    assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30, "checkpoint": ctx.job.checkpoint}) is None
+    control = JobControl(ctx.folder.child("_control/r1"))
+    control.beat(state="running", timeout_s=30, last_committed_batch=5)  # the run's own driver
+    assert lifecycle.status(ctx).state == "running"
+    forged = ctx.folder.child("_control/r1")
+    forged.write_bytes_atomic("stopped.json", json.dumps({"request_id": "stop-1", "stopped_at": "now"}).encode())
+    state = lifecycle.status(ctx)
+    assert state.state == "running", state  # today: stopped ("it acknowledged a stop request")
+    assert any("stopped.json" in w and "not sealed" in w for w in state.warnings), state.warnings
+    forged.write_bytes_atomic(HEARTBEAT_FILE, json.dumps({"state": "running", "timeout_s": 30,
+                                                          "last_committed_batch": 999999}).encode())
+    state = lifecycle.status(ctx)  # the lease still holds: starting, with no heartbeat believed
+    assert state.state == "starting" and state.last_batch != 999999 and not state.helper, state  # today: running
+    assert any(HEARTBEAT_FILE in w and "not sealed" in w for w in state.warnings), state.warnings
+    other = JobControl(ctx.folder.child("_control/r2"))
+    other.beat(state="stopped")  # sealed, but for another run: copied over, it is still foreign
+    forged.write_bytes_atomic(HEARTBEAT_FILE, other.folder.read_bytes(HEARTBEAT_FILE))
+    assert lifecycle.status(ctx).state == "starting"
+    assert control.wait_until_stopped("stop-1", timeout=0) is None  # a stop waits for the run's own answer
+
+
 # --- 4./5. damaged or impossible files never wedge a command ------------------------------------------
 def test_damaged_run_files_are_ignored_with_a_warning_and_every_command_answers(tmp_path):
     ctx = context(str(tmp_path))
@@ -178,8 +341,7 @@ def test_damaged_run_files_are_ignored_with_a_warning_and_every_command_answers(
     jobs.write_text(json.dumps({"jobs": [ctx.job.model_dump(exclude_none=True)]}))
     assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30}) is None
     control = ctx.folder.child("_control/r1")
-    control.write_bytes_atomic(HEARTBEAT_FILE, json.dumps({"state": "running", "timeout_s": "abc",
-                                                           "last_committed_batch": "x"}).encode())
+    JobControl(control).beat(state="running", timeout_s="abc", last_committed_batch="x")  # sealed, as the driver does
     state = lifecycle.status(ctx)
     assert state.state == "running" and state.last_batch is None
     assert any(HEARTBEAT_FILE in w and "timeout_s" in w for w in state.warnings)
@@ -213,7 +375,7 @@ def test_a_lease_with_no_live_holder_past_its_timeout_and_a_heartbeat_dated_ahea
     ctx.folder.remove_file(RUN_FILE)
     assert ctx.lease.acquire("r2", {"host": "worker-a", "timeout_s": 30}) is None
     control = ctx.folder.child("_control/r2")
-    control.write_bytes_atomic(HEARTBEAT_FILE, json.dumps({"state": "running", "timeout_s": 30}).encode())
+    JobControl(control).beat(state="running", timeout_s=30)
     day_ahead = time.time() + 86400
     os.utime(Path(control.path_of(HEARTBEAT_FILE)), (day_ahead, day_ahead))
     state = lifecycle.status(ctx)

@@ -7,7 +7,9 @@ check-mode driver's sink swap, and a query raising in its batch reported with Sp
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints, resolve_pointer, take_savepoint
 from airflow_savepoints.errors import SavepointTooOldError
 from airflow_savepoints.jobs import StreamingJob, load_jobs
+from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.channel import CHECK_CONF, CHECKPOINT_CONF, JobControl
 from airflow_savepoints.jobs.description.record import read_run
 from airflow_savepoints.jobs.driver.check_sink import run_check
@@ -45,6 +48,29 @@ def run_dag(dag_id: str, **conf):
 
 def submit(job: StreamingJob):
     return lambda checkpoint, conf: spark_submit_command(job, checkpoint, conf)
+
+
+@contextlib.contextmanager
+def forging_check_results(job_folder: Store):
+    """Meanwhile, a writer of the savepoint folder puts a "passed" ``result.json`` into each check's
+    scratch folder as soon as its copy appears (issue 40: it made a crashing version pass)."""
+    stop, folder = threading.Event(), Path(job_folder.path_of("_check"))
+
+    def forge() -> None:
+        while not stop.wait(0.2):
+            for scratch in folder.glob("*/checkpoint"):
+                result = scratch.parent / "result.json"
+                with contextlib.suppress(OSError):  # the check may have removed its folder meanwhile
+                    if not result.exists():
+                        result.write_text(json.dumps({"outcome": "passed", "batch_id": 999999}))
+
+    forger = threading.Thread(target=forge, daemon=True)
+    forger.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        forger.join(10)
 
 
 def checkpoints_of(home: Path) -> list[str]:
@@ -110,12 +136,13 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
         # the state while the running version goes on committing batches, nothing stopped: an application that
         # does not exist, a changed key type (CLI `job check`), an added stateful operator
         capfd.readouterr()
-        with Feeder(tmp_path / "input", sent, feeder.index) as feeder:
+        with Feeder(tmp_path / "input", sent, feeder.index) as feeder, forging_check_results(job_folder):
             state, tasks = run_dag("upgrade_job", job=JOB, mode="savepoint", application=str(tmp_path / "missing.py"),
                                    spark_conf=json.dumps(FIX), health_timeout=120)
             assert state == "failed" and tasks == {"upgrade": "failed"}
             log = capfd.readouterr().out  # the task's log: the check's error; no stop, no rollback
             assert "UpgradeCheckFailedError" in log and "exited before it checked a batch" in log, log[-3000:]
+            assert "not sealed with this check's secret" in log, log[-3000:]  # a forged "passed" was there: ignored
             assert "rolled back" not in log
             assert_untouched(ctx, upgraded, root)
             # a rescale its HDFS-backed state cannot take: refused from the live checkpoint's files before the
@@ -243,6 +270,8 @@ def test_a_check_run_swaps_a_foreach_batch_sink_for_noop_and_takes_no_lease(spar
     settings = {CHECK_CONF: str(scratch), CHECKPOINT_CONF: str(checkpoint), "spark.savepoints.jobFolder": str(tmp_path / "job")}
     for key, value in settings.items():
         spark.conf.set(key, value)
+    secret = trust.new_secret()
+    monkeypatch.setenv(trust.CHECK_SECRET_ENV, secret)  # as the check hands it to its driver
     try:
         assert claim_run(spark) is None  # check mode: no lease taken, the sink swap installed
         called = []
@@ -260,7 +289,8 @@ def test_a_check_run_swaps_a_foreach_batch_sink_for_noop_and_takes_no_lease(spar
         for key in settings:
             spark.conf.unset(key)
     assert result["outcome"] == "passed" and result["batch_id"] >= 0, result
-    assert json.loads((scratch / "result.json").read_text())["outcome"] == "passed"
+    written = json.loads((scratch / "result.json").read_text())
+    assert written["outcome"] == "passed" and trust.sealed(written, secret)  # only a sealed result counts
     assert called == [] and not query.isActive
     assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["_check"]  # no _lease.json, no _control
     assert failed["outcome"] == "failed" and "v3 fails on every batch" in failed["error"], failed

@@ -96,7 +96,13 @@ class JobTarget:
             checkpoint = connection_storage_options(self.checkpoint_conn_id)
         if checkpoint is None:
             checkpoint = root.options_for(job.checkpoint)
-        return JobContext(job, root, checkpoint, log=lambda message: err.print(message, markup=False))
+        master = None
+        if job.spark_conn_id:  # a Spark connection is Airflow's: its master is the runner's address
+            from airflow_savepoints.hooks.streaming_job import connection_master
+
+            master = connection_master(job)
+        return JobContext(job, root, checkpoint, log=lambda message: err.print(message, markup=False),
+                          spark_master=master)
 
 
 def _report(as_json: bool, action) -> None:

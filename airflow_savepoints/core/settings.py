@@ -29,6 +29,7 @@ class Option:
     default: str
     example: str
     description: str
+    sensitive: bool = False  # Airflow hides its value (airflow config list, the UI)
 
 
 # The one place of the defaults: retention reads them, and get_provider_info declares them to Airflow.
@@ -38,6 +39,9 @@ OPTIONS = (
     Option(CONN_OPTION, "string", "", "savepoints_default",
            "The connection the airflow-savepoints CLI uses without --conn-id; empty: savepoints_default when "
            "AIRFLOW_CONN_SAVEPOINTS_DEFAULT defines it, else none."),
+    Option("run_key", "string", "", "a long random string",
+           "The key a run's control files (heartbeats, stop acknowledgements) are sealed with, the same on every "
+           "host that starts, stops or judges jobs; empty: a key file of each host's own (one-host set-ups).", sensitive=True),
     Option("max_periodic_savepoints", "integer", "10", "10", "How many periodic savepoints of a job retention keeps."),
     Option("max_savepoint_age", "string", "7d", "7d",
            "Periodic savepoints older than this are removed by retention (e.g. 7d, 12h); none for no age limit."),

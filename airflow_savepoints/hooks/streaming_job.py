@@ -42,6 +42,15 @@ class SparkStreamingJobHook(BaseHook):
         return submit._build_spark_submit_command(job.application)
 
 
+def connection_master(job: StreamingJob) -> str | None:
+    """The master of the job's Spark connection (``spark_conn_id``) as the Spark provider reads it;
+    None for a job without one (its jobs.yaml ``master`` applies). The runner's address comes from
+    here or jobs.yaml, never from a run file."""
+    if not job.spark_conn_id:
+        return None
+    return SparkSubmitHook(conn_id=job.spark_conn_id)._connection.get("master") or None
+
+
 class SparkProviderRunner(Runner):
     """YARN and Kubernetes runs through the Spark provider's SparkSubmitHook: status from YARN's
     ResourceManager, kill through its REST API (YARN) or by deleting the driver pod (Kubernetes).

@@ -77,7 +77,9 @@ class _JobOperator(SavepointsBaseOperator):
         root = self.savepoint_store(job.savepoint_dir)
         options = (self.checkpoint_hook.storage_options() if self.checkpoint_hook
                    else checkpoint_options(job.checkpoint, root, None))
-        return JobContext(job, root, options, log=self.log.info)
+        from airflow_savepoints.hooks.streaming_job import connection_master
+
+        return JobContext(job, root, options, log=self.log.info, spark_master=connection_master(job))
 
     def log_dir(self) -> Path:
         return Path(conf.get("logging", "base_log_folder", fallback="/tmp")) / "streaming-jobs"

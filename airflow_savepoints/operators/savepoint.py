@@ -9,6 +9,7 @@ from airflow.sdk import Asset, AssetAlias
 
 from airflow_savepoints.core import SavepointType, dispose_savepoint, take_savepoint
 from airflow_savepoints.core.dispose import discard_incomplete
+from airflow_savepoints.core.models import validate_job_name
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.jobs.description.lease import running_spark_version
 from airflow_savepoints.jobs.description.record import read_run, refuse_left_checkpoint
@@ -173,7 +174,8 @@ class TriggerSavepointOperator(RemovesPartialSavepoint):
         store = self.savepoint_store()
         ti = context.get("ti")
         if self.checkpoint:
-            refuse_left_checkpoint(store.child(self.job), self.job, self.checkpoint, retired=self.retired_checkpoint)
+            refuse_left_checkpoint(store.child(validate_job_name(self.job)), self.job, self.checkpoint,
+                                   retired=self.retired_checkpoint)
         checkpoint = self.checkpoint or recorded_checkpoint(store, self.job, self.fallback_checkpoint)
         info = take_savepoint(
             checkpoint, self.job, savepoint_dir=store, savepoint_type=self.savepoint_type,

@@ -9,6 +9,7 @@ request. The driver's side of the protocol is :mod:`airflow_savepoints.jobs.driv
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from airflow_savepoints.core.names import (
     STOP_REQUEST_FILE,
     STOPPED_FILE,
 )
+from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.files import Heartbeat, read_json, tolerant
 from airflow_savepoints.jobs.description.lease import LEASE_FILE, RunLeaseHolder
 from airflow_savepoints.storage import Store
@@ -34,12 +36,15 @@ LEASE_CONF = "spark.savepoints.lease"  # the run lease URL; default: _lease.json
 HEARTBEAT_CONF = "spark.savepoints.heartbeatInterval"  # seconds between heartbeats (default 5)
 LEASE_TIMEOUT_CONF = "spark.savepoints.leaseTimeout"  # seconds without a heartbeat before the run counts as lost (30)
 CHECKPOINT_CONF = "spark.savepoints.checkpoint"  # the run's checkpoint location, recorded in its lease
+RUN_SECRET_CONF = "spark.savepoints.run.secret"  # a cluster-mode driver's channel secret (Spark redacts it by name)
 CHECK_CONF = "spark.savepoints.check"  # an upgrade check's scratch folder: the run is a check (jobs/workflows/check.py)
 CHECK_ENV = "SAVEPOINTS_CHECK"  # the same, for a driver on the launcher's host: the sink is swapped on import
 CHECK_AFTER_CONF = "spark.savepoints.check.afterBatch"  # the restored batch: the check waits for one past it
 CHECK_TIMEOUT_CONF = "spark.savepoints.check.timeout"  # seconds the driver waits for that batch
 SKIP_MISSING_INPUT_CONF = "spark.savepoints.skipMissingInput"  # "true": the start accepted lost input (Kafka failOnDataLoss=false)
 DEFAULT_HEARTBEAT_INTERVAL = 5.0
+
+log = logging.getLogger(__name__)
 
 
 def new_run_id() -> str:
@@ -52,10 +57,40 @@ def _now() -> str:
 
 
 class JobControl:
-    """One run's control folder; both sides use it (Airflow writes requests, the job answers)."""
+    """One run's control folder; both sides use it (Airflow writes requests, the job answers).
 
-    def __init__(self, folder: Store) -> None:
+    Every file is sealed with the run's channel secret (:mod:`airflow_savepoints.jobs.description.trust`:
+    derived from the run key, the job's name and the run id, which the folder ``<job>/_control/<run id>``
+    names); what the job wrote counts only when its seal holds: a forged or foreign heartbeat, stop
+    acknowledgement, failure, fencing or announcement is treated as absent, with a warning
+    (``warnings``). A stop request is sealed too, but the driver does not require it."""
+
+    def __init__(self, folder: Store, warnings: list[str] | None = None, secret: str | None = None) -> None:
         self.folder = folder
+        self.warnings = warnings if warnings is not None else []
+        self._secret = secret  # given to a driver on another host (RUN_SECRET_CONF); else derived
+
+    @property
+    def secret(self) -> str | None:
+        if self._secret is None:
+            self._secret = trust.folder_secret(self.folder.parent().parent().name, self.folder.name)
+        return self._secret
+
+    def _authentic(self, name: str, value: Any, warnings: list[str] | None = None) -> dict[str, Any] | None:
+        """``value`` if it is an object sealed with the run's secret; else None, with a warning."""
+        if not isinstance(value, dict):
+            return None
+        secret = self.secret
+        if name == STOP_REQUEST_FILE or (secret is not None and trust.sealed(value, secret)):
+            return {key: item for key, item in value.items() if key != trust.MAC_FIELD}
+        text = (f"{self.folder.url_of(name)} is not sealed with run {self.folder.name}'s secret (forged, foreign, or "
+                "written with another run key): ignored" if secret is not None else
+                f"{self.folder.url_of(name)} cannot be checked (no run key here): ignored")
+        for found in (self.warnings, warnings):
+            if found is not None and text not in found:
+                found.append(text)
+        log.warning("%s", text)
+        return None
 
     def _read(self, name: str) -> dict[str, Any] | None:
         try:
@@ -64,10 +99,12 @@ class JobControl:
             return None
         except ValueError:  # a foreign or damaged file: as good as none
             return None
-        return value if isinstance(value, dict) else None
+        return self._authentic(name, value)
 
     def _write(self, name: str, value: dict[str, Any]) -> None:
-        self.folder.write_bytes_atomic(name, json.dumps(value, indent=1).encode())
+        secret = self.secret
+        sealed = trust.seal(value, secret) if secret is not None else value
+        self.folder.write_bytes_atomic(name, json.dumps(sealed, indent=1).encode())
 
     # the job's side
     def announce(self, **facts: Any) -> None:
@@ -87,7 +124,7 @@ class JobControl:
 
     def heartbeat(self, warnings: list[str] | None = None) -> dict[str, Any] | None:
         """The run's last heartbeat, validated (fields of the wrong type dropped, with a warning)."""
-        data = read_json(self.folder, HEARTBEAT_FILE, warnings)
+        data = self._authentic(HEARTBEAT_FILE, read_json(self.folder, HEARTBEAT_FILE, warnings), warnings)
         beat = tolerant(Heartbeat, data, self.folder.url_of(HEARTBEAT_FILE), warnings) if data is not None else None
         return beat.model_dump(exclude_none=True) if beat is not None else None
 
@@ -125,16 +162,20 @@ class JobControl:
 
 
 def run_conf(job_folder: str, *, run_id: str | None = None, checkpoint: str | None = None,
-             heartbeat_interval: float | None = None, lease_timeout: float | None = None) -> dict[str, str]:
+             heartbeat_interval: float | None = None, lease_timeout: float | None = None,
+             cluster: bool = False) -> dict[str, str]:
     """The Spark conf that lets a job take part: its control folder, run id and run lease.
 
     ``job_folder`` is ``<savepoint dir>/<job>``. Without ``run_id`` the driver makes its own (a job
     started by another tool, e.g. the Spark provider's SparkSubmitOperator, with a conf fixed at
-    DAG parse time)."""
+    DAG parse time). ``cluster``: the driver runs on another host (cluster deploy mode), so the run's
+    channel secret goes in the conf (:data:`RUN_SECRET_CONF`, redacted by Spark and in the run record)."""
     conf = {JOB_FOLDER_CONF: job_folder, LEASE_CONF: Store(job_folder).url_of(LEASE_FILE)}
     if run_id:
         conf[RUN_ID_CONF] = run_id
         conf[CONTROL_CONF] = Store(job_folder).child(CONTROL_FOLDER).child(run_id).url
+        if cluster:
+            conf[RUN_SECRET_CONF] = trust.channel_secret(Store(job_folder).name, run_id)
     if checkpoint:
         conf[CHECKPOINT_CONF] = checkpoint
     if heartbeat_interval is not None:

@@ -27,12 +27,14 @@ class RunTarget:
 
     job: str
     host: str | None = None
+    run_id: str | None = None  # with the job's name, what the driver's token is made of (jobs/description/trust.py)
     pid: int | None = None
     pid_started: float | None = None  # the process's create_time (psutil), to tell a reused pid
     application_id: str | None = None
-    master: str | None = None
+    master: str | None = None  # from the job's configuration (jobs.yaml, the Spark connection), never a run file
     master_ui: str | None = None
     driver_pod: str | None = None
+    app_name: str | None = None  # the application's name at the master (spark-submit --name); default: job
 
 
 class JobRun(BaseModel):
@@ -60,9 +62,11 @@ class JobRun(BaseModel):
     version: dict[str, Any] | None = None  # the job's version it runs (see JobVersion: application, args, conf, hash)
 
 
-    def target(self) -> RunTarget:
-        return RunTarget(job=self.job, host=self.host, pid=self.pid, pid_started=self.pid_started,
-                         application_id=self.application_id, master=self.master, master_ui=self.master_ui)
+    def target(self, master: str | None = None, master_ui: str | None = None) -> RunTarget:
+        """Where the driver is: the record's facts, with the runner's addresses the caller's
+        configuration gives (``master``, ``master_ui``), never the record's ``master``/``master_ui``."""
+        return RunTarget(job=self.job, host=self.host, run_id=self.run_id, pid=self.pid, pid_started=self.pid_started,
+                         application_id=self.application_id, master=master, master_ui=master_ui)
 
 
 def write_run(job_folder: Store, run: JobRun) -> None:

@@ -6,6 +6,7 @@ an upgrade check (:mod:`airflow_savepoints.jobs.workflows.check`)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.names import CHECK_RESULT_FILE
 from airflow_savepoints.jobs.description.channel import CHECK_AFTER_CONF, CHECK_TIMEOUT_CONF, CHECKPOINT_CONF
+from airflow_savepoints.jobs.description.trust import CHECK_SECRET_CONF, CHECK_SECRET_ENV, seal
 from airflow_savepoints.storage import Store
 
 SPARK_PLAN_MARKER = "\n=== Streaming Query ==="  # Spark's message ends with the query's plan: left out
@@ -57,7 +59,8 @@ def spark_message(error: BaseException) -> str:
 def run_check(query, spark, folder_url: str, poll: float = 0.5) -> dict[str, Any]:
     """In a check run, instead of waiting for ``query`` forever: wait until it commits a batch past
     the restored one, fails, or the check's timeout passes; stop it and write the outcome to
-    ``result.json`` in the scratch folder. Never raises for the query's failure: it is the result."""
+    ``result.json`` in the scratch folder, sealed with the check's secret (its environment, else its
+    conf). Never raises for the query's failure: it is the result."""
     after = int(spark.conf.get(CHECK_AFTER_CONF, "-1"))
     deadline = time.monotonic() + float(spark.conf.get(CHECK_TIMEOUT_CONF, "300"))
     checkpoint = Store(spark.conf.get(CHECKPOINT_CONF))
@@ -81,5 +84,7 @@ def run_check(query, spark, folder_url: str, poll: float = 0.5) -> dict[str, Any
     query.stop()
     result = {**result, "query_id": str(query.id), "application_id": spark.sparkContext.applicationId,
               "spark_version": spark.version, "finished_at": datetime.now(UTC).isoformat()}
-    Store(folder_url).write_bytes_atomic(CHECK_RESULT_FILE, json.dumps(result, indent=1).encode())
+    secret = os.environ.get(CHECK_SECRET_ENV) or spark.conf.get(CHECK_SECRET_CONF, None)
+    written = seal(result, secret) if secret else result  # the check counts only a sealed result
+    Store(folder_url).write_bytes_atomic(CHECK_RESULT_FILE, json.dumps(written, indent=1).encode())
     return result

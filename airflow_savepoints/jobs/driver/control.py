@@ -58,6 +58,7 @@ from airflow_savepoints.jobs.description.channel import (
     LEASE_CONF,
     LEASE_TIMEOUT_CONF,
     RUN_ID_CONF,
+    RUN_SECRET_CONF,
     SKIP_MISSING_INPUT_CONF,
     JobControl,
     new_run_id,
@@ -218,8 +219,8 @@ class RunHandle:
 
     def __init__(self, control: Store, run_id: str, lease: RunLease, *, run_id_given: bool,
                  heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL, lease_timeout: float = DEFAULT_LEASE_TIMEOUT,
-                 facts: dict[str, Any] | None = None) -> None:
-        self.control = JobControl(control)
+                 facts: dict[str, Any] | None = None, secret: str | None = None) -> None:
+        self.control = JobControl(control, secret=secret)
         self.run_id = run_id
         self.lease = lease
         self.run_id_given = run_id_given
@@ -246,7 +247,8 @@ class RunHandle:
         facts = {**(facts or {}), "checkpoint": get(CHECKPOINT_CONF)}
         return cls(control, run_id, RunLease.at(lease_url), run_id_given=run_id_given,
                    heartbeat_interval=float(get(HEARTBEAT_CONF) or DEFAULT_HEARTBEAT_INTERVAL),
-                   lease_timeout=float(get(LEASE_TIMEOUT_CONF) or DEFAULT_LEASE_TIMEOUT), facts=facts)
+                   lease_timeout=float(get(LEASE_TIMEOUT_CONF) or DEFAULT_LEASE_TIMEOUT), facts=facts,
+                   secret=get(RUN_SECRET_CONF) or None)
 
     def _may_take_over(self, holder: RunLeaseHolder) -> bool:
         # a run id given at launch was written into the lease by the start that launched it: another

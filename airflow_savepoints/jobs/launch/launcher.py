@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ import psutil
 from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.redaction import redact_command
 from airflow_savepoints.errors import JobFailedError
+from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, new_run_id
 from airflow_savepoints.jobs.description.files import process_started
 from airflow_savepoints.jobs.description.record import JobRun, write_run
@@ -61,11 +63,31 @@ def process_alive(pid: int) -> bool:
         return True
 
 
-def log_tail(path: str | None, lines: int = 25) -> str:
-    if not path:
+LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-\d{8}T\d{6}(\d{6})?\.log")  # what start_detached and rescale name
+LOG_TAIL_BYTES = 64 * 1024
+
+
+def _read_log(path: str | None, size: int, *, tail: bool = False) -> str:
+    """A driver log named by a run file, if it is one this tool names (``<job>-<UTC time>.log``), a
+    regular file and no link (a run file chooses no other file to show): its first (``tail``: last)
+    ``size`` bytes."""
+    if not path or LOG_NAME.fullmatch(os.path.basename(path)) is None:
         return ""
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(descriptor, "rb") as log:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return ""
+        if tail:
+            log.seek(max(0, os.fstat(descriptor).st_size - size))
+        return log.read(size).decode(errors="replace")
+
+
+def log_tail(path: str | None, lines: int = 25) -> str:
+    try:
+        return "\n".join(_read_log(path, LOG_TAIL_BYTES, tail=True).splitlines()[-lines:])
     except OSError:
         return ""
 
@@ -81,13 +103,10 @@ APP_ID_IN_LOG = re.compile(r"app ID (app-\d{14}-\d{4,})")
 def application_id_from_log(path: str | None) -> str | None:
     """The standalone application id a driver logs when it connects (``... with app ID app-…``)."""
     try:
-        with open(path or "", errors="replace") as log:
-            for line in log:
-                if (found := APP_ID_IN_LOG.search(line)) is not None:
-                    return found.group(1)
+        found = APP_ID_IN_LOG.search(_read_log(path, 4 * 1024 * 1024))
     except OSError:
         return None
-    return None
+    return found.group(1) if found is not None else None
 
 
 def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: Store, log_dir: Path,
@@ -96,17 +115,22 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
     """Start ``command`` in its own session (it outlives the caller) and record the run.
 
     ``control``: the control folder passed to the job in its command (``spark.savepoints.control``);
-    its name is the run id. ``secrets``: values the recorded command shows as ``***`` (besides the
-    ``--conf`` of secret-looking keys); the process gets them. ``recorded``: further fields of the
-    run record (``master``, ``master_ui``, ``version``)."""
+    its name is the run id (else a fresh one). ``secrets``: values the recorded command shows as ``***``
+    (besides the ``--conf`` of secret-looking keys); the process gets them. ``recorded``: further fields
+    of the run record (``master``, ``master_ui``, ``version``). The process gets the run's token in its
+    environment (:func:`~airflow_savepoints.jobs.description.trust.run_token`): the proof, never
+    written anywhere, that lets the local runner signal it."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     start_batch, _ = checkpoint_progress(checkpoint)
-    process = spawn_submit(command, log_file, env)
+    run_id = control.name if control else new_run_id()
+    secrets_env = {trust.RUN_TOKEN_ENV: trust.run_token(job, run_id),
+                   trust.RUN_SECRET_ENV: f"{run_id}:{trust.channel_secret(job, run_id)}"}
+    process = spawn_submit(command, log_file, {**(env or {}), **secrets_env})
     run = JobRun(job=job, pid=process.pid, pid_started=process_started(process.pid), host=socket.gethostname(),
                  command=redact_command(list(process.args), secrets), log_file=str(log_file), checkpoint=checkpoint.url,
                  started_at=datetime.now(UTC), start_batch=start_batch, control=control.url if control else None,
-                 run_id=control.name if control else None, **recorded)
+                 run_id=run_id, **recorded)
     write_run(job_folder, run)
     return run
 

@@ -7,10 +7,13 @@ source of status for a job without the helper.
 * ``local`` (a ``local[...]`` master, and the client-mode driver of any master): status from the
   driver process, on its own host only; forced stop: SIGTERM, then SIGKILL, to its process group.
   A process is signalled only when host, pid and its recorded start time all match (psutil's), so
-  a reused pid, or a pid with no start time recorded (a damaged or forged file), is never signalled.
-  From another host it says so (the caller then waits for the run lease to lapse).
+  a reused pid, or a pid with no start time recorded (a damaged or forged file), is never signalled;
+  and only when its environment holds the run's token (:mod:`airflow_savepoints.jobs.description.trust`),
+  which this host's launcher gave it, so a pid a run file names is never signalled unless this tool
+  started it. From another host it says so (the caller then waits for the run lease to lapse).
 * ``standalone`` (``spark://``): status from the master's ``/json/``; forced stop: ``POST /app/kill/``
-  (``id``, ``terminate=true``) on the master's web UI.
+  (``id``, ``terminate=true``) on the master's web UI, only for an application the master names
+  after the job. The master's addresses are the job's configuration's, never a run file's.
 * ``yarn``, ``k8s``: through the Spark provider's SparkSubmitHook status and kill paths (registered
   by :mod:`airflow_savepoints.hooks.streaming_job`; not tested here: no such cluster runs on this machine).
 """
@@ -32,6 +35,7 @@ from typing import Any, Literal
 
 import psutil
 
+from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.record import RunTarget
 
 RunnerState = Literal["running", "ended", "unknown"]
@@ -102,6 +106,8 @@ class LocalRunner(Runner):
         process = _driver_process(target)
         if process is None:
             return {"method": "not_running", "killed": False, "detail": f"pid {target.pid} is not running"}
+        if (refusal := not_ours(target)) is not None:
+            return {"method": "signal", "killed": False, "detail": refusal}
         _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and _driver_process(target) is not None:
@@ -111,6 +117,22 @@ class LocalRunner(Runner):
             with _quiet():
                 process.wait(10)
         return {"method": "signal", "killed": True, "detail": f"pid {target.pid} signalled"}
+
+
+def not_ours(target: RunTarget) -> str | None:
+    """Why pid ``target.pid`` may not be signalled, or None when it holds the token this host's launcher
+    gave run ``target.run_id`` of ``target.job`` (see :mod:`airflow_savepoints.jobs.description.trust`)."""
+    what = (f"pid {target.pid} does not hold the token this host's launcher gives run {target.run_id or '(no id)'} of "
+            f"job '{target.job}' in its environment: it is not a driver this tool started (the run files that "
+            "name it are forged or stale, or another tool started the driver), so it was not signalled; stop the "
+            "driver yourself (or through its cluster manager) if it is the job's, else remove the run files naming it")
+    if not target.run_id:
+        return what
+    try:
+        token = trust.run_token(target.job, target.run_id)
+    except OSError as exc:
+        return f"{what} (this host's run key could not be read: {exc})"
+    return None if trust.process_holds_token(target.pid, token) else what
 
 
 def unverifiable(target: RunTarget) -> str:
@@ -162,13 +184,18 @@ class StandaloneRunner(Runner):
                                     timeout=self.timeout) as response:
             return json.load(response)
 
-    def app_state(self, target: RunTarget) -> str | None:
-        """The master's state of the application (RUNNING, WAITING, FINISHED, KILLED, FAILED); None if unknown."""
+    def app(self, target: RunTarget) -> dict[str, Any] | None:
+        """What the master's ``/json/`` says of the run's application (its ``id``, ``name``, ``state``); None if unknown."""
         state = self._state(target)
         for app in state.get("activeapps", []) + state.get("completedapps", []):
-            if app.get("id") == target.application_id:
-                return str(app.get("state"))
+            if isinstance(app, dict) and app.get("id") == target.application_id:
+                return app
         return None
+
+    def app_state(self, target: RunTarget) -> str | None:
+        """The master's state of the application (RUNNING, WAITING, FINISHED, KILLED, FAILED); None if unknown."""
+        app = self.app(target)
+        return str(app.get("state")) if app is not None else None
 
     def status(self, target: RunTarget) -> RunnerView:
         if not target.application_id:
@@ -187,6 +214,18 @@ class StandaloneRunner(Runner):
     def kill(self, target: RunTarget, grace: float) -> dict[str, Any]:
         if not target.application_id:
             return {"method": "master", "killed": False, "detail": "the run's application id is not known"}
+        try:
+            app = self.app(target)
+        except (OSError, ValueError) as exc:
+            return {"method": "master", "killed": False, "detail": f"the master at "
+                    f"{master_ui_url(target.master, target.master_ui)} did not answer: {exc}; nothing was killed"}
+        if app is None or app.get("name") != (target.app_name or target.job):
+            whose = "it does not know it" if app is None else f"it is named {app.get('name')!r}"
+            return {"method": "master", "killed": False,
+                    "detail": f"application {target.application_id} is not job '{target.job}''s: the master says "
+                              f"{whose} (spark-submit names the job's applications --name "
+                              f"{target.app_name or target.job}); it was not "
+                              "killed: the run files that name it are forged or stale"}
         url = f"{master_ui_url(target.master, target.master_ui)}/app/kill/"
         data = urllib.parse.urlencode({"id": target.application_id, "terminate": "true"}).encode()
         try:

@@ -31,13 +31,14 @@ from typing import Any
 
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
 from airflow_savepoints.core.models import RestoreResult, SavepointInfo
-from airflow_savepoints.core.names import CHECK_FOLDER
+from airflow_savepoints.core.names import CHECK_FOLDER, CHECK_RESULT_FILE
 from airflow_savepoints.errors import (
     SavepointInFlightError,
     UpgradeCheckFailedError,
     UpgradeCheckTimeoutError,
     UpgradeRefusedError,
 )
+from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.channel import (
     CHECK_AFTER_CONF,
     CHECK_CONF,
@@ -127,13 +128,18 @@ class UpgradeCheck:
                                          target_storage_options=ctx.root.storage_options, **restore_options)
             conf = {**restored.spark_conf_to_set, CHECK_CONF: self.scratch.url, CHECK_AFTER_CONF: str(restored.batch_id),
                     CHECK_TIMEOUT_CONF: str(self.timeout), CHECKPOINT_CONF: checkpoint.url}
+            secret = trust.new_secret()  # the result's key: in memory here, in the driver's environment there
+            if new_job.deploy_mode == "cluster":  # a driver on another host: a conf Spark redacts (its name says secret)
+                conf[trust.CHECK_SECRET_CONF] = secret
             run = start_detached(f"{new_job.name}-check", submit_for(new_job)(checkpoint.url, conf), checkpoint,
-                                 self.scratch, log_dir, env={CHECK_ENV: self.scratch.url}, master=new_job.master,
-                                 master_ui=new_job.master_ui, version=self.version.model_dump())
-            result = _wait_for_result(self.scratch, run, self.timeout + DRIVER_START_ALLOWANCE)
+                                 self.scratch, log_dir, env={CHECK_ENV: self.scratch.url, trust.CHECK_SECRET_ENV: secret},
+                                 master=new_job.master, master_ui=new_job.master_ui, version=self.version.model_dump(),
+                                 secrets=[secret])
+            result = _wait_for_result(self.scratch, run, self.timeout + DRIVER_START_ALLOWANCE, secret=secret,
+                                      log=ctx.log)
         finally:
             if run is not None:
-                _end_check_run(run, grace)
+                _end_check_run(run, grace, new_job)
             ctx.folder.child(CHECK_FOLDER).remove_tree(self.scratch.name)
         return restored, run, result
 
@@ -175,23 +181,40 @@ def _take_check_savepoint(ctx: lifecycle.JobContext, state: lifecycle.JobState, 
             lifecycle.wait_for_savepoint_in_flight(ctx, max(deadline - time.monotonic(), 1))
 
 
-def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 0.5) -> dict[str, Any]:
-    """The check driver's ``result.json``; a failure when it exits without one or is not done in time."""
+def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 0.5, *, secret: str,
+                     log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """The check driver's ``result.json``, sealed with ``secret`` (a result that is not counts as
+    absent, with a warning); a failure when it exits without one or is not done in time."""
+    warned: list[str] = []
+
+    def authentic() -> dict[str, Any] | None:
+        result = read_result(scratch)
+        if result is not None and not trust.sealed(result, secret):
+            if not warned:
+                warned.append(f"{scratch.url}/{CHECK_RESULT_FILE} is not sealed with this check's secret (forged, or "
+                              "written by another driver): ignored")
+                log(f"warning: {warned[0]}")
+            return None
+        return result
+
     deadline = time.monotonic() + timeout
-    while (result := read_result(scratch)) is None:
+    while (result := authentic()) is None:
         if LocalRunner().status(run.target()).state == "ended":
-            return read_result(scratch) or {
-                "outcome": "failed", "error": f"its driver exited before it checked a batch; last log lines:\n"
+            return authentic() or {
+                "outcome": "failed", "error": f"its driver exited before it checked a batch"
+                                              f"{' (' + warned[0] + ')' if warned else ''}; last log lines:\n"
                                               f"{log_tail(run.log_file)}"}
         if time.monotonic() >= deadline:
-            return {"outcome": "no_batch", "error": f"its driver gave no answer within {timeout:.0f}s"}
+            return {"outcome": "no_batch", "error": f"its driver gave no answer within {timeout:.0f}s"
+                                                    + (f" ({warned[0]})" if warned else "")}
         time.sleep(poll)
-    return result
+    return {key: value for key, value in result.items() if key != trust.MAC_FIELD}
 
 
-def _end_check_run(run: JobRun, grace: float) -> None:
+def _end_check_run(run: JobRun, grace: float, job: StreamingJob) -> None:
     """Let the check's driver exit by itself (it stops its query after the check), else end it through its runner."""
-    target = run.target()
+    target = run.target(job.master, job.master_ui)
+    target.app_name = job.name
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and LocalRunner().status(target).state == "running":
         time.sleep(0.2)

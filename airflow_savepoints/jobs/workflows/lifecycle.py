@@ -16,7 +16,8 @@ and is the only code that signals a process, keeps or deletes a checkpoint or wr
 These files only describe a run:
 the checkpoint deleted, kept or copied is always one the job owns (its configured checkpoint or
 ``<checkpoint>-<UTC time>``), the control folder written is ``_control/<run id>`` of the job's
-folder, and a process is signalled only when host, pid and start time match. A damaged file
+folder, and a process is signalled only when host, pid, start time and its run token match
+(:mod:`airflow_savepoints.jobs.description.trust`). A damaged file
 counts as absent, with a warning in the answer (``warnings``).
 
 States: ``not_started`` (no run recorded), ``starting`` (lease taken, no heartbeat yet),
@@ -159,8 +160,9 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     try:
         with ctx.lease.kept(run_id):  # a restore may take long; a start that dies meanwhile leaves a lease that lapses
             checkpoint, extra_conf, restored = prepare()
-        conf = {**extra_conf, **(run_settings or {}), **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint,
-                                         heartbeat_interval=ctx.heartbeat_interval, lease_timeout=ctx.lease_timeout)}
+        conf = {**extra_conf, **(run_settings or {}),
+                **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint, heartbeat_interval=ctx.heartbeat_interval,
+                           lease_timeout=ctx.lease_timeout, cluster=job.deploy_mode == "cluster")}
         run = start_detached(job.name, submit_command(checkpoint, conf), ctx.checkpoint(checkpoint), ctx.folder,
                              log_dir, control=control, master=job.master, master_ui=job.master_ui,
                              version=version.model_dump(), secrets=job.secrets())
@@ -510,7 +512,7 @@ def job_status(job: str, job_folder: Store) -> JobStatus:
     id, and its checkpoint's progress."""
     run = read_run(job_folder)
     placeholder = StreamingJob.model_construct(name=job, application="", checkpoint=run.checkpoint if run else "",
-                                               master=(run.master if run else None) or "local[2]", master_ui=None)
+                                               master="local[2]", master_ui=None)  # no jobs.yaml: no runner address
     state = status(JobContext(placeholder, job_folder.parent()))
     batch, at = checkpoint_progress(Store(state.checkpoint)) if state.checkpoint else (None, None)
     return JobStatus(job=job, state=state.state, running=state.state in ("starting", "running", "stopping"),

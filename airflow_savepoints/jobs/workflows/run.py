@@ -83,10 +83,16 @@ class JobContext:
     heartbeat_interval: float | None = None  # passed to runs this context starts (default 5 s)
     lease_timeout: float | None = None  # (default 30 s)
     log: Callable[[str], None] = field(default=lambda message: None)
+    spark_master: str | None = None  # the Spark connection's master, for a job that names one (its ``spark_conn_id``)
 
     def __post_init__(self) -> None:
         self.heartbeat_interval = self.heartbeat_interval or self.job.heartbeat_interval
         self.lease_timeout = self.lease_timeout or self.job.lease_timeout
+
+    @property
+    def master(self) -> str:
+        """The job's master as configured (the Spark connection's, else jobs.yaml's): its runner's address."""
+        return self.spark_master or self.job.master
 
     @property
     def folder(self) -> Store:
@@ -133,6 +139,9 @@ class Run:
             record = None  # the recorded run is an older one: the lease holder (started by another tool) is current
         if holder is None:  # no run holds the lease: the newest run that wrote heartbeats may be newer than the record
             latest = _latest_beating_run(ctx)
+            if latest is not None and JobControl(ctx.folder.child(CONTROL_FOLDER).child(latest[0]),
+                                                 warnings).heartbeat() is None:
+                latest = None  # a heartbeat not sealed with its run's secret names no run
             if latest is not None and (record is None or (latest[0] != record.run_id
                                                            and latest[1] > record.started_at.timestamp())):
                 record, run_id = None, latest[0]
@@ -144,7 +153,7 @@ class Run:
         for url in named - {None, folder.url if folder else None}:
             warnings.append(f"the run files name control folder {url}; ignored: a run's control folder is "
                             f"{ctx.folder.url_of(CONTROL_FOLDER)}/<run id>")
-        control = JobControl(folder) if folder is not None else None
+        control = JobControl(folder, warnings) if folder is not None else None
         return cls(ctx, record, holder, run_id, control, warnings)
 
     @property
@@ -152,15 +161,15 @@ class Run:
         return self.record is not None or self.holder is not None
 
     def target(self) -> RunTarget:
-        """Where the run's driver is: the record's facts, bettered by the driver's own (its lease, its announcement)."""
-        job = self.ctx.job
-        target = self.record.target() if self.record else RunTarget(job=job.name, master=job.master,
-                                                                     master_ui=job.master_ui)
+        """Where the run's driver is: the record's facts, bettered by the driver's own (its lease, its
+        announcement); the runner's addresses are the configuration's (:attr:`JobContext.master`), never a file's."""
+        ctx = self.ctx
+        target = self.record.target() if self.record else RunTarget(job=ctx.job.name)
+        target.job, target.run_id, target.master, target.master_ui = ctx.job.name, self.run_id, ctx.master, ctx.job.master_ui
         holder = self.holder if self.holder and self.holder.run_id == self.run_id else None
         if holder is not None:  # the driver's own facts are the better ones
             target.host = holder.host or target.host
             target.application_id = holder.application_id or target.application_id
-            target.master = holder.master or target.master
             target.driver_pod = holder.driver_pod
             if self.record is None or self.record.pid is None:
                 target.pid, target.pid_started = holder.pid, holder.pid_started

@@ -42,3 +42,32 @@ def test_state_partitions_go_to_the_restore_only_when_given():
     assert rescale_options(None) == {}
     assert rescale_options(4) == {"state_partitions": 4}
     assert RestoreRequest.of("restore_savepoint", pointer="p", target="t", **rescale_options(4)).state_partitions == 4
+
+
+def test_only_a_result_sealed_with_the_checks_secret_counts(tmp_path):
+    """Issue 40: a forged ``result.json`` saying "passed" is not the check's answer (a real driver
+    process that exits without one: the check fails, naming the forgery); a sealed one is."""
+    import json
+
+    from airflow_savepoints.core.redaction import redact_command
+    from airflow_savepoints.jobs.description import trust
+    from airflow_savepoints.jobs.description.record import read_run
+    from airflow_savepoints.jobs.launch.launcher import start_detached
+    from airflow_savepoints.jobs.workflows.check import _wait_for_result
+
+    scratch = Store(str(tmp_path / "_check" / "c1"))
+    secret = trust.new_secret()
+    forged = {"outcome": "passed", "batch_id": 999999}
+    scratch.write_bytes_atomic("result.json", json.dumps(forged).encode())
+    driver = start_detached("j-check", ["sh", "-c", "sleep 1"], scratch.child("checkpoint"), scratch, tmp_path / "logs",
+                            env={trust.CHECK_SECRET_ENV: secret}, secrets=[secret])
+    warnings: list[str] = []
+    result = _wait_for_result(scratch, driver, 30, poll=0.1, secret=secret, log=warnings.append)
+    assert result["outcome"] == "failed" and "not sealed" in result["error"], result  # today: "passed"
+    assert warnings and "result.json" in warnings[0]
+    sealed = trust.seal({**forged, "batch_id": 7}, secret)
+    scratch.write_bytes_atomic("result.json", json.dumps(sealed).encode())
+    assert _wait_for_result(scratch, driver, 5, secret=secret) == {"outcome": "passed", "batch_id": 7}
+    assert not trust.sealed({**sealed, "batch_id": 8}, secret) and not trust.sealed(sealed, trust.new_secret())
+    command = ["spark-submit", "--conf", f"{trust.CHECK_SECRET_CONF}={secret}", "app.py"]
+    assert secret not in json.dumps(redact_command(command, [])) and secret not in read_run(scratch).model_dump_json()
