@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import time
+
+import psutil
 
 from airflow_savepoints.jobs.description import trust
 
@@ -29,6 +32,9 @@ def test_a_process_holds_its_token_only_when_started_with_it(tmp_path, monkeypat
     token = trust.run_token("orders", "r1")
     with_token = subprocess.Popen(["sleep", "30"], env={**os.environ, trust.RUN_TOKEN_ENV: token})
     without = subprocess.Popen(["sleep", "30"])
+    for process in (with_token, without):  # until each has exec'd (before that, /proc shows the parent's environment)
+        while psutil.Process(process.pid).cmdline() != ["sleep", "30"]:
+            time.sleep(0.01)
     try:
         assert trust.process_holds_token(with_token.pid, token)
         assert not trust.process_holds_token(without.pid, token)
