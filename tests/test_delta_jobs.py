@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -153,11 +154,28 @@ def test_a_delta_job_restores_exactly_once_and_refuses_what_delta_would_skip(job
         deadline = time.monotonic() + 180
         while len(table_rows(spark, table)) < len(sent) and time.monotonic() < deadline:
             time.sleep(1)
-        # job upgrade (savepoint mode) to version 3: a stop savepoint, the new version from it, nothing re-run
-        code, upgraded = cli("job", "upgrade", JOB, "--mode", "savepoint", "--no-check-first",
-                             "--conf", "spark.savepoints.test.version=3")
+        # job upgrade (savepoint mode) to version 3: a stop savepoint, the new version from it, nothing re-run;
+        # input keeps arriving meanwhile (the upgrade waits for the new version's first new batch)
+        during: list[int] = []
+        done = threading.Event()
+
+        def keep_feeding() -> None:
+            index = 7
+            while not done.wait(3):
+                during.extend(feed(inputs, index))
+                index += 1
+
+        feeder = threading.Thread(target=keep_feeding, daemon=True)
+        feeder.start()
+        try:
+            code, upgraded = cli("job", "upgrade", JOB, "--mode", "savepoint", "--no-check-first",
+                                 "--conf", "spark.savepoints.test.version=3")
+        finally:
+            done.set()
+            feeder.join()
         assert code == 0, upgraded
-        sent += feed(inputs, 7)
+        last = feed(inputs, 7 + len(during) // PER_FILE)  # after the upgrade: version 3's
+        sent += during + last
         deadline = time.monotonic() + 120
         while len(table_rows(spark, table)) < len(sent) and time.monotonic() < deadline:
             time.sleep(1)
@@ -167,7 +185,6 @@ def test_a_delta_job_restores_exactly_once_and_refuses_what_delta_would_skip(job
     rows = table_rows(spark, table)
     assert [i for i, _ in rows] == sorted(sent)  # every event once
     versions = dict(rows)
-    upgraded_ids = set(range(70, 70 + PER_FILE))
     assert {versions[i] for i in kept} == {"v1"}  # what the table kept at its RESTORE
-    assert {versions[i] for i in set(sent) - kept - upgraded_ids} == {"v2"}, versions  # the re-run batches: version 2
-    assert {versions[i] for i in upgraded_ids} == {"v3"}
+    assert {versions[i] for i in set(sent) - kept - set(during) - set(last)} == {"v2"}, versions  # re-run: version 2
+    assert {versions[i] for i in during} <= {"v2", "v3"} and {versions[i] for i in last} == {"v3"}
