@@ -84,7 +84,8 @@ class JobControl:
         if name == STOP_REQUEST_FILE or (secret is not None and trust.sealed(value, secret)):
             return {key: item for key, item in value.items() if key != trust.MAC_FIELD}
         text = (f"{self.folder.url_of(name)} is not sealed with run {self.folder.name}'s secret (forged, foreign, or "
-                "written with another run key): ignored" if secret is not None else
+                "written with another run key): ignored; where jobs run and are judged on several hosts, give each the "
+                "same [savepoints] run_key (AIRFLOW__SAVEPOINTS__RUN_KEY)" if secret is not None else
                 f"{self.folder.url_of(name)} cannot be checked (no run key here): ignored")
         for found in (self.warnings, warnings):
             if found is not None and text not in found:
