@@ -162,6 +162,7 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
                                                   f"{demo.ID_AS_STRING_CONF}=true", "--timeout", "120"])
             assert result.exit_code == 1, result.output
             error = json.loads(result.stdout)["error"]
+            assert "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in error.get("cause", ""), error  # Spark's own words, as said
             assert error["code"] == "upgrade_check_failed" and "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in error["message"], \
                 (error, result.output[-3000:])
             assert_untouched(ctx, upgraded, root)

@@ -154,11 +154,13 @@ class UpgradeCheck:
             raise UpgradeCheckTimeoutError(
                 f"version {version} of job '{name}' committed no batch past {restored_batch} within "
                 f"{self.timeout:.0f}s on the state of savepoint {self.saved.pointer}: {result['error']}; {kept}",
-                "give the check more time (check_timeout, --timeout); it needs input that arrived after the savepoint")
+                "give the check more time (check_timeout, --timeout); it needs input that arrived after the savepoint",
+            cause=result.get("error"))
         raise UpgradeCheckFailedError(
             f"version {version} of job '{name}' fails on the state of batch {restored_batch} (savepoint "
             f"{self.saved.pointer}): {result['error']}\n{kept}",
-            "fix the new version (Spark's message says what does not match), then check or upgrade again")
+            "fix the new version (Spark's message says what does not match), then check or upgrade again",
+            cause=result.get("error"))
 
 
 def rescale_options(state_partitions: int | None) -> dict[str, Any]:
