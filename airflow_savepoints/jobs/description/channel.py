@@ -94,13 +94,8 @@ class JobControl:
         return None
 
     def _read(self, name: str) -> dict[str, Any] | None:
-        try:
-            value = json.loads(self.folder.read_bytes(name))
-        except FileNotFoundError:
-            return None
-        except ValueError:  # a foreign or damaged file: as good as none
-            return None
-        return self._authentic(name, value)
+        """A control file through the one reader of run files (a regular file, capped, never a FIFO waited on)."""
+        return self._authentic(name, read_json(self.folder, name, self.warnings))
 
     def _write(self, name: str, value: dict[str, Any]) -> None:
         secret = self.secret
