@@ -104,15 +104,17 @@ class Story:
         self.jobs: list[dict[str, Any]] = []
         # both on the standalone cluster, in client mode: the driver lives in the namespace of the
         # worker that started it, executors on the Spark worker
-        for name, app, savepoints, conf in (
-                ("events", ROOT / "airflow_savepoints" / "demo" / "app.py", f"s3://{BUCKET}/savepoints", EVENTS_CONF),
-                ("plain", ROOT / "tests" / "support" / "plain_stream_app.py", str(self.shared / "savepoints"), SPARK_CONF)):
+        for name, app, savepoints, conf, app_name in (
+                ("events", ROOT / "airflow_savepoints" / "demo" / "app.py", f"s3://{BUCKET}/savepoints", EVENTS_CONF,
+                 "airflow-savepoints-demo"),
+                ("plain", ROOT / "tests" / "support" / "plain_stream_app.py", str(self.shared / "savepoints"), SPARK_CONF,
+                 "plain-stream")):  # app_name: each application sets its own (appName), the master lists that
             folder = self.shared / name
             self.savepoint_dirs[name] = savepoints
             self.jobs.append({
                 "name": name, "application": str(app),
                 "application_args": [str(folder / "input"), "{checkpoint}", str(folder / "output")],
-                "master": bed.spark.master_url, "master_ui": bed.spark.web_url, "spark_conf": conf,
+                "master": bed.spark.master_url, "master_ui": bed.spark.web_url, "app_name": app_name, "spark_conf": conf,
                 "checkpoint": str(folder / "checkpoint"), "checkpoint_retention": "RETAIN_ON_CANCELLATION",
                 "sink": {"kind": "file", "path": str(folder / "output")},
                 "heartbeat_interval": HEARTBEAT_S, "lease_timeout": LEASE_TIMEOUT_S, "savepoint_dir": savepoints,
@@ -134,7 +136,7 @@ class Story:
         self.jobs.append({
             "name": "kafka", "application": str(ROOT / "tests" / "support" / "kafka_stream_app.py"),
             "application_args": [broker.bootstrap, topic, "{checkpoint}", str(folder / "output")],
-            "master": self.bed.spark.master_url, "master_ui": self.bed.spark.web_url,
+            "master": self.bed.spark.master_url, "master_ui": self.bed.spark.web_url, "app_name": "kafka-stream",
             "spark_conf": {**SPARK_CONF, "spark.jars": ",".join(jar_files(CONNECTOR_JARS))},
             "checkpoint": str(folder / "checkpoint"), "checkpoint_retention": "RETAIN_ON_CANCELLATION",
             "sink": {"kind": "file", "path": str(folder / "output")}, "kafka": {"bootstrap_servers": broker.bootstrap},

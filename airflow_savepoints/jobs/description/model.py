@@ -130,6 +130,7 @@ class StreamingJob(BaseModel):
     spark_conf: dict[str, str] = Field(default_factory=dict)
     master: str = "local[2]"
     master_ui: str | None = None  # a standalone master's web UI (default http://<master host>:8080)
+    app_name: str | None = None  # the application's name at the master when it sets its own (appName); default: name
     deploy_mode: Literal["client", "cluster"] = "client"
     spark_conn_id: str | None = None
     checkpoint: str

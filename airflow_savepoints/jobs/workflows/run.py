@@ -166,6 +166,7 @@ class Run:
         ctx = self.ctx
         target = self.record.target() if self.record else RunTarget(job=ctx.job.name)
         target.job, target.run_id, target.master, target.master_ui = ctx.job.name, self.run_id, ctx.master, ctx.job.master_ui
+        target.app_name = ctx.job.app_name or ctx.job.name  # a standalone kill is only of the application so named
         holder = self.holder if self.holder and self.holder.run_id == self.run_id else None
         if holder is not None:  # the driver's own facts are the better ones
             target.host = holder.host or target.host
