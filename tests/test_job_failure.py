@@ -64,6 +64,35 @@ def test_the_failure_is_found_with_its_reason(failed_job):
     assert seen.state == "failed" and "bad record: negative id -1" in seen.error, seen
 
 
+# before the tests below, which record runs after the failed one in the shared failed job
+def test_a_failed_run_that_committed_nothing_past_its_start_registers_no_savepoint_and_stays_failed(failed_job, tmp_path):
+    """Issue 39: as if the run had been restored at the failed job's last commit and failed on its next batch."""
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(failed_job / "checkpoint", checkpoint)
+    last, _ = checkpoint_progress(Store(str(checkpoint)))
+    original = read_run(Store(str(failed_job / "savepoints" / JOB)))
+    job_folder = Store(str(tmp_path / "savepoints" / JOB))
+    shutil.copytree(failed_job / "savepoints" / JOB / "_control", tmp_path / "savepoints" / JOB / "_control")
+    run = JobRun.model_validate({**original.model_dump(), "checkpoint": str(checkpoint), "start_batch": last})
+    job_folder.write_bytes_atomic("_run.json", run.model_dump_json().encode())
+    ctx = JobContext(StreamingJob(name=JOB, application=demo.__file__, checkpoint=str(checkpoint)),
+                     Store(str(tmp_path / "savepoints")))
+
+    with pytest.raises(JobFailedError) as refused:  # a stop of the dead run says so, and changes nothing
+        stop(ctx, grace=1, inflight_wait=1)
+    assert refused.value.code == "job_failed" and original.run_id in refused.value.message
+    assert "bad record" in refused.value.message and f"last committed batch {last}" in refused.value.message
+    seen = status(ctx)
+    assert (seen.state, seen.last_batch) == ("failed", last) and "bad record" in seen.error
+    assert list_savepoints(Store(str(tmp_path / "savepoints")), JOB) == []
+
+    outcome = handle_failure(ctx, seen, "RETAIN_ON_FAILURE")
+    assert outcome["action"] == "retained" and outcome["retained_savepoint"] is None and str(last) in outcome["note"]
+    assert checkpoint.is_dir() and list_savepoints(Store(str(tmp_path / "savepoints")), JOB) == []
+    seen = status(ctx)
+    assert (seen.state, seen.last_batch) == ("failed", last) and "bad record" in seen.error  # until a new start
+
+
 @pytest.mark.parametrize("policy, kept", [("RETAIN_ON_CANCELLATION", True), ("RETAIN_ON_FAILURE", True),
                                           ("NEVER_RETAIN_AFTER_TERMINATION", False)])
 def test_each_policy_on_a_failed_job(failed_job, tmp_path, policy, kept):
@@ -131,31 +160,3 @@ def test_periodic_dag_applies_the_policy_then_the_fixed_job_restores_from_the_re
         assert state == DagRunState.SUCCESS, tasks
     finally:
         stop_process(read_run(job_folder), grace=30)
-
-
-def test_a_failed_run_that_committed_nothing_past_its_start_registers_no_savepoint_and_stays_failed(failed_job, tmp_path):
-    """Issue 39: as if the run had been restored at the failed job's last commit and failed on its next batch."""
-    checkpoint = tmp_path / "checkpoint"
-    shutil.copytree(failed_job / "checkpoint", checkpoint)
-    last, _ = checkpoint_progress(Store(str(checkpoint)))
-    original = read_run(Store(str(failed_job / "savepoints" / JOB)))
-    job_folder = Store(str(tmp_path / "savepoints" / JOB))
-    shutil.copytree(failed_job / "savepoints" / JOB / "_control", tmp_path / "savepoints" / JOB / "_control")
-    run = JobRun.model_validate({**original.model_dump(), "checkpoint": str(checkpoint), "start_batch": last})
-    job_folder.write_bytes_atomic("_run.json", run.model_dump_json().encode())
-    ctx = JobContext(StreamingJob(name=JOB, application=demo.__file__, checkpoint=str(checkpoint)),
-                     Store(str(tmp_path / "savepoints")))
-
-    with pytest.raises(JobFailedError) as refused:  # a stop of the dead run says so, and changes nothing
-        stop(ctx, grace=1, inflight_wait=1)
-    assert refused.value.code == "job_failed" and original.run_id in refused.value.message
-    assert "bad record" in refused.value.message and f"last committed batch {last}" in refused.value.message
-    seen = status(ctx)
-    assert (seen.state, seen.last_batch) == ("failed", last) and "bad record" in seen.error
-    assert list_savepoints(Store(str(tmp_path / "savepoints")), JOB) == []
-
-    outcome = handle_failure(ctx, seen, "RETAIN_ON_FAILURE")
-    assert outcome["action"] == "retained" and outcome["retained_savepoint"] is None and str(last) in outcome["note"]
-    assert checkpoint.is_dir() and list_savepoints(Store(str(tmp_path / "savepoints")), JOB) == []
-    seen = status(ctx)
-    assert (seen.state, seen.last_batch) == ("failed", last) and "bad record" in seen.error  # until a new start

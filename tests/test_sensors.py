@@ -47,7 +47,7 @@ def dead_run(tmp_path, checkpoint) -> JobRun:
     process = subprocess.Popen(["true"])
     started = process_started(process.pid)  # recorded as the launcher does (a zombie still has it)
     process.wait()
-    log = tmp_path / "job.log"
+    log = tmp_path / "job-20260101T000000.log"  # named as the launcher names its logs (<job>-<UTC time>.log)
     log.write_text("Exception in thread main: org.example.BadRecordException: record 42\n")
     return JobRun(job="job", pid=process.pid, host=socket.gethostname(), command=["spark-submit"],
                   log_file=str(log), checkpoint=str(checkpoint), started_at=datetime.now(UTC),
