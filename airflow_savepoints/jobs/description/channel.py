@@ -52,7 +52,7 @@ def new_run_id() -> str:
     return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
 
 
-def _now() -> str:
+def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
@@ -104,19 +104,19 @@ class JobControl:
 
     # the job's side
     def announce(self, **facts: Any) -> None:
-        self._write(ANNOUNCE_FILE, {**facts, "announced_at": _now()})
+        self._write(ANNOUNCE_FILE, {**facts, "announced_at": now_iso()})
 
     def stop_requested(self) -> dict[str, Any] | None:
         return self._read(STOP_REQUEST_FILE)
 
     def acknowledge_stop(self, request: dict[str, Any], **facts: Any) -> None:
-        self._write(STOPPED_FILE, {"request_id": request.get("request_id"), **facts, "stopped_at": _now()})
+        self._write(STOPPED_FILE, {"request_id": request.get("request_id"), **facts, "stopped_at": now_iso()})
 
     def report_failure(self, error: BaseException) -> None:
-        self._write(FAILED_FILE, {"error": f"{type(error).__name__}: {str(error)[:2000]}", "failed_at": _now()})
+        self._write(FAILED_FILE, {"error": f"{type(error).__name__}: {str(error)[:2000]}", "failed_at": now_iso()})
 
     def beat(self, **facts: Any) -> None:
-        self._write(HEARTBEAT_FILE, {**facts, "time": _now()})
+        self._write(HEARTBEAT_FILE, {**facts, "time": now_iso()})
 
     def heartbeat(self, warnings: list[str] | None = None) -> dict[str, Any] | None:
         """The run's last heartbeat, validated (fields of the wrong type dropped, with a warning)."""
@@ -125,7 +125,7 @@ class JobControl:
         return beat.model_dump(exclude_none=True) if beat is not None else None
 
     def report_fenced(self, holder: RunLeaseHolder | None, **facts: Any) -> None:
-        self._write(FENCED_FILE, {"holder": holder.facts() if holder else None, **facts, "fenced_at": _now()})
+        self._write(FENCED_FILE, {"holder": holder.facts() if holder else None, **facts, "fenced_at": now_iso()})
 
     def fenced(self) -> dict[str, Any] | None:
         return self._read(FENCED_FILE)
@@ -143,7 +143,7 @@ class JobControl:
         return self._read(ANNOUNCE_FILE)
 
     def request_stop(self, request_id: str) -> None:
-        self._write(STOP_REQUEST_FILE, {"request_id": request_id, "requested_at": _now()})
+        self._write(STOP_REQUEST_FILE, {"request_id": request_id, "requested_at": now_iso()})
 
     def wait_until_stopped(self, request_id: str, timeout: float, poll: float = 0.5) -> dict[str, Any] | None:
         """The job's acknowledgement of ``request_id``, or None if none came within ``timeout`` seconds."""

@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from tenacity import Retrying, stop_after_attempt, wait_fixed
@@ -62,16 +62,13 @@ from airflow_savepoints.jobs.description.channel import (
     SKIP_MISSING_INPUT_CONF,
     JobControl,
     new_run_id,
+    now_iso,
 )
 from airflow_savepoints.jobs.description.files import process_started
 from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, LEASE_FILE, RELEASED, RunLease, RunLeaseHolder
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
 
 
 RUNNING_A_BATCH = ("Processing new data", "No new data but cleaning up state")  # Spark's status messages
@@ -418,7 +415,7 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
             next_beat = time.monotonic() + handle.heartbeat_interval
     if fenced_by is not None:
         log.warning("run %s lost its run lease (%s): stopping between batches", handle.run_id, fenced_by)
-        detected_at = _now()
+        detected_at = now_iso()
         handle.control.beat(**handle._beat_facts("fencing", {"last_committed_batch": _last_batch(query)}))
         with _failure_reported(handle):
             idle = _stop_between_batches(query, idle_timeout)
