@@ -34,6 +34,7 @@ from airflow_savepoints.core.models import RestoreResult, SavepointInfo
 from airflow_savepoints.core.names import CHECK_FOLDER, CHECK_RESULT_FILE
 from airflow_savepoints.errors import (
     SavepointInFlightError,
+    StorageError,
     UpgradeCheckFailedError,
     UpgradeCheckTimeoutError,
     UpgradeRefusedError,
@@ -140,7 +141,7 @@ class UpgradeCheck:
         finally:
             if run is not None:
                 _end_check_run(run, grace, new_job)
-            ctx.folder.child(CHECK_FOLDER).remove_tree(self.scratch.name)
+            _remove_scratch(ctx, self.scratch)
         return restored, run, result
 
     def judge(self, result: dict[str, Any], restored_batch: int, log_file: str | None) -> None:
@@ -211,6 +212,21 @@ def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 
                                                     + (f" ({warned[0]})" if warned else "")}
         time.sleep(poll)
     return {key: value for key, value in result.items() if key != trust.MAC_FIELD}
+
+
+def _remove_scratch(ctx: lifecycle.JobContext, scratch: Store, attempts: int = 3) -> None:
+    """Delete the check's scratch folder, and only it. Someone writing into it meanwhile can make a removal
+    fail (a folder not empty): tried again, then left with a warning; it never hides the check's verdict."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ctx.folder.child(CHECK_FOLDER).remove_tree(scratch.name)
+            return
+        except StorageError as exc:
+            if attempt == attempts:
+                ctx.log(f"warning: the check's scratch folder {scratch.url} was not removed ({exc}); "
+                        "delete it by hand once nothing writes into it")
+                return
+            time.sleep(0.2 * attempt)
 
 
 def _end_check_run(run: JobRun, grace: float, job: StreamingJob) -> None:

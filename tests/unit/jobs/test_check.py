@@ -71,3 +71,34 @@ def test_only_a_result_sealed_with_the_checks_secret_counts(tmp_path):
     assert not trust.sealed({**sealed, "batch_id": 8}, secret) and not trust.sealed(sealed, trust.new_secret())
     command = ["spark-submit", "--conf", f"{trust.CHECK_SECRET_CONF}={secret}", "app.py"]
     assert secret not in json.dumps(redact_command(command, [])) and secret not in read_run(scratch).model_dump_json()
+
+
+def test_a_scratch_folder_someone_writes_into_is_retried_then_left_with_a_warning(tmp_path, monkeypatch):
+    """A writer of the savepoint folder racing the removal (a folder not empty) makes the removal fail:
+    it is tried again, and a removal that keeps failing is a warning, never the check's error (CI saw a
+    storage error replace Spark's own message)."""
+    from airflow_savepoints.errors import StorageError
+    from airflow_savepoints.jobs.workflows.check import _remove_scratch
+
+    job = StreamingJob(name="j", application="app.py", checkpoint=str(tmp_path / "cp"),
+                       savepoint_dir=str(tmp_path / "savepoints"))
+    warnings: list[str] = []
+    ctx = JobContext(job, Store(job.savepoint_dir), log=warnings.append)
+    scratch = ctx.folder.child("_check").child("c1")
+    scratch.write_bytes_atomic("checkpoint/offsets/0", b"v1")
+    real, failures = Store.remove_tree, iter([True])
+
+    def racing(self, rel):
+        if next(failures, False):
+            raise StorageError("storage error: folder not empty", "try again")
+        real(self, rel)
+
+    monkeypatch.setattr(Store, "remove_tree", racing)
+    _remove_scratch(ctx, scratch)
+    assert not (tmp_path / "savepoints" / "j" / "_check" / "c1").exists() and not warnings
+
+    scratch.write_bytes_atomic("result.json", b"{}")
+    failures = iter([True] * 3)
+    _remove_scratch(ctx, scratch)
+    assert (tmp_path / "savepoints" / "j" / "_check" / "c1" / "result.json").exists()
+    assert len(warnings) == 1 and "not removed" in warnings[0] and scratch.url in warnings[0]
