@@ -181,3 +181,57 @@ def test_a_restore_is_refused_when_kafka_deleted_records_the_savepoint_resumes_a
         time.sleep(0.5)  # the deletion reaches the metadata the client sees
     assert [g.describe() for g in gone] == [f"topic {kafka_topic} partition {p} no longer exists (the savepoint resumes at "
                                             "offset 15)" for p in range(PARTITIONS)]
+
+
+def test_a_kafka_sink_refuses_repeats_by_count_and_allow_repeats_writes_exactly_those_batches_again(
+        spark, kafka_broker, kafka_topic, tmp_path):
+    """Issue 39: a Kafka sink records no batch ids, so a restore of a savepoint at batch N after the job ran
+    to M writes batches N+1..M to it again. Refused with that count (``sink_repeats``, nothing restored);
+    accepted with ``allow_repeats``, the output topic then holds exactly those batches' records twice."""
+    from pyspark.sql import functions as F
+
+    from airflow_savepoints.errors import SinkRepeatsError
+
+    out = kafka_broker.create_topic(kafka_topic + "-out", 1)
+    for key, value in DEFAULT_CONF.items():
+        spark.conf.set(key, value)
+
+    def copy(checkpoint: str):
+        """The input's values to the output topic, 30 records per batch, until the input is read."""
+        frame = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", kafka_broker.bootstrap)
+                 .option("subscribe", kafka_topic).option("startingOffsets", "earliest")
+                 .option("maxOffsetsPerTrigger", PER_BATCH).load())
+        return (frame.select(F.col("value")).writeStream.format("kafka")
+                .option("kafka.bootstrap.servers", kafka_broker.bootstrap).option("topic", out)
+                .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+
+    checkpoint, savepoints = str(tmp_path / "checkpoint"), str(tmp_path / "savepoints")
+    kafka_broker.produce(kafka_topic, records(0, 2 * PER_BATCH))
+    copy(checkpoint).awaitTermination(120)  # batches 0..1
+    early = take_savepoint(checkpoint, "kafka-out", savepoint_dir=savepoints, savepoint_type="manual")
+    assert early.manifest.batch_id == 1
+    kafka_broker.produce(kafka_topic, records(2 * PER_BATCH, FIRST))
+    query = copy(checkpoint)  # the job runs on: batches 2..4, every record read
+    query.awaitTermination(120)
+    last = FIRST // PER_BATCH - 1
+    assert query.lastProgress["batchId"] == last
+
+    target = tmp_path / "restored"
+    with pytest.raises(SinkRepeatsError) as refused:
+        restore_savepoint(early.pointer, str(target), sink_kind="kafka", rerun_until=last)
+    assert "writes batches 2..4 (3 batches) to it again" in refused.value.message, refused.value.message
+    assert "--allow-repeats" in refused.value.hint and not target.exists()
+
+    result = restore_savepoint(early.pointer, str(target), sink_kind="kafka", rerun_until=last, allow_repeats=True)
+    assert result.sink.kind == "kafka" and result.sink.rerun == [2, last] and result.sink.on_rerun == "written_again"
+    continued = copy(str(target))
+    continued.awaitTermination(120)
+    written = Counter(int(row["value"]) for row in spark.read.format("kafka")
+                      .option("kafka.bootstrap.servers", kafka_broker.bootstrap).option("subscribe", out)
+                      .option("startingOffsets", "earliest").load().select(F.col("value").cast("string")).collect())
+    resumes_at = {int(p): offset for p, offset in early.manifest.source_offsets["0"][kafka_topic].items()}
+    offset_of = {i: i // PARTITIONS for i in range(FIRST)}  # record i is partition i % 3's offset i // 3
+    again = {i for i in range(FIRST) if offset_of[i] >= resumes_at[i % PARTITIONS]}
+    assert len(again) == (last - 1) * PER_BATCH  # batches 2..4
+    assert {i for i, n in written.items() if n == 2} == again
+    assert {i for i, n in written.items() if n == 1} == set(range(FIRST)) - again and max(written.values()) == 2
