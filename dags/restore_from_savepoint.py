@@ -39,6 +39,9 @@ with DAG(
                                     description="Start even if input files a file source will read again are gone"),
         "state_partitions": Param(None, type=["null", "integer"], minimum=1,
                                   description="Rescale the state into this many partitions; empty: keep them"),
+        "allow_repeats": Param(False, type="boolean",
+                               description="Start though the job's at-least-once sink (Kafka) gets the batches after "
+                                           "the savepoint again"),
     },
 ) as dag:
     started = RestoreJobOperator(
@@ -50,6 +53,7 @@ with DAG(
         skip_missing_input="{{ params.skip_missing_input }}",
         fresh_start="{{ params.fresh_start }}",
         state_partitions="{{ params.state_partitions }}",
+        allow_repeats="{{ params.allow_repeats }}",
     )
     # deferrable: the wait runs in the triggerer and fails fast if the job dies
     started >> BatchCommittedSensor(

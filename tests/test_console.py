@@ -97,12 +97,20 @@ def populate(root: Path, checkpoint: Path, earlier: Path) -> dict[str, list[str]
 
 def jobs_file(path: Path, root: Path) -> Path:
     """The jobs file the API server reads: a job declared on this root before its first savepoint
-    (shown, not started), one of another root (not shown), and orders."""
+    (shown, not started), one of another root (not shown), and orders, whose file sink holds batches 0..4."""
     job = "application: /opt/jobs/{name}.py\n    checkpoint: /data/checkpoints/{name}\n    savepoint_dir: {where}"
     entries = [("ledger", root), ("elsewhere", path.parent / "other-savepoints"), ("orders", root)]
+    sink = orders_sink(root)
+    for batch in range(5):
+        (sink / "_spark_metadata").mkdir(parents=True, exist_ok=True)
+        (sink / "_spark_metadata" / str(batch)).write_text('v1\n')
     path.write_text("jobs:\n" + "".join(f"  - name: {name}\n    " + job.format(name=name, where=where) + "\n"
-                                          for name, where in entries))
+                                          for name, where in entries) + f"    sink: {{kind: file, path: {sink}}}\n")
     return path
+
+
+def orders_sink(root: Path) -> Path:
+    return root.parent / "orders-sink"
 
 
 # ---- pure parts (fast) -----------------------------------------------------------------------------
@@ -374,6 +382,18 @@ def test_savepoint_detail_has_what_a_restore_needs(console):
     pointer = str(c.root / "orders" / older)
     assert extra["commands"]["restore"].startswith(f"airflow-savepoints restore {pointer} --to ")
     assert extra["commands"]["start"] == f"airflow-savepoints job start orders --from {pointer}"
+    # what a restore would tell of orders' file sink (jobs file), checked now as the restore checks it
+    sink = orders_sink(c.root)
+    assert extra["restore_sink"]["refused"] is None and extra["restore_sink"]["on_rerun"] == "skipped", extra["restore_sink"]
+    assert extra["restore_sink"]["recorded_batch"] == 4 and f"file sink at {sink}" in extra["restore_sink"]["detail"]
+    (sink / "_spark_metadata" / "7").write_text("v1\n")  # the sink ran on: a restore of batch 4 would drop 5..7
+    try:
+        ahead = c.get(f"{API}/jobs/orders/savepoints/{older}").json()["detail"]["restore_sink"]
+    finally:
+        (sink / "_spark_metadata" / "7").unlink()
+    assert ahead["refused"]["code"] == "sink_ahead" and "already holds batch 7" in ahead["refused"]["message"], ahead
+    assert c.get(f"{API}/jobs/payments/savepoints/{c.taken['payments'][0]}").json()["detail"]["restore_sink"]["kind"] \
+        == "unknown"  # not in the jobs file: not checked, and said
 
     verified = c.get(f"{API}/jobs/orders/savepoints/{newest}", params={"verify": "true"}).json()["detail"]
     assert verified["checksums"]["verified"] is True and verified["restore_pick"]["is_this"] is True
@@ -413,7 +433,8 @@ def test_actions_follow_airflow_permissions(console):
         "savepoint": ("periodic_savepoints", True, True), "stop": ("stop_job_with_savepoint", True, True),
         "restore": ("restore_from_savepoint", True, True)}
     assert admin["stop"]["stops_job"] is True and admin["restore"]["stops_job"] is False
-    assert [o["param"] for o in admin["restore"]["options"]] == ["state_partitions"] and admin["stop"]["options"] == []
+    assert [o["param"] for o in admin["restore"]["options"]] == ["state_partitions", "allow_repeats"]
+    assert admin["stop"]["options"] == []
     viewer = c.token_of(VIEWER, c.viewer_password)
     refused = {a["action"]: a["allowed"] for a in c.get(f"{API}/actions", token=viewer).json()["actions"]}
     assert refused == {"savepoint": False, "stop": False, "restore": False}
@@ -669,6 +690,7 @@ def test_console_in_chromium(console, tmp_path):
         assert "State partitions" in said and f"Restore: job orders from {ids[0]}?" in said, said
         assert f"for job orders from {ids[0]}, which starts the job from this savepoint in a fresh checkpoint location." \
             in said, said  # the savepoint is named as the source, never as the location
+        assert f"The sink: the file sink at {orders_sink(c.root)} holds" in said, said  # told before it is confirmed
         shown = notice(browser)
         runs = {run["dag_run_id"]: run for run in dag_runs(c, "restore_from_savepoint")}
         assert len(runs) == before + 1 and shown["run"] in runs, (shown, list(runs))

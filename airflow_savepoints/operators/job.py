@@ -110,19 +110,19 @@ class RestoreJobOperator(_JobOperator):
         state; the rescale is a Spark application of the job, Spark 4.2 where the job runs, no pyspark on
         the worker; see docs/evolve.md); empty: keep them
     :param allow_repeats: start even though the job's at-least-once sink (``sink: {kind: kafka}`` and the
-        like) gets the batches after the savepoint again (else ``sink_repeats``)
+        like) gets the batches after the savepoint again (templated; else ``sink_repeats``)
     :param reprocess: a Delta sink gets the batches after the savepoint again under a new query id (only
         once their rows are gone from the table: a bug-fix rollback after a table RESTORE)
     """
 
     template_fields: Sequence[str] = savepoints_template_fields("job", "pointer", "fresh_start", "max_age",
                                                                 "skip_missing_input", "target_checkpoint",
-                                                                "state_partitions")
+                                                                "state_partitions", "allow_repeats")
 
     def __init__(self, *, pointer: str | None = None, fresh_start: bool | str = False, max_age: str | None = None,
                  skip_missing_input: bool | str = False, target_checkpoint: str | None = None,
                  wait_timeout: float = 300, allow_foreign_savepoint: bool = False,
-                 state_partitions: int | str | None = None, allow_repeats: bool = False, reprocess: bool = False,
+                 state_partitions: int | str | None = None, allow_repeats: bool | str = False, reprocess: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.allow_repeats = allow_repeats
@@ -143,7 +143,7 @@ class RestoreJobOperator(_JobOperator):
             pointer=self.pointer or None, max_age=self.max_age or None,  # "" from a Param: not given
             fresh=rendered_flag(self.fresh_start), skip_missing_input=rendered_flag(self.skip_missing_input),
             target_checkpoint=self.target_checkpoint or None, wait_timeout=self.wait_timeout,
-            allow_foreign_savepoint=self.allow_foreign_savepoint, allow_repeats=self.allow_repeats,
+            allow_foreign_savepoint=self.allow_foreign_savepoint, allow_repeats=rendered_flag(self.allow_repeats),
             reprocess=self.reprocess, state_partitions=rendered_count(self.state_partitions, "state_partitions"))
 
 

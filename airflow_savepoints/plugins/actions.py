@@ -31,7 +31,10 @@ ACTIONS: dict[str, dict[str, Any]] = {
                 "says": "starts the job from this savepoint in a fresh checkpoint location",
                 "options": [{"param": "state_partitions", "label": "State partitions", "type": "integer", "minimum": 1,
                              "hint": "rescale the state into this many partitions (Spark 4.2, RocksDB state); "
-                                     "blank: unchanged"}]},
+                                     "blank: unchanged"},
+                            {"param": "allow_repeats", "label": "Accept repeated batches", "type": "boolean",
+                             "hint": "start though the job's at-least-once sink gets the batches after the savepoint "
+                                     "again (the sink note above says how many)"}]},
 }
 
 

@@ -235,7 +235,7 @@ def savepoint_answer(root: SavepointRoot, job: str, savepoint_id: str, verify: b
     return {"job": job, "savepoint": record.summary(),
             "manifest": manifest.model_dump(mode="json", exclude={"files"}) if manifest else None,
             "manifest_error": manifest_error,
-            "detail": savepoint_detail(root.store, job, record, manifest, verify)}
+            "detail": savepoint_detail(root.store, job, record, manifest, verify, jobs_file())}
 
 
 def _register_error_handlers(app: FastAPI) -> None:

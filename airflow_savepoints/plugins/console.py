@@ -225,8 +225,27 @@ def checksums(root: Store, pointer: str, manifest: SavepointManifest, verify: bo
     return result
 
 
+def restore_sink(root: Store, job: str, pointer: str, manifest: SavepointManifest, jobs_file: str | None) -> dict[str, Any]:
+    """What a restore of the job from this savepoint would tell of its sink, checked now as the restore checks it
+    (the jobs file's ``sink:`` and the job's last committed batch): the report, or the refusal's code, message, hint."""
+    from airflow_savepoints.core.restore import RestoreRequest, plan_sink
+    from airflow_savepoints.jobs.workflows.lifecycle import sink_checks
+    from airflow_savepoints.jobs.workflows.run import JobContext
+
+    spec = job_specs(jobs_file).get(job) if job in declared_here(root, job_specs(jobs_file)) else None
+    if spec is None:
+        return {"refused": None, "kind": "unknown", "detail": f"job '{job}' is not in the jobs file: its sink is not known, "
+                                                                 "so what it does with batches run again is not checked"}
+    try:
+        checks = sink_checks(JobContext(spec, root))
+        report = plan_sink(manifest, RestoreRequest(pointer=pointer, target="", **checks))
+    except SavepointError as exc:
+        return {"refused": exc.to_dict(), "kind": spec.sink.kind if spec.sink else "unknown", "detail": exc.message}
+    return {"refused": None, **report.model_dump(mode="json")}
+
+
 def savepoint_detail(root: Store, job: str, record: SavepointRecord, manifest: SavepointManifest | None,
-                     verify: bool = False) -> dict[str, Any]:
+                     verify: bool = False, jobs_file: str | None = None) -> dict[str, Any]:
     """What the detail view shows beside the record and the manifest."""
     pick = restore_default(root, job)
     detail: dict[str, Any] = {
@@ -239,6 +258,7 @@ def savepoint_detail(root: Store, job: str, record: SavepointRecord, manifest: S
             state_summary=recorded_state(root, job, record.savepoint_id),
             checksums=checksums(root, record.pointer, manifest, verify),
             commands=commands(job, record.pointer, manifest.checkpoint, record.savepoint_id),
+            restore_sink=restore_sink(root, job, record.pointer, manifest, jobs_file),
         )
     return detail
 

@@ -114,6 +114,7 @@ dialog { border: 1px solid var(--border); border-radius: 8px; background: var(--
 dialog::backdrop { background: rgba(0, 0, 0, .45); }
 dialog .buttons { display: flex; gap: 8px; justify-content: flex-end; margin-top: 14px; }
 label.option { display: grid; grid-template-columns: 130px 1fr; gap: 2px 10px; align-items: center; margin-top: 8px; }
+label.option input[type=checkbox] { justify-self: start; }
 label.option input { font: inherit; color: var(--fg); background: transparent; border: 1px solid var(--border);
   border-radius: 6px; padding: 3px 8px; } label.option small { grid-column: 2; }
 .spinner { display: inline-block; width: 12px; height: 12px; border: 2px solid var(--border); border-top-color: var(--accent);

@@ -168,6 +168,11 @@ function notify(kind, title, error, ...extra) {
 
 // ---- actions: DAG runs through Airflow's REST API ---------------------------------------------------
 function optionField(option) {
+  if (option.type === "boolean") {
+    return el("label", {class: "option"}, el("span", {text: option.label}),
+      el("input", {type: "checkbox", name: option.param, data: {option: option.param}}),
+      el("small", {class: "muted", text: option.hint}));
+  }
   const input = el("input", {type: option.type === "integer" ? "number" : "text", name: option.param, placeholder: "unchanged",
     min: option.minimum, step: option.type === "integer" ? 1 : null, data: {option: option.param}});
   return el("label", {class: "option"}, el("span", {text: option.label}), input, el("small", {class: "muted", text: option.hint}));
@@ -185,7 +190,9 @@ function confirmAction(title, text, dangerous, options) {
       if (dialog.returnValue !== "ok") { resolve(null); return; }
       const values = {};
       for (const option of options || []) {
-        const raw = dialog.querySelector(`input[data-option="${option.param}"]`).value.trim();
+        const input = dialog.querySelector(`input[data-option="${option.param}"]`);
+        if (option.type === "boolean") { if (input.checked) values[option.param] = true; continue; }
+        const raw = input.value.trim();
         if (raw !== "") values[option.param] = option.type === "integer" ? Number(raw) : raw;
       }
       resolve(values);
@@ -195,20 +202,20 @@ function confirmAction(title, text, dangerous, options) {
   });
 }
 
-function actionButton(name, conf, subject) {
+function actionButton(name, conf, subject, note) {
   const action = ui.actions[name];
   if (!action) return null;
   const why = !action.deployed ? `the DAG ${action.dag_id} is not deployed`
     : !action.allowed ? `your Airflow role may not trigger ${action.dag_id}` : null;
   return el("button", {type: "button", class: action.stops_job ? "danger" : "", text: action.label,
     disabled: !!why, title: why || `${action.description} (triggers the DAG ${action.dag_id})`, data: {action: name},
-    onclick: event => { event.stopPropagation(); runAction(action, conf, subject); }});
+    onclick: event => { event.stopPropagation(); runAction(action, conf, subject, note); }});
 }
 
-async function runAction(action, conf, subject) {
+async function runAction(action, conf, subject, note) {
   const text = `This triggers a run of the DAG ${action.dag_id}` + (subject ? ` for ${subject}` : "") +
     `, which ${action.description}.` + (action.paused ? " The DAG is paused: the run waits until it is unpaused." : "") +
-    (action.stops_job ? " The job stops: its sink gets no new data until it is restored." : "");
+    (action.stops_job ? " The job stops: its sink gets no new data until it is restored." : "") + (note ? " " + note : "");
   const chosen = await confirmAction(action.label + (subject ? ": " + subject : "") + "?", text, action.stops_job, action.options);
   if (chosen === null) return;
   try {
@@ -503,6 +510,19 @@ function checksumsFact(answer) {
     sums.problem ? el("div", {class: "message", style: "color:var(--error)", text: sums.problem}) : null];
 }
 
+function sinkNote(sink) {  // what a restore from this savepoint tells of the job's sink, checked as the restore checks it
+  if (!sink) return null;
+  if (sink.refused) return `The sink: a restore now is refused (${sink.refused.code}): ${sink.refused.message} ${sink.refused.hint || ""}`.trim();
+  return `The sink: ${sink.detail}.`;
+}
+
+function sinkFact(sink) {
+  if (!sink) return el("span", {class: "muted", text: "\u2014"});
+  if (!sink.refused) return el("span", {data: {sink: sink.on_rerun || "unknown"}, text: sink.detail});
+  return el("span", {data: {sink: "refused"}}, badge(sink.refused.code, "failed"), " ", sink.refused.message,
+    el("div", {class: "muted", text: sink.refused.hint || ""}));
+}
+
 function restorePickFact(answer) {
   const pick = answer.detail.restore_pick;
   if (!pick) return el("span", {class: "muted", text: "nothing: the job has no restorable savepoint"});
@@ -570,7 +590,7 @@ function detailView(answer) {
   const close = el("button", {type: "button", text: "Close",
     onclick: () => { ui.selected = null; $("detail").hidden = true; renderJobs(); }});
   const restore = sp.state === "completed" && !sp.conflict ? actionButton("restore", {job: sp.job, pointer: sp.pointer},
-    `job ${sp.job} from ${sp.savepoint_id}`) : null;
+    `job ${sp.job} from ${sp.savepoint_id}`, sinkNote(detail.restore_sink)) : null;
   const head = el("header", {}, el("h2", {class: "mono", text: sp.savepoint_id}), badge(sp.type), badge(sp.state),
     sp.conflict ? badge("conflict", "conflict", sp.conflict) : null, el("span", {class: "spacer"}), restore, close);
   const facts = el("dl", {class: "facts"},
@@ -583,6 +603,7 @@ function detailView(answer) {
     fact("Files", `${sp.files ?? ""} files, ${size(sp.bytes)}`),
     fact("Checksums", checksumsFact(answer)),
     fact("A restore would pick", restorePickFact(answer)),
+    detail.restore_sink ? fact("The sink on restore", sinkFact(detail.restore_sink)) : [],
     fact("In Airflow", el("a", {href: `${AIRFLOW}/dags?tags=savepoints`, target: "_top", text: "savepoint DAGs"}), " \u00b7 ",
       assetLink(sp.job)),
     sp.conflict ? fact("Conflict", sp.conflict) : [],
