@@ -186,8 +186,9 @@ def test_a_restore_is_refused_when_kafka_deleted_records_the_savepoint_resumes_a
 def test_a_kafka_sink_refuses_repeats_by_count_and_allow_repeats_writes_exactly_those_batches_again(
         spark, kafka_broker, kafka_topic, tmp_path):
     """Issue 39: a Kafka sink records no batch ids, so a restore of a savepoint at batch N after the job ran
-    to M writes batches N+1..M to it again. Refused with that count (``sink_repeats``, nothing restored);
-    accepted with ``allow_repeats``, the output topic then holds exactly those batches' records twice."""
+    to M writes batches N+1..M to it again. A start from it (jobs.yaml ``sink: {kind: kafka}``, M from the
+    run record's checkpoint) is refused with that count (``sink_repeats``, nothing restored); accepted with
+    ``allow_repeats``, the output topic then holds exactly those batches' records twice."""
     from pyspark.sql import functions as F
 
     from airflow_savepoints.errors import SinkRepeatsError
@@ -216,14 +217,24 @@ def test_a_kafka_sink_refuses_repeats_by_count_and_allow_repeats_writes_exactly_
     last = FIRST // PER_BATCH - 1
     assert query.lastProgress["batchId"] == last
 
-    target = tmp_path / "restored"
+    # as `job start --from` restores it: the jobs file's `sink: {kind: kafka}`, the run record naming the live checkpoint
+    from datetime import UTC, datetime
+
+    from airflow_savepoints.jobs.description.record import JobRun, write_run
+
+    job = StreamingJob(name="kafka-out", application="job.py", checkpoint=checkpoint, savepoint_dir=savepoints,
+                       sink={"kind": "kafka"})
+    ctx = JobContext(job, Store(savepoints))
+    write_run(ctx.folder, JobRun(job="kafka-out", checkpoint=checkpoint, started_at=datetime.now(UTC), ended="stopped"))
+    target = tmp_path / "checkpoint-restored"  # where a start restores: <checkpoint>-<suffix>
     with pytest.raises(SinkRepeatsError) as refused:
-        restore_savepoint(early.pointer, str(target), sink_kind="kafka", rerun_until=last)
+        _prepare_checkpoint(ctx, early.pointer, False, str(target), {})
     assert "writes batches 2..4 (3 batches) to it again" in refused.value.message, refused.value.message
     assert "--allow-repeats" in refused.value.hint and not target.exists()
 
-    result = restore_savepoint(early.pointer, str(target), sink_kind="kafka", rerun_until=last, allow_repeats=True)
-    assert result.sink.kind == "kafka" and result.sink.rerun == [2, last] and result.sink.on_rerun == "written_again"
+    _, _, restored = _prepare_checkpoint(ctx, early.pointer, False, str(target), {"allow_repeats": True})
+    result = restored["sink"]  # what job start reports as `sink`
+    assert (result["kind"], result["rerun"], result["on_rerun"]) == ("kafka", [2, last], "written_again"), result
     continued = copy(str(target))
     continued.awaitTermination(120)
     written = Counter(int(row["value"]) for row in spark.read.format("kafka")
