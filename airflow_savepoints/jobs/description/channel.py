@@ -63,7 +63,8 @@ class JobControl:
     derived from the run key, the job's name and the run id, which the folder ``<job>/_control/<run id>``
     names); what the job wrote counts only when its seal holds: a forged or foreign heartbeat, stop
     acknowledgement, failure, fencing or announcement is treated as absent, with a warning
-    (``warnings``). A stop request is sealed too, but the driver does not require it."""
+    (``warnings``), and so is a stop request the driver did not get from a holder of the run key: a
+    writer of the folder can neither stop a run nor make it look stopping."""
 
     def __init__(self, folder: Store, warnings: list[str] | None = None, secret: str | None = None) -> None:
         self.folder = folder
@@ -81,7 +82,7 @@ class JobControl:
         if not isinstance(value, dict):
             return None
         secret = self.secret
-        if name == STOP_REQUEST_FILE or (secret is not None and trust.sealed(value, secret)):
+        if secret is not None and trust.sealed(value, secret):
             return {key: item for key, item in value.items() if key != trust.MAC_FIELD}
         text = (f"{self.folder.url_of(name)} is not sealed with run {self.folder.name}'s secret (forged, foreign, or "
                 "written with another run key): ignored; where jobs run and are judged on several hosts, give each the "

@@ -13,7 +13,7 @@ them. What this tool acts on is proven with a secret that never goes to shared s
   the reader holds. ``job check`` makes a fresh secret per check, keeps it in memory and hands it
   to its driver in its environment (:data:`CHECK_SECRET_ENV`), or a Spark conf Spark redacts
   (:data:`CHECK_SECRET_CONF`: its name says ``secret``) for a driver on another host. A run's
-  control files (heartbeats, stop acknowledgements, failures, its announcement) are sealed with
+  control files (heartbeats, stop requests and acknowledgements, failures, its announcement) are sealed with
   its channel secret (:func:`channel_secret`): ``HMAC(run key, job, run id)``, which ``job status``
   and ``job stop`` derive on any host holding the run key (``[savepoints] run_key``, else this
   host's key: one-host set-ups), and the launcher hands to its driver (:data:`RUN_SECRET_ENV`).

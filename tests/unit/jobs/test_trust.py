@@ -76,3 +76,27 @@ def test_a_cluster_mode_driver_seals_with_the_secret_its_conf_gives(tmp_path, mo
         RunHandle.from_conf(given.get).control.beat(state="running", timeout_s=30)
         monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "launcher"))
         assert (JobControl(job_folder.child("_control").child("r1")).heartbeat() is not None) is believed
+
+
+def test_a_stop_request_counts_only_when_sealed_with_the_runs_secret(tmp_path, monkeypatch):
+    """Issue 40: a writer of the savepoint folder who drops a ``stop-request.json`` into a run's control
+    folder neither stops the run (its driver reads it through the same JobControl) nor makes ``job
+    status`` say stopping; a request from a holder of the run key does."""
+    import json
+
+    from airflow_savepoints.core.names import STOP_REQUEST_FILE
+    from airflow_savepoints.jobs.description.channel import JobControl
+    from airflow_savepoints.storage import Store
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "host"))
+    monkeypatch.delenv("AIRFLOW__SAVEPOINTS__RUN_KEY", raising=False)
+    monkeypatch.delenv(trust.RUN_SECRET_ENV, raising=False)
+    folder = Store(str(tmp_path / "savepoints" / "orders" / "_control" / "r1"))
+    folder.write_bytes_atomic(STOP_REQUEST_FILE, json.dumps({"request_id": "forged", "requested_at": "now"}).encode())
+    driver_side = JobControl(folder)
+    assert driver_side.stop_requested() is None
+    assert any("not sealed" in w and STOP_REQUEST_FILE in w for w in driver_side.warnings), driver_side.warnings
+    JobControl(folder).request_stop("stop-1")  # Airflow's side, holding the run key
+    assert JobControl(folder).stop_requested()["request_id"] == "stop-1"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "another-host"))  # another key: not believed there
+    assert JobControl(folder).stop_requested() is None
