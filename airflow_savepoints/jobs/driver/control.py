@@ -11,8 +11,8 @@ passed to the job as Spark conf (:func:`airflow_savepoints.jobs.description.chan
    the lease (or it could not renew it for longer than the lease timeout) it stops its query
    between two batches and fails with :class:`JobFencedError`, so two drivers never both write
    the sink,
-3. watches for ``stop-request.json`` (sealed with the run's secret, else ignored); when one appears, lets the batch in flight commit and starts
-   no other (so the stop savepoint is of the last committed batch, exactly), acknowledges with
+3. watches for ``stop-request.json`` (sealed with the run's secret, else ignored); when one appears,
+   lets the batch in flight commit and starts no other (so the stop savepoint is of the last committed batch, exactly), acknowledges with
    ``stopped.json`` and releases the lease,
 4. if the query fails, writes ``failed.json`` (the error) and releases the lease before failing as
    ``awaitTermination()`` does,
