@@ -12,8 +12,8 @@ passed to the job as Spark conf (:func:`airflow_savepoints.jobs.description.chan
    between two batches and fails with :class:`JobFencedError`, so two drivers never both write
    the sink,
 3. watches for ``stop-request.json`` (sealed with the run's secret, else ignored); when one appears,
-   lets the batch in flight commit and starts no other (so the stop savepoint is of the last committed batch, exactly), acknowledges with
-   ``stopped.json`` and releases the lease,
+   lets the batch in flight commit and starts no other (so the stop savepoint is of the last committed
+   batch, exactly), acknowledges with ``stopped.json`` and releases the lease,
 4. if the query fails, writes ``failed.json`` (the error) and releases the lease before failing as
    ``awaitTermination()`` does,
 5. when the start accepted lost input (``spark.savepoints.skipMissingInput=true``, from
