@@ -10,6 +10,12 @@ import re
 
 _CONDITION = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\]")
 MAX_CAUSE = 2000
+SPARK_PLAN_MARKER = "\n=== Streaming Query ==="  # a failed query's message ends with its plan: left out
+
+
+def spark_message(error: BaseException | str) -> str:
+    """Spark's message of a failed streaming query, without the plan it appends."""
+    return str(error).split(SPARK_PLAN_MARKER, 1)[0].strip()[:4000]
 
 
 def spark_cause(exc: BaseException) -> str:

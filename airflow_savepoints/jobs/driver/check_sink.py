@@ -13,11 +13,10 @@ from typing import Any
 
 from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.names import CHECK_RESULT_FILE
+from airflow_savepoints.core.spark_cause import spark_message
 from airflow_savepoints.jobs.description.channel import CHECK_AFTER_CONF, CHECK_TIMEOUT_CONF, CHECKPOINT_CONF
 from airflow_savepoints.jobs.description.trust import CHECK_SECRET_CONF, CHECK_SECRET_ENV, seal
 from airflow_savepoints.storage import Store
-
-SPARK_PLAN_MARKER = "\n=== Streaming Query ==="  # Spark's message ends with the query's plan: left out
 
 _SWAPPED: set[str] = set()  # ids of the queries this driver started with the noop sink
 
@@ -49,11 +48,6 @@ def install_noop_sink() -> None:
     start._savepoints_check = True
     DataStreamWriter.start = start
     DataStreamWriter.toTable = to_table
-
-
-def spark_message(error: BaseException) -> str:
-    """Spark's message of a failed query, without the plan it appends."""
-    return str(error).split(SPARK_PLAN_MARKER, 1)[0].strip()[:4000]
 
 
 def run_check(query, spark, folder_url: str, poll: float = 0.5) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.names import RUN_FILE
 from airflow_savepoints.core.pointer import resolve_pointer
 from airflow_savepoints.core.savepoint import check_apart
+from airflow_savepoints.core.spark_cause import spark_message
 from airflow_savepoints.core.termination import parse_policy
 from airflow_savepoints.errors import (  # noqa: F401 - JobNotStoppedError, NoSavepointError: imported from here
     ForeignSavepointError,
@@ -59,7 +60,6 @@ from airflow_savepoints.jobs.description.files import control_folder
 from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT
 from airflow_savepoints.jobs.description.model import StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun, read_run, restore_default, write_run
-from airflow_savepoints.jobs.driver.check_sink import spark_message as spark_message_of
 from airflow_savepoints.jobs.launch.launcher import JobFailedError, application_id_from_log, log_tail, start_detached
 from airflow_savepoints.jobs.launch.runners import LocalRunner
 from airflow_savepoints.jobs.workflows.rescale import rescale_on_the_job
@@ -293,7 +293,7 @@ def _wait_until_live(ctx: JobContext, run: JobRun, timeout: float, poll: float =
         if failure is not None:
             raise JobFailedError(
                 f"job '{run.job}' run {run.run_id} failed before committing a batch past {run.start_batch}: "
-                + spark_message_of(str(failure.get("error") or "no error recorded")),
+                + spark_message(str(failure.get("error") or "no error recorded")),
                 f"see the full log in {run.log_file} and `airflow-savepoints job status {run.job}`; fix the cause, "
                 "then start it again")
         if heartbeat is not None and heartbeat.get("state") == "running" and heartbeat.get("triggered") is True \

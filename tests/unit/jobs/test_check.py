@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_savepoints.core.spark_cause import spark_message
 from airflow_savepoints.errors import UpgradeRefusedError
 from airflow_savepoints.jobs import StreamingJob
-from airflow_savepoints.jobs.driver.check_sink import spark_message
 from airflow_savepoints.jobs.workflows.check import check_upgrade
 from airflow_savepoints.jobs.workflows.run import JobContext
 from airflow_savepoints.operators.upgrade import _automatic_or_flag
