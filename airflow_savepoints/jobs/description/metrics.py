@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 SERIES_VERSION = 1
 DEFAULT_KEEP = 720  # points: an hour of 5 s batches; about 250 bytes each, well under the run files' 1 MiB cap
 DECISIONS_KEPT = 200
+MAX_SERIES_BYTES = 768 * 1024  # below the 1 MiB every reader of run files reads at most (storage/known_files.py)
 
 
 class OperatorPoint(BaseModel):
@@ -215,11 +216,21 @@ def trimmed(points: list[MetricPoint], keep: int = DEFAULT_KEEP) -> list[MetricP
     return sorted(unique.values(), key=lambda p: (p.time, p.batch_id))[-keep:] if keep > 0 else []
 
 
-def write_series(job_folder: Store, points: list[MetricPoint], keep: int = DEFAULT_KEEP) -> list[MetricPoint]:
-    """Write ``points`` (trimmed to the last ``keep``) atomically; returns what was written."""
+def _encoded(points: list[MetricPoint]) -> bytes:
+    body = {"version": SERIES_VERSION, "points": [p.model_dump(exclude_defaults=True) for p in points]}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def write_series(job_folder: Store, points: list[MetricPoint], keep: int = DEFAULT_KEEP,
+                 max_bytes: int = MAX_SERIES_BYTES) -> list[MetricPoint]:
+    """Write ``points`` (the last ``keep``, and fewer when they would take more than ``max_bytes``: a query
+    with many stateful operators) atomically; returns what was written."""
     kept = trimmed(points, keep)
-    body = {"version": SERIES_VERSION, "points": [p.model_dump(exclude_defaults=True) for p in kept]}
-    job_folder.write_bytes_atomic(METRICS_FILE, json.dumps(body, separators=(",", ":")).encode())
+    data = _encoded(kept)
+    while len(data) > max_bytes and kept:
+        kept = kept[max(1, len(kept) // 10):]  # the oldest tenth goes
+        data = _encoded(kept)
+    job_folder.write_bytes_atomic(METRICS_FILE, data)
     return kept
 
 

@@ -11,13 +11,16 @@ import pytest
 from airflow_savepoints.core.names import AUTOSCALE_FILE, METRICS_FILE
 from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.jobs.description.metrics import (
+    MAX_SERIES_BYTES,
     MetricPoint,
+    OperatorPoint,
     append_decision,
     append_points,
     backlog_of,
     point_of,
     read_decisions,
     read_series,
+    write_series,
 )
 from airflow_savepoints.jobs.description.model import AutoscaleSettings, load_jobs
 from airflow_savepoints.jobs.driver.control import MetricsRecorder
@@ -114,6 +117,17 @@ def test_the_series_keeps_the_last_points_and_is_written_whole(tmp_path):
     assert [p.batch_id for p in kept] == [7, 8, 9, 10, 11]
     assert [p.batch_id for p in read_series(store)] == [7, 8, 9, 10, 11]
     assert [p.name for p in tmp_path.iterdir()] == [METRICS_FILE]  # no temporary file left beside it
+
+
+def test_the_series_stays_below_the_readers_cap_however_many_operators_a_query_has(tmp_path):
+    store = Store(str(tmp_path))
+    wide = [p.model_copy(update={"operators": [OperatorPoint(name=f"op{i}", rows=10**9, memory_bytes=10**12,
+                                                                          partitions=200) for i in range(40)]})
+            for p in points(720)]
+    kept = write_series(store, wide)
+    assert 0 < len(kept) < 720 and kept[-1].batch_id == 719  # the oldest went, the newest stayed
+    assert (tmp_path / METRICS_FILE).stat().st_size <= MAX_SERIES_BYTES
+    assert [p.batch_id for p in read_series(store)] == [p.batch_id for p in kept]  # and it is still readable
 
 
 def test_a_missing_or_garbled_series_reads_as_empty_with_a_warning(tmp_path):
