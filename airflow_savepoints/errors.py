@@ -344,6 +344,19 @@ class UpgradeCheckTimeoutError(UpgradeCheckFailedError):
     code = "upgrade_check_timeout"
 
 
+class AutoscaleNotConfiguredError(InvalidInputError):
+    """``job autoscale`` of a job with no ``autoscale:`` policy in the jobs file."""
+
+    code = "autoscale_not_configured"
+
+
+class AutoscaleActNotBuiltError(SavepointError):
+    """``job autoscale`` without ``--dry-run`` for a job whose policy says ``mode: act``: acting on a
+    decision (a savepoint-mode upgrade with the new executors) is not built yet. Nothing was changed."""
+
+    code = "autoscale_act_not_built"
+
+
 # --- retention and the API -------------------------------------------------------------------------
 class RetentionFailedError(SavepointError):
     code = "retention_failed"

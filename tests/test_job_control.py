@@ -21,6 +21,7 @@ import airflow_savepoints.demo.app as demo
 from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints
+from airflow_savepoints.jobs.description.metrics import read_series
 from airflow_savepoints.jobs.description.record import read_run
 from airflow_savepoints.jobs.driver.control import _stop_between_batches
 from airflow_savepoints.jobs.launch.launcher import process_alive, start_detached, wait_for_commit
@@ -90,6 +91,11 @@ def test_cooperative_stop_lands_between_batches_and_status_names_the_application
     saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo")
     assert [(s.type.value, s.batch_id) for s in saved] == [("stop", result["batch_id"])]
     assert not job_status("demo", job_folder).running
+    # issue 42: the helper recorded the run's batches in the job's metric series, up to the stop batch
+    series = [p for p in read_series(job_folder) if not p.idle]
+    assert series and {p.run_id for p in series} == {started["run_id"]}, series
+    assert series[-1].batch_id == result["batch_id"] and all(p.cores == 2 for p in series), series[-1]
+    assert all(p.trigger_interval_ms and p.duration_ms is not None and p.stateful for p in series), series[-1]
 
     # issue 29, item 7: a driver that dies before it is live still fails the start fast; a restart from the stop
     # savepoint with NO new input is live within a minute (its heartbeat), at the restored batch

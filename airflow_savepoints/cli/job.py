@@ -422,3 +422,36 @@ def check_job(
                         f"{result['restored_batch']}); run {result['run_id']} untouched")
 
     _report(as_json, action)
+
+
+@app.command("autoscale")
+@with_option_groups
+def autoscale_job(
+    job: JobArgument,
+    *,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report the decision and its evidence (always "
+                                          "so for mode: recommend).")] = False,
+    target: JobTarget,
+    as_json: JsonFlag = False,
+) -> None:
+    """Decide whether JOB needs more or fewer executors (or state partitions) from its metric series; report why."""
+    def action():
+        from airflow_savepoints.jobs.workflows.autoscale import evaluate
+
+        ctx = target.context(job)
+        result = evaluate(ctx, dry_run=dry_run)
+        colour = {"scale_up": "green", "scale_down": "cyan"}.get(result["action"], "yellow")
+        current, wanted = result["current"], result["target"]
+        text = (f"job {job}: [{colour}]{result['action']}[/] ({result['reason']}, {result['outcome']}): {result['message']}"
+                f"\n  now {current['executors']} executor(s), {current['cores']} core(s), state partitions "
+                f"{current['partitions']}")
+        if result["action"] != "hold":
+            text += (f"\n  target {wanted['executors']} executor(s), {wanted['cores']} core(s), state partitions "
+                     f"{wanted['partitions']}" + (f"; conf {result['spark_conf']}" if result["spark_conf"] else ""))
+        evidence = result["evidence"]
+        if evidence:
+            text += "\n  evidence: " + ", ".join(f"{key} {value}" for key, value in evidence.items() if value is not None)
+        text += "".join(f"\n  [yellow]warning[/]: {warning}" for warning in result["warnings"])
+        return result, text
+
+    _report(as_json, action)

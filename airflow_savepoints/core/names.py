@@ -7,6 +7,7 @@ Layout of a savepoint directory::
         _inflight.json                   the single-flight lease of a savepoint being taken
         _lease.json  _run.json           the run lease and the run a start launched
         _watchdog.json                   the watchdog's restarts and last decision
+        _metrics.json  _autoscale.json   the run's metric series and the autoscaler's decisions
         _control/<run id>/*.json         a run's control folder
         _state_summaries/<id>.json       a savepoint's state summary (InspectSavepointOperator)
         _check/<check id>/               an upgrade check's scratch copy and result, removed after the check
@@ -26,6 +27,8 @@ INFLIGHT_LEASE = "_inflight.json"  # single flight per job while a savepoint is 
 RUN_LEASE = "_lease.json"  # one live run per job
 RUN_FILE = "_run.json"  # the run a start launched
 WATCHDOG_FILE = "_watchdog.json"  # the watchdog's restarts and decisions (jobs/workflows/watchdog.py)
+METRICS_FILE = "_metrics.json"  # the run's last batches' progress, bounded (jobs/description/metrics.py)
+AUTOSCALE_FILE = "_autoscale.json"  # the autoscaler's last decisions, bounded (jobs/workflows/autoscale.py)
 RESTORE_CLAIM = "_restore.lease"  # in a restore target while it is written
 
 CONTROL_FOLDER = "_control"

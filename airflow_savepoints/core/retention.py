@@ -24,12 +24,14 @@ from airflow_savepoints.core.lease import JobLock, store_now
 from airflow_savepoints.core.manifest import BAD_MANIFEST, SAVEPOINT_NAME, read_manifest
 from airflow_savepoints.core.models import SavepointManifest, SavepointType, validate_job_name
 from airflow_savepoints.core.names import (
+    AUTOSCALE_FILE,
     CATALOG_FILE,
     CATALOG_LOCK,
     CLOCK_PROBE_PREFIX,
     INFLIGHT_LEASE,
     LEASE_BREAK_SUFFIX,
     MANIFEST_FILE,
+    METRICS_FILE,
     RUN_FILE,
 )
 from airflow_savepoints.core.settings import DEFAULTS, configured_option, parse_duration
@@ -411,7 +413,7 @@ def apply_retention(root: Store, plan: RetentionPlan) -> RetentionReport:
     return report
 
 
-_TEMP_OF = (CATALOG_FILE, INFLIGHT_LEASE, RUN_FILE, CATALOG_LOCK, CLOCK_PROBE_PREFIX[1:-1],
+_TEMP_OF = (CATALOG_FILE, INFLIGHT_LEASE, RUN_FILE, METRICS_FILE, AUTOSCALE_FILE, CATALOG_LOCK, CLOCK_PROBE_PREFIX[1:-1],
             INFLIGHT_LEASE + LEASE_BREAK_SUFFIX, CATALOG_LOCK + LEASE_BREAK_SUFFIX)  # files written in the job folder
 _TEMP_FILE = re.compile(r"^\.(" + "|".join(map(re.escape, _TEMP_OF)) + r")\.[0-9a-f]{32}\.tmp$")
 TEMP_FILE_FLOOR = 300.0  # seconds: longer than any lease's stale time; a live writer's temp file lives for milliseconds

@@ -119,6 +119,41 @@ class RestartSettings(BaseModel):
     last_state: bool = True  # restart on the live checkpoint when it passes the checks (else the newest savepoint)
 
 
+class AutoscaleSettings(BaseModel):
+    """The autoscaler's policy for a job (``autoscale:`` in jobs.yaml; docs/autoscale.md).
+
+    ``target_utilization`` is the batch duration over the trigger interval the job should run at;
+    the windows (``scale_up_after``, ``scale_down_after``) are how long, in seconds, a condition
+    must hold before it is acted on; ``cooldown`` is how long after an action nothing else is
+    decided. ``max_backlog``: a backlog above it (Kafka records) counts as falling behind, whatever
+    the utilization. ``mode``: ``recommend`` only reports; ``act`` may change the job."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    min_executors: int = Field(default=1, ge=1, le=10_000)  # cores a standalone job gets, executors elsewhere
+    max_executors: int = Field(default=8, ge=1, le=10_000)
+    executor_cores: int = Field(default=1, ge=1, le=1024)  # cores per executor (capacity = executors * this)
+    min_partitions: int | None = Field(default=None, ge=1, le=100_000)  # state partitions; None: never changed
+    max_partitions: int | None = Field(default=None, ge=1, le=100_000)
+    target_utilization: float = Field(default=0.7, gt=0, le=1)
+    utilization_band: float = Field(default=0.2, ge=0, lt=1)  # hysteresis: up above target + band, down below target - band
+    scale_up_after: float = Field(default=300.0, gt=0, le=86400)
+    scale_down_after: float = Field(default=1800.0, gt=0, le=7 * 86400)
+    cooldown: float = Field(default=900.0, ge=0, le=7 * 86400)
+    max_backlog: int | None = Field(default=None, ge=0)
+    mode: Literal["act", "recommend"] = "recommend"
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleSettings:
+        if self.min_executors > self.max_executors:
+            raise ValueError(f"min_executors ({self.min_executors}) is above max_executors ({self.max_executors})")
+        if (self.min_partitions is None) != (self.max_partitions is None):
+            raise ValueError("min_partitions and max_partitions go together: give both, or neither")
+        if self.min_partitions is not None and self.max_partitions is not None and self.min_partitions > self.max_partitions:
+            raise ValueError(f"min_partitions ({self.min_partitions}) is above max_partitions ({self.max_partitions})")
+        return self
+
+
 class StreamingJob(BaseModel):
     """One long-running Spark Structured Streaming job."""
 
@@ -146,6 +181,7 @@ class StreamingJob(BaseModel):
     upgrade_mode: UpgradeMode = "savepoint"  # how an upgrade carries the state (see jobs/workflows/upgrade.py)
     restart: RestartSettings = Field(default_factory=RestartSettings)  # the watchdog's (jobs/workflows/watchdog.py)
     progress_timeout: float | None = Field(default=None, gt=0, le=7 * 86400)  # seconds a batch may run uncommitted
+    autoscale: AutoscaleSettings | None = None  # the autoscaler's policy (jobs/workflows/autoscale.py); None: off
     _expanded_conf: frozenset[str] = PrivateAttr(default=frozenset())  # spark_conf keys set from the environment
 
     def version(self) -> JobVersion:
@@ -307,7 +343,8 @@ def load_jobs(path: str | Path) -> dict[str, StreamingJob]:
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first.get("loc", ()))
             raise InvalidInputError(f"{path}: {label}: {where}: {first['msg']}",
-                                    "see docs/airflow.md for the job fields") from exc
+                                    "see docs/autoscale.md for the autoscale: policy's fields and bounds"
+                                    if where.startswith("autoscale") else "see docs/airflow.md for the job fields") from exc
         conf = entry.get("spark_conf") if isinstance(entry, dict) else None
         job._expanded_conf = frozenset(key for key, value in (conf or {}).items() if _from_environment(str(value)))
         if job.name in jobs:

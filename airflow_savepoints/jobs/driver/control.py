@@ -14,9 +14,13 @@ passed to the job as Spark conf (:func:`airflow_savepoints.jobs.description.chan
 3. watches for ``stop-request.json`` (sealed with the run's secret, else ignored); when one appears,
    lets the batch in flight commit and starts no other (so the stop savepoint is of the last committed
    batch, exactly), acknowledges with ``stopped.json`` and releases the lease,
-4. if the query fails, writes ``failed.json`` (the error) and releases the lease before failing as
+4. records each new batch's progress (duration, trigger interval, input and processed rates, cores,
+   state rows, memory and partitions, Kafka backlog) and writes the job's bounded metric series
+   (``<savepoint dir>/<job>/_metrics.json``) with the heartbeats, for the autoscaler
+   (:class:`MetricsRecorder`),
+5. if the query fails, writes ``failed.json`` (the error) and releases the lease before failing as
    ``awaitTermination()`` does,
-5. when the start accepted lost input (``spark.savepoints.skipMissingInput=true``, from
+6. when the start accepted lost input (``spark.savepoints.skipMissingInput=true``, from
    ``job start --skip-missing-input``), makes every Kafka source of the session read with
    ``failOnDataLoss=false`` (:func:`install_skip_missing_input`; on import when pyspark is loaded,
    and in :func:`claim_run`).
@@ -66,6 +70,7 @@ from airflow_savepoints.jobs.description.channel import (
 )
 from airflow_savepoints.jobs.description.files import process_started
 from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, LEASE_FILE, RELEASED, RunLease, RunLeaseHolder
+from airflow_savepoints.jobs.description.metrics import DEFAULT_KEEP, MetricPoint, point_of, read_series, write_series
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
@@ -373,6 +378,72 @@ def _last_batch(query) -> int | None:
     return batch if batch >= 0 else None
 
 
+class MetricsRecorder:
+    """Records each new batch's progress as a point of the job's metric series (``_metrics.json`` in the
+    job folder, the last ``keep`` points; :mod:`airflow_savepoints.jobs.description.metrics`): read when
+    seen (:meth:`observe`, every poll), written with the heartbeats (:meth:`flush`). Never fails the run:
+    a store or Spark error is logged and the points stay for the next write."""
+
+    def __init__(self, job_folder: Store, run_id: str, *, trigger_interval_ms: int | None = None,
+                 cores: Callable[[], int | None] = lambda: None, executors: Callable[[], int | None] = lambda: None,
+                 keep: int = DEFAULT_KEEP) -> None:
+        self.job_folder, self.run_id, self.keep = job_folder, run_id, keep
+        self.trigger_interval_ms = trigger_interval_ms
+        self.cores, self.executors = cores, executors
+        self.points: list[MetricPoint] | None = None  # the series as written, read at the first flush
+        self.pending: list[MetricPoint] = []
+        self.seen: tuple | None = None  # (batchId, timestamp) of the newest progress recorded
+
+    def observe(self, query) -> None:
+        """Take the query's progress of every trigger since the last seen (its recent progress, when
+        more than one ended since the last poll)."""
+        try:
+            last = query.lastProgress
+            mark = _progress_mark(last)
+            if mark is None or mark == self.seen:
+                return
+            progresses = [last]
+            if self.seen is not None and mark[0] > self.seen[0] + 1:  # more than one trigger since: all of them
+                progresses = [p for p in query.recentProgress if _progress_mark(p) > self.seen] or [last]
+            cores, executors = self.cores(), self.executors()
+            for progress in progresses:
+                point = point_of(progress, trigger_interval_ms=self.trigger_interval_ms, cores=cores,
+                                 executors=executors, run_id=self.run_id)
+                if point is not None:
+                    self.pending.append(point)
+            self.seen = mark
+        except Exception as exc:  # noqa: BLE001 - metrics never fail a run
+            log.warning("could not record the batch's metrics: %s: %s", type(exc).__name__, exc)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        try:
+            if self.points is None:
+                self.points = read_series(self.job_folder)
+            self.points = write_series(self.job_folder, self.points + self.pending, self.keep)
+            self.pending = []
+        except Exception as exc:  # noqa: BLE001 - metrics never fail a run: kept for the next write (bounded)
+            self.pending = self.pending[-self.keep:]
+            log.warning("could not write the metric series to %s: %s: %s", self.job_folder.url, type(exc).__name__, exc)
+
+
+def _metrics_recorder(handle: RunHandle, query, spark) -> MetricsRecorder:
+    def cores() -> int | None:
+        return int(spark.sparkContext.defaultParallelism)
+
+    def executors() -> int | None:
+        try:  # the block managers known, less the driver's; a local master has none of its own
+            count = int(spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()) - 1
+        except Exception:  # noqa: BLE001 - Spark Connect or other internals
+            return None
+        return count if count > 0 else None
+
+    job_folder = handle.control.folder.parent().parent()  # <job folder>/_control/<run id>
+    return MetricsRecorder(job_folder, handle.run_id, trigger_interval_ms=_trigger_interval_ms(query), cores=cores,
+                           executors=executors)
+
+
 def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_timeout: float = 600) -> None:
     """Wait for ``query`` like ``awaitTermination()``, with heartbeats, fencing and a clean stop
     when Airflow asks (see the module's description).
@@ -402,17 +473,23 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
     control.announce(application_id=spark.sparkContext.applicationId, pid=os.getpid(), host=socket.gethostname(),
                      query_id=str(query.id), run_id=str(query.runId), query_name=query.name, run=handle.run_id)
     request, fenced_by, next_beat, triggered = None, None, 0.0, False
+    metrics = _metrics_recorder(handle, query, spark)
     while request is None and fenced_by is None:
         with _failure_reported(handle):
             if query.awaitTermination(poll_interval):
+                metrics.observe(query)
+                metrics.flush()
                 handle.end("finished", last_committed_batch=_last_batch(query))
                 return
         request = control.stop_requested()
         if not triggered and query.lastProgress is not None:  # its first trigger completed: said at once
             triggered, next_beat = True, 0.0
+        metrics.observe(query)
         if request is None and time.monotonic() >= next_beat:
             fenced_by = handle.beat(last_committed_batch=_last_batch(query), triggered=triggered)
             next_beat = time.monotonic() + handle.heartbeat_interval
+            if fenced_by is None:  # a fenced run writes nothing more
+                metrics.flush()
     if fenced_by is not None:
         log.warning("run %s lost its run lease (%s): stopping between batches", handle.run_id, fenced_by)
         detected_at = now_iso()
@@ -431,6 +508,8 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
     with _failure_reported(handle):
         idle = _stop_between_batches(query, idle_timeout)
     control.acknowledge_stop(request, between_batches=idle, last_committed_batch=_last_batch(query))
+    metrics.observe(query)
+    metrics.flush()  # the last batches, while this run still holds the lease
     handle.end("stopped", last_committed_batch=_last_batch(query))
 
 

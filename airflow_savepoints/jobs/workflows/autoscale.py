@@ -1,0 +1,334 @@
+"""The autoscaler's policy: from a job's metric series, the executors and state partitions it needs.
+
+:func:`decide` is pure (no I/O, no clock): it reads the series the in-job helper recorded
+(:mod:`airflow_savepoints.jobs.description.metrics`), the job's ``autoscale:`` policy, what the job
+runs with now and the past decisions, and returns a :class:`Decision` with its evidence. The
+formulas (docs/autoscale.md), after FLIP-271's autoscaler for Flink:
+
+- utilization of a batch = its duration / the trigger interval (back-to-back batches: input rate /
+  processed rate); the job is behind when it stays above ``target_utilization + utilization_band``
+  (or its backlog above ``max_backlog``) for all of ``scale_up_after`` seconds, and has too much
+  when it stays below ``target_utilization - utilization_band`` for all of ``scale_down_after``;
+- rate per core = processedRowsPerSecond / cores (rows a core processes while busy; the mean over
+  the window);
+- required cores = (input rate + backlog / scale_up_after) / (target_utilization x rate per core),
+  rounded up to whole executors and kept within ``[min_executors, max_executors]``;
+- state partitions change only on a scale-up of a stateful query with ``min_partitions`` and
+  ``max_partitions`` set, when they bind: the target cores exceed the partitions (the stateful
+  stage runs one task per partition), or the state's skew (largest partition over the mean) is
+  at least :data:`SKEW_LIMIT`.
+
+No decision is taken while a savepoint, upgrade, check or restore is in flight, within ``cooldown``
+of the last action, while the run catches up after its start (until a batch runs below the trigger
+interval with its backlog drained, at most ``scale_up_after`` seconds), or without metrics covering
+the whole window.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from airflow_savepoints.core.lease import JobLock
+from airflow_savepoints.core.names import CHECK_FOLDER
+from airflow_savepoints.errors import AutoscaleActNotBuiltError, AutoscaleNotConfiguredError
+from airflow_savepoints.jobs.description.metrics import MetricPoint, append_decision, read_decisions, read_series
+from airflow_savepoints.jobs.description.model import AutoscaleSettings
+
+if TYPE_CHECKING:
+    from airflow_savepoints.jobs.workflows.run import JobContext, JobState
+
+Action = Literal["scale_up", "scale_down", "hold"]
+SKEW_LIMIT = 2.0  # the largest state partition's rows over the mean at which partitions bind
+ACTED = ("acted", "rolled_back")  # history outcomes that were actions (cooldown counts from them)
+
+
+@dataclass(frozen=True)
+class Current:
+    """What the job runs with now, and what else is going on."""
+
+    cores: int  # the application's task slots
+    partitions: int | None = None  # the state partitions of a stateful query (None: stateless or unknown)
+    skew: float | None = None  # the state's largest partition over the mean (a state summary's), if known
+    running: bool = True  # the job has a live run
+    in_flight: str | None = None  # a savepoint, upgrade, check or restore of the job in flight: what it is
+
+
+class Decision(BaseModel):
+    action: Action
+    reason: str  # a short code: scale_up, scale_down, in_flight, cooldown, not_running, no_metrics, catching_up, ...
+    message: str
+    current_executors: int | None = None
+    current_cores: int | None = None
+    current_partitions: int | None = None
+    target_executors: int | None = None
+    target_cores: int | None = None
+    target_partitions: int | None = None
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def changes(self) -> bool:
+        return self.action != "hold"
+
+
+def _iso(epoch: float | None) -> str | None:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds") if epoch is not None else None
+
+
+def _last_action(history: list[dict[str, Any]]) -> float | None:
+    """When the last decision that was acted on (or rolled back) was taken, epoch seconds."""
+    times = [entry.get("at_epoch") for entry in history if entry.get("outcome") in ACTED]
+    times = [t for t in times if isinstance(t, int | float) and math.isfinite(t)]
+    return max(times) if times else None
+
+
+def catch_up_end(points: list[MetricPoint], policy: AutoscaleSettings) -> float | None:
+    """When the run's catch-up after its start ended: the first batch that ran within its trigger interval
+    (utilization below 1) with its backlog, where known, no more than that batch's input, but no later than
+    ``scale_up_after`` seconds after the run's first batch (a run that never keeps up is not waited on
+    forever). None: still catching up. ``points`` are one run's, oldest first."""
+    if not points:
+        return None
+    for point in points:
+        used = point.utilization
+        drained = point.backlog is None or point.backlog <= (point.input_rows or 0)
+        if used is not None and used < 1.0 and drained:
+            return point.time
+    limit = points[0].time + policy.scale_up_after
+    return limit if points[-1].time >= limit else None
+
+
+def _covers(points: list[MetricPoint], start: float, window: float) -> bool:
+    """Whether ``points`` (after ``start``) span ``window`` seconds, give or take one gap between two points."""
+    usable = [p for p in points if p.time >= start]
+    if len(usable) < 2:
+        return False
+    gaps = sorted(b.time - a.time for a, b in zip(usable, usable[1:], strict=False))
+    gap = gaps[len(gaps) // 2]
+    return usable[-1].time - usable[0].time >= window - gap
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def decide(policy: AutoscaleSettings, series: list[MetricPoint], current: Current, now: float,
+           history: list[dict[str, Any]]) -> Decision:
+    """The decision for a job now (epoch seconds ``now``): scale up, scale down, or hold, with why."""
+    per = policy.executor_cores
+    executors = math.ceil(current.cores / per)
+    base = {"current_executors": executors, "current_cores": current.cores, "current_partitions": current.partitions,
+            "target_executors": executors, "target_cores": current.cores, "target_partitions": current.partitions}
+
+    def hold(reason: str, message: str, **evidence: Any) -> Decision:
+        return Decision(action="hold", reason=reason, message=message, evidence=evidence, **base)
+
+    if not current.running:
+        return hold("not_running", "the job has no live run: nothing to scale")
+    if current.in_flight:
+        return hold("in_flight", f"{current.in_flight} in flight: no decision until it is over")
+    last = _last_action(history)
+    if last is not None and now < last + policy.cooldown:
+        return hold("cooldown", f"within the cooldown of the last action (until {_iso(last + policy.cooldown)})",
+                    last_action_at=_iso(last), cooldown_until=_iso(last + policy.cooldown))
+    if not series:
+        return hold("no_metrics", "no metric series recorded yet (the run needs the in-job helper, run_until_stopped)")
+    run_id = series[-1].run_id
+    run = [p for p in series if p.run_id == run_id and (last is None or p.time >= last)]
+    newest = series[-1]
+    stale_after = max(120.0, 5 * (newest.trigger_interval_ms or 0) / 1000)
+    if now - newest.time > stale_after:
+        return hold("no_metrics", f"the newest batch is {now - newest.time:.0f} s old: no recent metrics",
+                    newest_batch_at=_iso(newest.time))
+    settled = catch_up_end(run, policy)
+    if settled is None:
+        return hold("catching_up", "the run is catching up after its start (batches back to back or a backlog "
+                    "draining): no decision until it keeps up", run_started_at=_iso(run[0].time if run else None),
+                    backlog=newest.backlog)
+    settled_points = [p for p in run if p.time >= settled]
+
+    up_threshold = policy.target_utilization + policy.utilization_band
+    down_threshold = policy.target_utilization - policy.utilization_band
+
+    def window(seconds: float) -> list[MetricPoint] | None:
+        start = newest.time - seconds
+        if not _covers(settled_points, max(start, settled), seconds):
+            return None
+        return [p for p in settled_points if p.time >= start]
+
+    def behind(point: MetricPoint) -> bool:
+        used = point.utilization
+        backlogged = policy.max_backlog is not None and point.backlog is not None and point.backlog > policy.max_backlog
+        return backlogged or (used is not None and used > up_threshold)
+
+    def spare(point: MetricPoint) -> bool:
+        used = point.utilization
+        backlogged = policy.max_backlog is not None and point.backlog is not None and point.backlog > policy.max_backlog
+        return not backlogged and used is not None and used < down_threshold
+
+    def evidence(points: list[MetricPoint], seconds: float, rate: float | None, per_core: float | None,
+                 required: float | None) -> dict[str, Any]:
+        used = [u for p in points if (u := p.utilization) is not None]
+        return {"window_s": seconds, "points": len(points), "from": _iso(points[0].time), "to": _iso(points[-1].time),
+                "utilization_min": _round(min(used, default=None)), "utilization_mean": _round(_mean(used)),
+                "utilization_max": _round(max(used, default=None)), "target_utilization": policy.target_utilization,
+                "up_above": _round(up_threshold), "down_below": _round(down_threshold),
+                "input_rate": _round(rate), "rate_per_core": _round(per_core), "required_cores": _round(required),
+                "backlog": points[-1].backlog, "skew": current.skew}
+
+    def sizing(points: list[MetricPoint], rate: float, backlog: int | None, seconds: float) -> tuple[float | None, float | None]:
+        """(rows per second per core, cores required at the target utilization) from ``points``."""
+        per_core = _mean([p.processed_rate / (p.cores or current.cores) for p in points
+                          if not p.idle and p.processed_rate and p.input_rows])
+        if not per_core:
+            return None, None
+        wanted = rate + (backlog or 0) / seconds
+        return per_core, wanted / (policy.target_utilization * per_core)
+
+    low, high = policy.min_executors * per, policy.max_executors * per
+
+    def bounded(cores: float) -> int:
+        return min(max(math.ceil(max(cores, 1) / per) * per, low), high)
+
+    up = window(policy.scale_up_after)
+    if up is not None and all(behind(p) for p in up):
+        rate = _mean([p.input_rate for p in up if p.input_rate is not None]) or 0.0
+        per_core, required = sizing(up, rate, up[-1].backlog, policy.scale_up_after)
+        found = evidence(up, policy.scale_up_after, rate, per_core, required)
+        if required is None:
+            return hold("no_rate", "behind for the whole window, but no batch processed rows: no rate per core", **found)
+        target = max(bounded(required), current.cores)
+        partitions = _partitions_up(policy, current, target)
+        if target <= current.cores and partitions == current.partitions:
+            return hold("at_max", f"behind for {policy.scale_up_after:.0f} s, but already at the bound "
+                        f"({policy.max_executors} executors{_partition_note(policy, current)})", **found)
+        return Decision(action="scale_up", reason="scale_up", evidence=found, **{
+            **base, "target_executors": target // per, "target_cores": target, "target_partitions": partitions},
+            message=f"utilization above {up_threshold:.2f} (or backlog above max_backlog) for {policy.scale_up_after:.0f} s: "
+                    f"{current.cores} -> {target} cores" + (f", state partitions {current.partitions} -> {partitions}"
+                                                            if partitions != current.partitions else ""))
+    down = window(policy.scale_down_after)
+    if down is not None and all(spare(p) for p in down):
+        rates = [p.input_rate for p in down if p.input_rate is not None]
+        rate = max(rates, default=0.0)  # sized for the window's peak: no scale-down that the next batch undoes
+        per_core, required = sizing(down, rate, down[-1].backlog, policy.scale_down_after)
+        found = evidence(down, policy.scale_down_after, rate, per_core, required)
+        target = bounded(required) if required is not None else low
+        if target >= current.cores:
+            return hold("at_min" if current.cores <= low else "within_band",
+                        f"below {down_threshold:.2f} for {policy.scale_down_after:.0f} s, but "
+                        + ("already at min_executors" if current.cores <= low else f"the peak input needs {target} cores"),
+                        **found)
+        return Decision(action="scale_down", reason="scale_down", evidence=found, **{
+            **base, "target_executors": target // per, "target_cores": target},
+            message=f"utilization below {down_threshold:.2f} for {policy.scale_down_after:.0f} s: "
+                    f"{current.cores} -> {target} cores (state partitions unchanged)")
+    seen = window(min(policy.scale_up_after, policy.scale_down_after))
+    if up is None and down is None and seen is None:
+        if settled > run[0].time:  # the run caught up (or stopped being waited on) lately: a full window after it
+            return hold("catching_up", f"the run caught up after its start at {_iso(settled)}: no decision until a "
+                        "whole window of batches after it", run_started_at=_iso(run[0].time), settled_at=_iso(settled),
+                        backlog=newest.backlog)
+        return hold("no_metrics", "the run's metrics do not cover a window yet",
+                    settled_at=_iso(settled), points=len(settled_points))
+    points = up or down or seen or settled_points
+    return hold("within_band", f"utilization stayed within [{down_threshold:.2f}, {up_threshold:.2f}] or crossed it "
+                "for less than a window: no change", **evidence(points, policy.scale_up_after if up else
+                                                                   policy.scale_down_after, None, None, None))
+
+
+def _partitions_up(policy: AutoscaleSettings, current: Current, target_cores: int) -> int | None:
+    """The state partitions a scale-up to ``target_cores`` needs: changed only when they bind."""
+    if policy.min_partitions is None or policy.max_partitions is None or current.partitions is None:
+        return current.partitions
+    wanted = current.partitions
+    if target_cores > current.partitions:
+        wanted = target_cores
+    if current.skew is not None and current.skew >= SKEW_LIMIT:
+        wanted = max(wanted, current.partitions * 2)
+    return min(max(wanted, policy.min_partitions, current.partitions), policy.max_partitions)
+
+
+def _partition_note(policy: AutoscaleSettings, current: Current) -> str:
+    if policy.max_partitions is None or current.partitions is None:
+        return ""
+    return f", {current.partitions} of at most {policy.max_partitions} state partitions"
+
+
+def spark_conf_for(master: str, decision: Decision, executor_cores: int) -> dict[str, str]:
+    """The Spark conf that gives a run ``decision``'s executors: standalone ``spark.cores.max`` and
+    ``spark.executor.cores``; YARN and Kubernetes ``spark.executor.instances`` (unchecked here); a local
+    master takes its cores from ``local[N]``, so nothing."""
+    if decision.target_cores is None or master.startswith("local"):
+        return {}
+    if master.startswith("spark://"):
+        return {"spark.cores.max": str(decision.target_cores), "spark.executor.cores": str(executor_cores)}
+    return {"spark.executor.instances": str(decision.target_executors), "spark.executor.cores": str(executor_cores)}
+
+
+# --- reading a job's inputs, recording its decision (the CLI's ``job autoscale``) ----------------------
+def _in_flight(ctx: JobContext, state: JobState) -> str | None:
+    """What of the job is in flight: a start or stop (its run's state), a savepoint (the job's single-flight
+    lease, live), an upgrade check (its scratch folder); None when nothing is."""
+    if state.state in ("starting", "stopping"):
+        return "a start of the job" if state.state == "starting" else "a stop of the job"
+    lease = JobLock(ctx.folder, request_id=None).lease.read()
+    if lease is not None and not lease.stale:
+        return "a savepoint"
+    if ctx.folder.listdir(CHECK_FOLDER):
+        return "an upgrade check"
+    return None
+
+
+def evaluate(ctx: JobContext, *, dry_run: bool, now: float | None = None) -> dict[str, Any]:
+    """The job's decision now from what its storage holds (status, metric series, decision history), recorded
+    in its bounded decision history as ``recommended`` or ``held``; what ``job autoscale`` prints."""
+    from airflow_savepoints.jobs.workflows import lifecycle
+
+    policy = ctx.job.autoscale
+    if policy is None:
+        raise AutoscaleNotConfiguredError(f"job '{ctx.job.name}' has no autoscale: policy in the jobs file",
+                                          "add an autoscale: block to the job (docs/autoscale.md)")
+    if policy.mode == "act" and not dry_run:
+        raise AutoscaleActNotBuiltError(
+            f"job '{ctx.job.name}' has autoscale mode: act, but acting on a decision (a savepoint-mode upgrade to the "
+            "same version with the new executors and state partitions) is not built yet; nothing was changed",
+            "run it with --dry-run for the decision and its evidence, or set mode: recommend; act on a "
+            "recommendation with `airflow-savepoints job upgrade JOB --conf ... --state-partitions N`")
+    now = time.time() if now is None else now
+    warnings: list[str] = []
+    state = lifecycle.status(ctx)
+    series = read_series(ctx.folder, warnings)
+    history = read_decisions(ctx.folder, warnings)
+    run_points = [p for p in series if p.run_id == series[-1].run_id] if series else []
+    newest = run_points[-1] if run_points else None
+    cores = next((p.cores for p in reversed(run_points) if p.cores), None) or policy.min_executors * policy.executor_cores
+    current = Current(cores=cores, partitions=newest.state_partitions if newest else None,
+                      running=state.state in ("starting", "running", "stopping"), in_flight=_in_flight(ctx, state))
+    decision = decide(policy, series, current, now, history)
+    if decision.reason == "not_running":
+        decision.message = f"the job is {state.state}: nothing to scale"
+    outcome = "held" if decision.action == "hold" else "recommended"
+    at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds")
+    conf = spark_conf_for(ctx.master, decision, policy.executor_cores) if decision.changes else {}
+    payload = {
+        "job": ctx.job.name, "at": at, "mode": policy.mode, "dry_run": dry_run, "outcome": outcome,
+        "action": decision.action, "reason": decision.reason, "message": decision.message,
+        "current": {"executors": decision.current_executors, "cores": decision.current_cores,
+                    "partitions": decision.current_partitions},
+        "target": {"executors": decision.target_executors, "cores": decision.target_cores,
+                   "partitions": decision.target_partitions},
+        "spark_conf": conf, "evidence": decision.evidence, "run_id": newest.run_id if newest else None,
+        "points": len(series), "warnings": warnings,
+    }
+    append_decision(ctx.folder, {**{k: v for k, v in payload.items() if k != "warnings"}, "at_epoch": now}, warnings=warnings)
+    return payload
