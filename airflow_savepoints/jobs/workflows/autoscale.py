@@ -123,127 +123,180 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 def decide(policy: AutoscaleSettings, series: list[MetricPoint], current: Current, now: float,
            history: list[dict[str, Any]]) -> Decision:
-    """The decision for a job now (epoch seconds ``now``): scale up, scale down, or hold, with why."""
-    per = policy.executor_cores
-    executors = math.ceil(current.cores / per)
-    base = {"current_executors": executors, "current_cores": current.cores, "current_partitions": current.partitions,
-            "target_executors": executors, "target_cores": current.cores, "target_partitions": current.partitions}
-
-    def hold(reason: str, message: str, **evidence: Any) -> Decision:
-        return Decision(action="hold", reason=reason, message=message, evidence=evidence, **base)
-
-    if not current.running:
-        return hold("not_running", "the job has no live run: nothing to scale")
-    if current.in_flight:
-        return hold("in_flight", f"{current.in_flight} in flight: no decision until it is over")
+    """The decision for a job now (epoch seconds ``now``): scale up, scale down, or hold, with why.
+    First what holds any decision (no run, something in flight, the cooldown, no recent metrics, the
+    catch-up after a start), then the windows of the settled batches (:class:`_Windows`)."""
+    base = _Windows.unchanged(policy, current)
     last = _last_action(history)
-    if last is not None and now < last + policy.cooldown:
-        return hold("cooldown", f"within the cooldown of the last action (until {_iso(last + policy.cooldown)})",
-                    last_action_at=_iso(last), cooldown_until=_iso(last + policy.cooldown))
-    if not series:
-        return hold("no_metrics", "no metric series recorded yet (the run needs the in-job helper, run_until_stopped)")
+    held = _held(policy, series, current, now, last, base)
+    if held is not None:
+        return held
     run_id = series[-1].run_id
     run = [p for p in series if p.run_id == run_id and (last is None or p.time >= last)]
+    settled = catch_up_end(run, policy)
+    if settled is None:
+        return _hold(base, "catching_up", "the run is catching up after its start (batches back to back or a backlog "
+                     "draining): no decision until it keeps up", run_started_at=_iso(run[0].time if run else None),
+                     backlog=series[-1].backlog)
+    windows = _Windows(policy, current, [p for p in run if p.time >= settled], series[-1], base)
+    return windows.scale_up() or windows.scale_down() or windows.steady(run[0].time, settled)
+
+
+def _hold(base: dict[str, Any], reason: str, message: str, **evidence: Any) -> Decision:
+    return Decision(action="hold", reason=reason, message=message, evidence=evidence, **base)
+
+
+def _held(policy: AutoscaleSettings, series: list[MetricPoint], current: Current, now: float, last: float | None,
+          base: dict[str, Any]) -> Decision | None:
+    """A hold whatever the metrics say: no live run, something in flight, the cooldown, no recent metrics."""
+    if not current.running:
+        return _hold(base, "not_running", "the job has no live run: nothing to scale")
+    if current.in_flight:
+        return _hold(base, "in_flight", f"{current.in_flight} in flight: no decision until it is over")
+    if last is not None and now < last + policy.cooldown:
+        return _hold(base, "cooldown", f"within the cooldown of the last action (until {_iso(last + policy.cooldown)})",
+                     last_action_at=_iso(last), cooldown_until=_iso(last + policy.cooldown))
+    if not series:
+        return _hold(base, "no_metrics", "no metric series recorded yet (the run needs the in-job helper, run_until_stopped)")
     newest = series[-1]
     stale_after = max(120.0, 5 * (newest.trigger_interval_ms or 0) / 1000)
     if now - newest.time > stale_after:
-        return hold("no_metrics", f"the newest batch is {now - newest.time:.0f} s old: no recent metrics",
-                    newest_batch_at=_iso(newest.time))
-    settled = catch_up_end(run, policy)
-    if settled is None:
-        return hold("catching_up", "the run is catching up after its start (batches back to back or a backlog "
-                    "draining): no decision until it keeps up", run_started_at=_iso(run[0].time if run else None),
-                    backlog=newest.backlog)
-    settled_points = [p for p in run if p.time >= settled]
+        return _hold(base, "no_metrics", f"the newest batch is {now - newest.time:.0f} s old: no recent metrics",
+                     newest_batch_at=_iso(newest.time))
+    return None
 
-    up_threshold = policy.target_utilization + policy.utilization_band
-    down_threshold = policy.target_utilization - policy.utilization_band
 
-    def window(seconds: float) -> list[MetricPoint] | None:
-        start = newest.time - seconds
-        if not _covers(settled_points, max(start, settled), seconds):
+@dataclass
+class _Windows:
+    """The settled batches of one run (after its catch-up) judged over the policy's windows: behind for all
+    of ``scale_up_after``, spare for all of ``scale_down_after``, or neither."""
+
+    policy: AutoscaleSettings
+    current: Current
+    settled: list[MetricPoint]
+    newest: MetricPoint
+    base: dict[str, Any]
+
+    @staticmethod
+    def unchanged(policy: AutoscaleSettings, current: Current) -> dict[str, Any]:
+        executors = math.ceil(current.cores / policy.executor_cores)
+        return {"current_executors": executors, "current_cores": current.cores, "current_partitions": current.partitions,
+                "target_executors": executors, "target_cores": current.cores, "target_partitions": current.partitions}
+
+    @property
+    def up_threshold(self) -> float:
+        return self.policy.target_utilization + self.policy.utilization_band
+
+    @property
+    def down_threshold(self) -> float:
+        return self.policy.target_utilization - self.policy.utilization_band
+
+    def window(self, seconds: float) -> list[MetricPoint] | None:
+        """The settled points of the last ``seconds``; None when they do not span it."""
+        start = self.newest.time - seconds
+        if not self.settled or not _covers(self.settled, max(start, self.settled[0].time), seconds):
             return None
-        return [p for p in settled_points if p.time >= start]
+        return [p for p in self.settled if p.time >= start]
 
-    def behind(point: MetricPoint) -> bool:
+    def _backlogged(self, point: MetricPoint) -> bool:
+        limit = self.policy.max_backlog
+        return limit is not None and point.backlog is not None and point.backlog > limit
+
+    def behind(self, point: MetricPoint) -> bool:
         used = point.utilization
-        backlogged = policy.max_backlog is not None and point.backlog is not None and point.backlog > policy.max_backlog
-        return backlogged or (used is not None and used > up_threshold)
+        return self._backlogged(point) or (used is not None and used > self.up_threshold)
 
-    def spare(point: MetricPoint) -> bool:
+    def spare(self, point: MetricPoint) -> bool:
         used = point.utilization
-        backlogged = policy.max_backlog is not None and point.backlog is not None and point.backlog > policy.max_backlog
-        return not backlogged and used is not None and used < down_threshold
+        return not self._backlogged(point) and used is not None and used < self.down_threshold
 
-    def evidence(points: list[MetricPoint], seconds: float, rate: float | None, per_core: float | None,
-                 required: float | None) -> dict[str, Any]:
+    def evidence(self, points: list[MetricPoint], seconds: float, rate: float | None = None,
+                 per_core: float | None = None, required: float | None = None) -> dict[str, Any]:
         used = [u for p in points if (u := p.utilization) is not None]
         return {"window_s": seconds, "points": len(points), "from": _iso(points[0].time), "to": _iso(points[-1].time),
                 "utilization_min": _round(min(used, default=None)), "utilization_mean": _round(_mean(used)),
-                "utilization_max": _round(max(used, default=None)), "target_utilization": policy.target_utilization,
-                "up_above": _round(up_threshold), "down_below": _round(down_threshold),
+                "utilization_max": _round(max(used, default=None)), "target_utilization": self.policy.target_utilization,
+                "up_above": _round(self.up_threshold), "down_below": _round(self.down_threshold),
                 "input_rate": _round(rate), "rate_per_core": _round(per_core), "required_cores": _round(required),
-                "backlog": points[-1].backlog, "skew": current.skew}
+                "backlog": points[-1].backlog, "skew": self.current.skew}
 
-    def sizing(points: list[MetricPoint], rate: float, backlog: int | None, seconds: float) -> tuple[float | None, float | None]:
-        """(rows per second per core, cores required at the target utilization) from ``points``."""
-        per_core = _mean([p.processed_rate / (p.cores or current.cores) for p in points
+    def sizing(self, points: list[MetricPoint], rate: float, seconds: float) -> tuple[float | None, float | None]:
+        """(rows per second per core, cores required at the target utilization, the backlog drained within
+        ``seconds``) from ``points``."""
+        per_core = _mean([p.processed_rate / (p.cores or self.current.cores) for p in points
                           if not p.idle and p.processed_rate and p.input_rows])
         if not per_core:
             return None, None
-        wanted = rate + (backlog or 0) / seconds
-        return per_core, wanted / (policy.target_utilization * per_core)
+        wanted = rate + (points[-1].backlog or 0) / seconds
+        return per_core, wanted / (self.policy.target_utilization * per_core)
 
-    low, high = policy.min_executors * per, policy.max_executors * per
+    def bounded(self, cores: float) -> int:
+        per = self.policy.executor_cores
+        return min(max(math.ceil(max(cores, 1) / per) * per, self.policy.min_executors * per),
+                   self.policy.max_executors * per)
 
-    def bounded(cores: float) -> int:
-        return min(max(math.ceil(max(cores, 1) / per) * per, low), high)
-
-    up = window(policy.scale_up_after)
-    if up is not None and all(behind(p) for p in up):
+    def scale_up(self) -> Decision | None:
+        """Behind (utilization above the band, or backlog above max_backlog) for the whole up window."""
+        policy, current, seconds = self.policy, self.current, self.policy.scale_up_after
+        up = self.window(seconds)
+        if up is None or not all(self.behind(p) for p in up):
+            return None
         rate = _mean([p.input_rate for p in up if p.input_rate is not None]) or 0.0
-        per_core, required = sizing(up, rate, up[-1].backlog, policy.scale_up_after)
-        found = evidence(up, policy.scale_up_after, rate, per_core, required)
+        per_core, required = self.sizing(up, rate, seconds)
+        found = self.evidence(up, seconds, rate, per_core, required)
         if required is None:
-            return hold("no_rate", "behind for the whole window, but no batch processed rows: no rate per core", **found)
-        target = max(bounded(required), current.cores)
+            return _hold(self.base, "no_rate", "behind for the whole window, but no batch processed rows: no rate per core",
+                         **found)
+        target = max(self.bounded(required), current.cores)
         partitions = _partitions_up(policy, current, target)
         if target <= current.cores and partitions == current.partitions:
-            return hold("at_max", f"behind for {policy.scale_up_after:.0f} s, but already at the bound "
-                        f"({policy.max_executors} executors{_partition_note(policy, current)})", **found)
+            return _hold(self.base, "at_max", f"behind for {seconds:.0f} s, but already at the bound "
+                         f"({policy.max_executors} executors{_partition_note(policy, current)})", **found)
         return Decision(action="scale_up", reason="scale_up", evidence=found, **{
-            **base, "target_executors": target // per, "target_cores": target, "target_partitions": partitions},
-            message=f"utilization above {up_threshold:.2f} (or backlog above max_backlog) for {policy.scale_up_after:.0f} s: "
+            **self.base, "target_executors": target // policy.executor_cores, "target_cores": target,
+            "target_partitions": partitions},
+            message=f"utilization above {self.up_threshold:.2f} (or backlog above max_backlog) for {seconds:.0f} s: "
                     f"{current.cores} -> {target} cores" + (f", state partitions {current.partitions} -> {partitions}"
                                                             if partitions != current.partitions else ""))
-    down = window(policy.scale_down_after)
-    if down is not None and all(spare(p) for p in down):
-        rates = [p.input_rate for p in down if p.input_rate is not None]
-        rate = max(rates, default=0.0)  # sized for the window's peak: no scale-down that the next batch undoes
-        per_core, required = sizing(down, rate, down[-1].backlog, policy.scale_down_after)
-        found = evidence(down, policy.scale_down_after, rate, per_core, required)
-        target = bounded(required) if required is not None else low
+
+    def scale_down(self) -> Decision | None:
+        """Spare (utilization below the band, no backlog past max_backlog) for the whole down window, sized
+        for the window's peak input: no scale-down that the next batch undoes."""
+        policy, current, seconds = self.policy, self.current, self.policy.scale_down_after
+        down = self.window(seconds)
+        if down is None or not all(self.spare(p) for p in down):
+            return None
+        rate = max((p.input_rate for p in down if p.input_rate is not None), default=0.0)
+        per_core, required = self.sizing(down, rate, seconds)
+        found = self.evidence(down, seconds, rate, per_core, required)
+        low = policy.min_executors * policy.executor_cores
+        target = self.bounded(required) if required is not None else low
         if target >= current.cores:
-            return hold("at_min" if current.cores <= low else "within_band",
-                        f"below {down_threshold:.2f} for {policy.scale_down_after:.0f} s, but "
-                        + ("already at min_executors" if current.cores <= low else f"the peak input needs {target} cores"),
-                        **found)
+            return _hold(self.base, "at_min" if current.cores <= low else "within_band",
+                         f"below {self.down_threshold:.2f} for {seconds:.0f} s, but "
+                         + ("already at min_executors" if current.cores <= low else f"the peak input needs {target} cores"),
+                         **found)
         return Decision(action="scale_down", reason="scale_down", evidence=found, **{
-            **base, "target_executors": target // per, "target_cores": target},
-            message=f"utilization below {down_threshold:.2f} for {policy.scale_down_after:.0f} s: "
+            **self.base, "target_executors": target // policy.executor_cores, "target_cores": target},
+            message=f"utilization below {self.down_threshold:.2f} for {seconds:.0f} s: "
                     f"{current.cores} -> {target} cores (state partitions unchanged)")
-    seen = window(min(policy.scale_up_after, policy.scale_down_after))
-    if up is None and down is None and seen is None:
-        if settled > run[0].time:  # the run caught up (or stopped being waited on) lately: a full window after it
-            return hold("catching_up", f"the run caught up after its start at {_iso(settled)}: no decision until a "
-                        "whole window of batches after it", run_started_at=_iso(run[0].time), settled_at=_iso(settled),
-                        backlog=newest.backlog)
-        return hold("no_metrics", "the run's metrics do not cover a window yet",
-                    settled_at=_iso(settled), points=len(settled_points))
-    points = up or down or seen or settled_points
-    return hold("within_band", f"utilization stayed within [{down_threshold:.2f}, {up_threshold:.2f}] or crossed it "
-                "for less than a window: no change", **evidence(points, policy.scale_up_after if up else
-                                                                   policy.scale_down_after, None, None, None))
+
+    def steady(self, run_started: float, settled: float) -> Decision:
+        """Neither window says act: a hold saying why (not a window of settled batches yet, or within the band)."""
+        policy = self.policy
+        up, down = self.window(policy.scale_up_after), self.window(policy.scale_down_after)
+        seen = self.window(min(policy.scale_up_after, policy.scale_down_after))
+        if up is None and down is None and seen is None:
+            if settled > run_started:  # the run caught up (or stopped being waited on) lately: a full window after it
+                return _hold(self.base, "catching_up", f"the run caught up after its start at {_iso(settled)}: no "
+                             "decision until a whole window of batches after it", run_started_at=_iso(run_started),
+                             settled_at=_iso(settled), backlog=self.newest.backlog)
+            return _hold(self.base, "no_metrics", "the run's metrics do not cover a window yet",
+                         settled_at=_iso(settled), points=len(self.settled))
+        points = up or down or seen or self.settled
+        return _hold(self.base, "within_band", f"utilization stayed within [{self.down_threshold:.2f}, "
+                     f"{self.up_threshold:.2f}] or crossed it for less than a window: no change",
+                     **self.evidence(points, policy.scale_up_after if up else policy.scale_down_after))
 
 
 def _partitions_up(policy: AutoscaleSettings, current: Current, target_cores: int) -> int | None:
