@@ -57,6 +57,12 @@ Progress = Callable[[str], None]  # one line per step: starting Spark, reading s
 QUIET_LOG4J = os.path.join(os.path.dirname(__file__), "log4j2-quiet.properties")
 
 
+# The CLI's local Spark is short-lived and reads small states (a large one is counted on the job's cluster): its
+# JVM compiles with C1 only and collects with the serial GC, which halves a cold `inspect` on 2 cores (a 4-partition
+# savepoint at load 8: 50-68 s by default, 24-39 s so). A session already running (a job's, a test's) is used as is.
+SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def _quiet_java_options() -> str:
     return f"-Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
 
@@ -80,9 +86,8 @@ def spark_session(verbose: bool = False):
     builder = (SparkSession.builder.master("local[*]").appName("airflow-savepoints-inspect")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC"))
-    if not verbose:
-        builder = builder.config("spark.driver.extraJavaOptions", _quiet_java_options())
-    session = builder.getOrCreate()
+    java_options = SHORT_LIVED_JVM_OPTIONS if verbose else f"{SHORT_LIVED_JVM_OPTIONS} {_quiet_java_options()}"
+    session = builder.config("spark.driver.extraJavaOptions", java_options).getOrCreate()
     session.sparkContext.setLogLevel("INFO" if verbose else "ERROR")
     return session
 
