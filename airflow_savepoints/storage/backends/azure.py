@@ -31,7 +31,7 @@ from fsspec.asyn import sync
 
 from airflow_savepoints.errors import SourceChangedError
 from airflow_savepoints.storage.backends import base
-from airflow_savepoints.storage.backends.base import SERVER_COPY, STREAM, Backend, FileStat, ServerCopy
+from airflow_savepoints.storage.backends.base import SERVER_COPY, STREAM, Backend, FileStat, ServerCopy, TooLarge
 from airflow_savepoints.storage.backends.generic import ObjectStoreBackend
 
 COPY_POLL = 0.2  # seconds between looks at a pending copy
@@ -99,6 +99,16 @@ class AzureBackend(ObjectStoreBackend):
         would give); a lease or lock held by another is read this way."""
         with BlobReader(self.fs, path) as reader:
             return reader.read(), reader.modified
+
+    def read_capped(self, path: str, cap: int) -> tuple[bytes, float | None]:
+        """One Get Blob whose size (in its answer) is checked before any chunk past the first is read."""
+        with BlobReader(self.fs, path) as reader:
+            if reader.size is not None and reader.size > cap:
+                raise TooLarge(reader.size)
+            data = reader.read(cap + 1)
+            if len(data) > cap:  # replaced since
+                raise TooLarge(len(data))
+            return data, reader.modified
 
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         return BlobReader(self.fs, path), None
@@ -226,6 +236,7 @@ class BlobReader(base.StreamReader):
                 raise FileNotFoundError(path) from exc
             raise
         self.modified = base.modified_time({"last_modified": download.properties.last_modified})
+        self.size: int | None = download.properties.size  # the blob's, before its body is read
         self.chunks = download.chunks()
 
     def next_chunk(self, size: int) -> bytes:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from fsspec.asyn import sync
 
 from airflow_savepoints.errors import SourceChangedError
-from airflow_savepoints.storage.backends.base import SERVER_COPY, STREAM, Backend, FileStat, ServerCopy
+from airflow_savepoints.storage.backends.base import SERVER_COPY, STREAM, Backend, FileStat, ServerCopy, TooLarge
 from airflow_savepoints.storage.backends.generic import ObjectStoreBackend
 
 REWRITE = "b/{}/o/{}/rewriteTo/b/{}/o/{}"
@@ -46,14 +46,36 @@ class GCSBackend(ObjectStoreBackend):
         a download tells the time only to the second (Last-Modified), while the store's clock
         (``lease.store_now``) is read from the metadata, to the microsecond; gcsfs's ``info`` would also
         list the name as a folder beside it."""
-
-        async def both() -> list[Any]:
-            return await asyncio.gather(self.fs._cat_file(path), self.fs._get_object(path), return_exceptions=True)
-
-        data, info = sync(self.fs.loop, both)
+        data, info = self._with_metadata(path)
         for answer in (data, info):
             if isinstance(answer, BaseException):
                 raise answer
+        return data, self.file_stat(info).modified
+
+    def _with_metadata(self, path: str, end: int | None = None) -> list[Any]:
+        """``[bytes (up to end), metadata]`` of ``path``, asked for at once; each an exception if it failed."""
+
+        async def both() -> list[Any]:
+            download = self.fs._cat_file(path, start=0, end=end) if end is not None else self.fs._cat_file(path)
+            return await asyncio.gather(download, self.fs._get_object(path), return_exceptions=True)
+
+        return sync(self.fs.loop, both)
+
+    def read_capped(self, path: str, cap: int) -> tuple[bytes, float | None]:
+        """As ``read_stamped`` (the same two requests at once), the download a range of at most ``cap`` + 1
+        bytes: a forged object of any size costs no more than that; over ``cap`` by its metadata, ``TooLarge``."""
+        data, info = self._with_metadata(path, end=cap + 1)
+        if isinstance(info, BaseException):
+            raise info
+        size = int(info.get("size") or 0)
+        if size > cap:
+            raise TooLarge(size)
+        if isinstance(data, BaseException):
+            if size == 0:  # an empty object has no range to read
+                return b"", self.file_stat(info).modified
+            raise data
+        if len(data) > cap:  # replaced since
+            raise TooLarge(len(data))
         return data, self.file_stat(info).modified
 
     def create_exclusive(self, path: str, data: bytes) -> bool:

@@ -46,8 +46,8 @@ class ObjectStoreBackend(FsspecBackend):
 
     def read_capped(self, path: str, cap: int) -> tuple[bytes, float | None]:
         """One read as ``read_stamped`` (a HEAD first would double the requests of every lease and
-        catalog read), its length checked after: GCS and Azure bound it by the object, not the cap
-        (S3 checks the length before the body)."""
+        catalog read), its length checked after: another fsspec store bounds it by the object, not the cap
+        (S3, GCS and Azure check the size before the body, or read a range of the cap)."""
         data, modified = self.read_stamped(path)
         if len(data) > cap:
             raise TooLarge(len(data))

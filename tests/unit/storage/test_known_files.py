@@ -60,3 +60,48 @@ def test_on_s3_a_key_prefix_in_place_of_a_file_and_an_oversize_object_are_refuse
         store.read_json("deep.json", "lease")
     with pytest.raises(FileNotFoundError):
         store.read_known("job/missing.json", "lease")
+
+
+@pytest.mark.parametrize("scheme,root", [
+    pytest.param("gs", "gcs_bucket", marks=pytest.mark.gcs, id="gcs"),
+    pytest.param("abfs", "azure_container", marks=pytest.mark.azure, id="azure"),
+])
+def test_on_gcs_and_azure_an_oversize_object_is_refused_without_downloading_it(scheme, root, request, monkeypatch):
+    """Issue 40: a forged 24 MiB object where a 1 MiB lease belongs costs at most the cap + 1 bytes of download
+    (GCS: a ranged read beside its metadata; Azure: the blob's size from Get Blob's answer, before its chunks),
+    and is a typed error naming it; a small one and an empty one read as before, a missing one is missing."""
+    from airflow_savepoints.storage.backends import azure
+
+    store = Store(f"{scheme}://{request.getfixturevalue(root)}/root")
+    store.write_bytes_atomic("big.json", b" " * (24 * 1024 * 1024))
+    store.write_bytes_atomic("ok.json", b'{"a": 1}')
+    store.write_bytes_atomic("empty.json", b"")
+    received: list[int] = []
+    if scheme == "gs":
+        fs = store.backend.fs
+        ranged = type(fs)._cat_file
+
+        async def counted(self, path, *args, **kwargs):
+            data = await ranged(self, path, *args, **kwargs)
+            received.append(len(data))
+            return data
+
+        monkeypatch.setattr(type(fs), "_cat_file", counted)
+    else:
+        chunk = azure.BlobReader.next_chunk
+
+        def counted(self, size):  # the chunks read past Get Blob's own first one
+            data = chunk(self, size)
+            received.append(len(data))
+            return data
+
+        monkeypatch.setattr(azure.BlobReader, "next_chunk", counted)
+    assert store.read_json("ok.json", "lease") == {"a": 1}
+    received.clear()
+    with pytest.raises(FileTooLargeError, match=f"root/big.json is over {CAPS['lease']} bytes"):
+        store.read_known("big.json", "lease")
+    assert sum(received) <= CAPS["lease"] + 1, received  # before: all 24 MiB
+    with pytest.raises(MalformedFileError, match="empty.json"):
+        store.read_json("empty.json", "lease")
+    with pytest.raises(FileNotFoundError):
+        store.read_known("missing.json", "lease")
