@@ -36,7 +36,7 @@ from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, Run
 from airflow_savepoints.jobs.description.model import StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun, RunTarget, read_run, record_end, write_run
 from airflow_savepoints.jobs.launch.launcher import log_tail
-from airflow_savepoints.jobs.launch.runners import LocalRunner, Runner, runner_for
+from airflow_savepoints.jobs.launch.runners import LocalRunner, Runner, YarnRunner, runner_for
 from airflow_savepoints.storage import Store
 
 LIVE_STATES = ("starting", "running", "stopping", "unknown")
@@ -294,10 +294,17 @@ class Run:
                                  "store's clock: treated as lapsed")
             return JobState(**{**base, "heartbeat_age_s": None}, state="lost",
                             detail=f"its heartbeat is dated {-age:.0f}s ahead of the store's clock")
+        # a cluster manager that tells of its applications (YARN's ResourceManager) adds its words: state, diagnostics
+        cluster = seen.runner.status(seen.target) if isinstance(seen.runner, YarnRunner) else None
         if age is not None and age > timeout:
-            return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
+            if cluster is not None and cluster.state == "ended":
+                return JobState(**base, state="failed", error=f"{cluster.detail} without a stop request",
+                                detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
+            return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)"
+                            + (f"; {cluster.detail}" if cluster is not None else ""))
         stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
-        return JobState(**base, state="stopping" if stopping else "running")
+        return JobState(**base, state="stopping" if stopping else "running",
+                        detail=cluster.detail if cluster is not None else None)
 
     def _by_runner(self, seen: _Seen) -> JobState:
         """A run without heartbeats: what its runner (else its local process) and its run lease say."""
