@@ -318,5 +318,5 @@ def without_cloud_backends(monkeypatch):
 # one Kafka broker (KRaft) per session and a fresh topic per test (tests/support/kafka.py);
 # one ResourceManager and NodeManager over that HDFS per session (tests/support/yarn.py).
 from tests.support.hdfs import hdfs_namenode, hdfs_root  # noqa: E402, F401
-from tests.support.yarn import yarn_cluster  # noqa: E402, F401
 from tests.support.kafka import kafka_broker, kafka_topic  # noqa: E402, F401
+from tests.support.yarn import yarn_cluster  # noqa: E402, F401

@@ -15,6 +15,8 @@ ApplicationMaster and executor in YARN containers), its checkpoint, savepoints a
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -45,8 +47,10 @@ def write_yarn_jobs(tmp_path: Path, root: str, deploy_mode: str = "client") -> s
 
     jars = Path(pyspark.__file__).parent / "jars"
     jobs = tmp_path / "jobs.yaml"
+    # client mode: the ApplicationMaster only asks for executors (256 MB); cluster mode: it runs the driver (512 MB)
+    memory = {"spark.yarn.am.memory": "256m"} if deploy_mode == "client" else {"spark.driver.memory": "512m"}
     conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.yarn.queue": "default",
-            "spark.yarn.am.memory": "256m", "spark.executor.memory": "512m", "spark.executor.instances": "1",
+            **memory, "spark.executor.memory": "512m", "spark.executor.instances": "1",
             "spark.executor.cores": "1", "spark.yarn.jars": f"local:{jars}/*",
             "spark.yarn.appMasterEnv.PYSPARK_PYTHON": sys.executable,
             "spark.executorEnv.PYSPARK_PYTHON": sys.executable}
@@ -54,7 +58,10 @@ def write_yarn_jobs(tmp_path: Path, root: str, deploy_mode: str = "client") -> s
         "jobs:\n  - name: demo\n"
         f"    application: {demo.__file__}\n"
         f"    application_args: ['file://{tmp_path}/input', '{{checkpoint}}', 'file://{tmp_path}/output']\n"
-        f"    master: yarn\n    deploy_mode: {deploy_mode}\n    app_name: {APP_NAME}\n"
+        f"    master: yarn\n    deploy_mode: {deploy_mode}\n"
+        # client mode: the driver's SparkContext registers the application, named as the demo names it; cluster
+        # mode: spark-submit does, before the driver runs, with --name (the job's name)
+        + (f"    app_name: {APP_NAME}\n" if deploy_mode == "client" else "") +
         f"    spark_conf: {json.dumps(conf)}\n"
         f"    checkpoint: {root}/checkpoint\n"
         f"    savepoint_dir: {root}/savepoints\n")
@@ -171,6 +178,78 @@ def test_a_job_on_yarn_is_started_savepointed_stopped_restarted_and_cancelled_th
     # every event once: de-duplicated across the stop, the restart and the cancel
     assert demo.committed_event_ids(tmp_path / "output") == sorted(sent)
     print("YARN client mode: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+
+
+def am_container_group(app_id: str) -> int:
+    """The process group of the application's ApplicationMaster container (the NodeManager starts each
+    container in a session of its own): in cluster mode, the driver's JVM and its Python."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if "org.apache.spark.deploy.yarn.ApplicationMaster" in line and app_id.removeprefix("application_") in line:
+            return os.getpgid(process.pid)
+    raise LookupError(f"no ApplicationMaster process of {app_id}")
+
+
+@pytest.mark.slow
+def test_a_cluster_mode_job_on_yarn_is_stopped_with_a_savepoint_and_its_killed_driver_is_failed_with_yarns_words(
+        yarn_cluster, hdfs_root, tmp_path, monkeypatch):
+    """The driver runs in the ApplicationMaster's container: its heartbeats and stop acknowledgement reach the
+    control folder on HDFS from there. Its container killed (SIGKILL, as a lost node or the OOM killer would),
+    job status says failed with the ResourceManager's diagnostics (the exit code)."""
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(yarn_cluster.conf_dir))
+    monkeypatch.delenv("YARN_CONF_DIR", raising=False)
+    sent: set[int] = set()
+    for index in range(2):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    jobs = write_yarn_jobs(tmp_path, hdfs_root, deploy_mode="cluster")
+    job_folder = Store(f"{hdfs_root}/savepoints/demo")
+    timings: dict[str, float] = {}
+    try:
+        began = time.monotonic()
+        started = cli("job", "start", "demo", "--fresh", "--jobs-file", jobs, "--wait-timeout", "300")
+        timings["start"] = time.monotonic() - began
+        app_id = wait_for_app(job_folder)
+        app = yarn_cluster.app(app_id)
+        assert (app["state"], app["name"]) == ("RUNNING", "demo"), app
+        status = cli("job", "status", "demo", "--jobs-file", jobs)
+        assert status["state"] == "running" and f"application {app_id} is RUNNING" in status["detail"], status
+        assert status["host"] and started["first_batch"] is not None
+
+        for index in range(2, 4):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        wait_past(started["checkpoint"], started["first_batch"])
+        began = time.monotonic()
+        stopped = cli("job", "stop", "demo", "--jobs-file", jobs)
+        timings["stop"] = time.monotonic() - began
+        assert stopped["stop_method"] == "cooperative" and stopped["consistency"] == "clean", stopped
+        assert wait_for_state(yarn_cluster, app_id, ("FINISHED", "FAILED", "KILLED"))["state"] == "FINISHED"
+
+        restarted = cli("job", "start", "demo", "--jobs-file", jobs, "--wait-timeout", "300")
+        assert restarted["restored"]["batch_id"] == stopped["batch_id"], restarted
+        new_app = wait_for_app(job_folder, not_this=app_id)
+        os.killpg(am_container_group(new_app), signal.SIGKILL)
+        failed = wait_for_state(yarn_cluster, new_app, ("FINISHED", "FAILED", "KILLED"))
+        assert failed["state"] == "FAILED" and "exitCode: 137" in failed["diagnostics"], failed
+        deadline = time.monotonic() + 60
+        while (status := cli("job", "status", "demo", "--jobs-file", jobs))["state"] != "failed" \
+                and time.monotonic() < deadline:
+            time.sleep(1)
+        assert status["state"] == "failed", status
+        assert f"application {new_app} is FAILED" in status["error"] and "exitCode: 137" in status["error"], status
+    finally:
+        last = read_run(job_folder)
+        if last is not None:
+            stop_process(last, grace=15)
+        for app in yarn_cluster.apps(states="RUNNING,ACCEPTED"):
+            if app["name"] == "demo":
+                YarnRunner().kill(RunTarget(job="demo", application_id=app["id"], master="yarn",
+                                            master_ui=yarn_cluster.url), grace=10)
+    for index in range(4, 6):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    assert set(demo.committed_event_ids(tmp_path / "output")) <= sent
+    print("YARN cluster mode: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
 
 
 def test_a_yarn_job_started_without_a_yarn_site_is_refused_naming_what_to_set(tmp_path, monkeypatch):

@@ -284,6 +284,13 @@ class Run:
             return JobState(**base, state="stopped", detail=f"its last heartbeat says {beat_state}")
         if beat_state == "failed":
             return JobState(**base, state="failed", error=heartbeat.get("error"))
+        # a cluster manager that tells of its applications (YARN's ResourceManager) adds its words: state, diagnostics;
+        # an application it says ended (a killed ApplicationMaster or driver container, a lost node) failed, with its words
+        cluster = seen.runner.status(seen.target) if isinstance(seen.runner, YarnRunner) else None
+        stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
+        if cluster is not None and cluster.state == "ended" and not stopping:
+            return JobState(**base, state="failed", error=f"{cluster.detail} without a stop request",
+                            detail=log_tail(self.record.log_file if self.record else None, 10) or None)
         local = LocalRunner().status(seen.target) if seen.target.pid else None
         timeout = heartbeat.get("timeout_s") or DEFAULT_LEASE_TIMEOUT
         if local is not None and local.state == "ended":
@@ -294,15 +301,9 @@ class Run:
                                  "store's clock: treated as lapsed")
             return JobState(**{**base, "heartbeat_age_s": None}, state="lost",
                             detail=f"its heartbeat is dated {-age:.0f}s ahead of the store's clock")
-        # a cluster manager that tells of its applications (YARN's ResourceManager) adds its words: state, diagnostics
-        cluster = seen.runner.status(seen.target) if isinstance(seen.runner, YarnRunner) else None
         if age is not None and age > timeout:
-            if cluster is not None and cluster.state == "ended":
-                return JobState(**base, state="failed", error=f"{cluster.detail} without a stop request",
-                                detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
             return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)"
                             + (f"; {cluster.detail}" if cluster is not None else ""))
-        stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
         return JobState(**base, state="stopping" if stopping else "running",
                         detail=cluster.detail if cluster is not None else None)
 
