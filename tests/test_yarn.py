@@ -8,6 +8,9 @@ ApplicationMaster and executor in YARN containers), its checkpoint, savepoints a
   FINISHED); ``job start`` restarts it from that savepoint; a kill of an application named otherwise
   is refused; ``job cancel`` that the run does not answer in time kills it through the ResourceManager
   (KILLED). The sink holds every event once.
+* Cluster deploy mode (the driver in the ApplicationMaster's container): started with ``job start``, stopped
+  with a savepoint, restarted; its container killed: ``job status`` says failed with YARN's diagnostics,
+  the watchdog restarts it; the sink holds every event once.
 * Without a yarn-site.xml in YARN_CONF_DIR or HADOOP_CONF_DIR, ``job start`` of a ``master: yarn`` job
   answers yarn_not_configured and starts nothing.
 """
@@ -27,10 +30,13 @@ from typer.testing import CliRunner
 import airflow_savepoints.demo.app as demo
 from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.cli.main import app as cli_app
+from airflow_savepoints.jobs import load_jobs
 from airflow_savepoints.jobs.description.record import RunTarget, read_run
+from airflow_savepoints.jobs.launch.launcher import spark_submit_command
 from airflow_savepoints.jobs.launch.runners import YarnRunner
+from airflow_savepoints.jobs.workflows import watchdog
 from airflow_savepoints.jobs.workflows.lifecycle import job_status
-from airflow_savepoints.jobs.workflows.run import stop_process
+from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
 from airflow_savepoints.operators.job import RestoreJobOperator
 from airflow_savepoints.storage import Store
 
@@ -64,7 +70,8 @@ def write_yarn_jobs(tmp_path: Path, root: str, deploy_mode: str = "client") -> s
         + (f"    app_name: {APP_NAME}\n" if deploy_mode == "client" else "") +
         f"    spark_conf: {json.dumps(conf)}\n"
         f"    checkpoint: {root}/checkpoint\n"
-        f"    savepoint_dir: {root}/savepoints\n")
+        f"    savepoint_dir: {root}/savepoints\n"
+        "    restart: {enabled: true, max_restarts: 2, backoff: 0, last_state: true}\n")
     return str(jobs)
 
 
@@ -193,11 +200,12 @@ def am_container_group(app_id: str) -> int:
 
 
 @pytest.mark.slow
-def test_a_cluster_mode_job_on_yarn_is_stopped_with_a_savepoint_and_its_killed_driver_is_failed_with_yarns_words(
+def test_a_cluster_mode_job_on_yarn_stops_with_a_savepoint_and_its_killed_driver_fails_with_yarns_words_and_restarts(
         yarn_cluster, hdfs_root, tmp_path, monkeypatch):
     """The driver runs in the ApplicationMaster's container: its heartbeats and stop acknowledgement reach the
     control folder on HDFS from there. Its container killed (SIGKILL, as a lost node or the OOM killer would),
-    job status says failed with the ResourceManager's diagnostics (the exit code)."""
+    job status says failed with the ResourceManager's diagnostics (the exit code); the watchdog restarts it on
+    its live checkpoint as a new application. Every event is in the sink once."""
     monkeypatch.setenv("HADOOP_CONF_DIR", str(yarn_cluster.conf_dir))
     monkeypatch.delenv("YARN_CONF_DIR", raising=False)
     sent: set[int] = set()
@@ -238,6 +246,24 @@ def test_a_cluster_mode_job_on_yarn_is_stopped_with_a_savepoint_and_its_killed_d
             time.sleep(1)
         assert status["state"] == "failed", status
         assert f"application {new_app} is FAILED" in status["error"] and "exitCode: 137" in status["error"], status
+
+        # the watchdog restarts it (last state: on its live checkpoint), a new application on YARN
+        job = load_jobs(jobs)["demo"]
+        ctx = JobContext(job, Store(job.savepoint_dir))
+        began = time.monotonic()
+        decision = watchdog.supervise(ctx, submit_command=lambda checkpoint, conf: spark_submit_command(
+            job, checkpoint, conf), log_dir=tmp_path / "logs", wait_timeout=300)
+        timings["watchdog restart"] = time.monotonic() - began
+        assert decision.action == "restarted" and "exitCode: 137" in decision.reason, decision
+        third_app = wait_for_app(job_folder, not_this=new_app)
+        assert yarn_cluster.app(third_app)["state"] == "RUNNING"
+        for index in range(4, 6):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        deadline = time.monotonic() + 120
+        while demo.committed_event_ids(tmp_path / "output") != sorted(sent) and time.monotonic() < deadline:
+            time.sleep(1)
+        cancelled = cli("job", "cancel", "demo", "--jobs-file", jobs)
+        assert cancelled["stop_method"] == "cooperative", cancelled
     finally:
         last = read_run(job_folder)
         if last is not None:
@@ -246,9 +272,8 @@ def test_a_cluster_mode_job_on_yarn_is_stopped_with_a_savepoint_and_its_killed_d
             if app["name"] == "demo":
                 YarnRunner().kill(RunTarget(job="demo", application_id=app["id"], master="yarn",
                                             master_ui=yarn_cluster.url), grace=10)
-    for index in range(4, 6):
-        sent.update(demo.write_events(tmp_path / "input", index))
-    assert set(demo.committed_event_ids(tmp_path / "output")) <= sent
+    # every event once: across the stop, the restart, the killed driver and the watchdog's restart
+    assert demo.committed_event_ids(tmp_path / "output") == sorted(sent)
     print("YARN cluster mode: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
 
 
