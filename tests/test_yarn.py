@@ -164,8 +164,9 @@ def test_a_job_on_yarn_is_started_savepointed_stopped_restarted_and_cancelled_th
 
         for index in range(6, 8):
             sent.update(demo.write_events(tmp_path / "input", index))
-        wait_past(restarted["checkpoint"], stopped["batch_id"] + 1)
-        time.sleep(3)  # the last input's batches commit
+        deadline = time.monotonic() + 120  # every input file's batch committed before the cancel
+        while demo.committed_event_ids(tmp_path / "output") != sorted(sent) and time.monotonic() < deadline:
+            time.sleep(1)
         began = time.monotonic()
         cancelled = cli("job", "cancel", "demo", "--jobs-file", jobs, "--grace", "0")
         timings["cancel"] = time.monotonic() - began
