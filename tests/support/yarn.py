@@ -125,10 +125,24 @@ class YarnCluster(Emulator):
         super().stop()
 
 
-def start_yarn(default_fs: str) -> YarnCluster:
+def start_yarn(default_fs: str, attempts: int = 3) -> YarnCluster:
     """Write a configuration folder for YARN over ``default_fs`` and run a ResourceManager and a NodeManager
-    on free ports of 127.0.0.1."""
+    on free ports of 127.0.0.1. Ten ports are chosen before the daemons bind them, so another process may take
+    one meanwhile: a daemon that exits on a port in use is started again on fresh ports."""
     began = time.monotonic()
+    for attempt in range(attempts):
+        try:
+            cluster = _start_yarn(default_fs)
+        except RuntimeError as exc:
+            if "BindException" not in str(exc) or attempt == attempts - 1:
+                raise
+            continue
+        cluster.started_in = time.monotonic() - began
+        return cluster
+    raise AssertionError("unreachable")
+
+
+def _start_yarn(default_fs: str) -> YarnCluster:
     workdir = Path(tempfile.mkdtemp(prefix="yarn-"))
     conf = workdir / "conf"
     conf.mkdir()
@@ -169,8 +183,11 @@ def start_yarn(default_fs: str) -> YarnCluster:
     with _environ(JAVA_HOME=os.environ.get("JAVA_HOME") or which_java_home() or ""):
         cluster.nodemanager, _ = _spawn("nodemanager", [*java, "org.apache.hadoop.yarn.server.nodemanager.NodeManager"],
                                         workdir)
-    cluster.wait_operational()
-    cluster.started_in = time.monotonic() - began
+    try:
+        cluster.wait_operational()
+    except RuntimeError:
+        cluster.stop()  # both daemons, and their folder
+        raise
     return cluster
 
 
