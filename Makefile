@@ -70,15 +70,16 @@ azurite:
 
 # Jars from Maven Central for the tests on real production parts (tests/support/kafka.py, tests/test_s3a.py,
 # tests/support/hdfs.py): a Kafka broker (KRaft), Spark's Kafka connector at the installed pyspark's version, hadoop-aws
-# with the AWS SDK modules s3a uses, Hadoop's NameNode and DataNode (hadoop-hdfs, 68 MB). Each set is fetched once with `mvn dependency:copy-dependencies`
+# with the AWS SDK modules s3a uses, Hadoop's NameNode and DataNode (hadoop-hdfs, 68 MB),
+# its ResourceManager and NodeManager (tests/support/yarn.py). Each set is fetched once with `mvn dependency:copy-dependencies`
 # (its pom in tests/support/jars/) into .tools/jars/<set>, Maven's own cache in .tools/m2; a set already there is
 # skipped. Maven comes from apt when missing (root on Debian/Ubuntu), as Chromium does above; without it and
 # without root apt, `make jars` fails naming the parts. A set whose part SKIP_PARTS names is not fetched.
 #
 # SKIP_PARTS names real parts to leave out on purpose, e.g. `SKIP_PARTS=hdfs,kafka make test`: their tests are
 # skipped and pytest's summary lists them. A missing part not named fails its tests (tests/conftest.py::PARTS
-# has the names: hdfs kafka s3a delta gcs azure browser testbed faketime js-lint).
-JAR_SETS := kafka-broker:kafka spark-kafka:kafka s3a:s3a hdfs:hdfs delta:delta
+# has the names: hdfs yarn kafka s3a delta gcs azure browser testbed faketime js-lint).
+JAR_SETS := kafka-broker:kafka spark-kafka:kafka s3a:s3a hdfs:hdfs yarn:yarn delta:delta
 MVN := mvn -q -B -Dmaven.repo.local=$(CURDIR)/.tools/m2
 comma := ,
 export SKIP_PARTS

@@ -376,6 +376,13 @@ class ConfigurationError(SavepointError):
     code = "invalid_configuration"
 
 
+class YarnNotConfiguredError(ConfigurationError):
+    """A ``master: yarn`` job started where no yarn-site.xml (YARN_CONF_DIR, HADOOP_CONF_DIR) tells where the
+    ResourceManager is."""
+
+    code = "yarn_not_configured"
+
+
 class InterruptedBySignalError(SavepointError):
     """The command was stopped by SIGTERM or SIGINT, after it cleaned up."""
 

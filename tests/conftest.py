@@ -43,6 +43,7 @@ import pytest  # noqa: E402
 LEFT_OUT = "left out (SKIP_PARTS): "
 PARTS = {
     "hdfs": "a NameNode and DataNode (Hadoop's jars, `make jars`) through hdfs-native",
+    "yarn": "a ResourceManager and NodeManager (Hadoop's jars, `make jars`) over the HDFS part",
     "kafka": "a Kafka broker and Spark's Kafka connector (`make jars`)",
     "s3a": "hadoop-aws and the AWS SDK in Spark (`make jars`)",
     "delta": "Delta Lake's jars for Spark (`make jars`)",
@@ -319,6 +320,8 @@ def without_cloud_backends(monkeypatch):
 
 
 # One NameNode and DataNode per session and a fresh folder per test (tests/support/hdfs.py);
-# one Kafka broker (KRaft) per session and a fresh topic per test (tests/support/kafka.py).
+# one Kafka broker (KRaft) per session and a fresh topic per test (tests/support/kafka.py);
+# one ResourceManager and NodeManager over that HDFS per session (tests/support/yarn.py).
 from tests.support.hdfs import hdfs_namenode, hdfs_root  # noqa: E402, F401
 from tests.support.kafka import kafka_broker, kafka_topic  # noqa: E402, F401
+from tests.support.yarn import yarn_cluster  # noqa: E402, F401

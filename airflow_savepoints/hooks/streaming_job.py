@@ -1,5 +1,8 @@
 """The Spark provider's side of streaming jobs: spark-submit command lines built with its
-SparkSubmitHook, and the YARN / Kubernetes runner back end over the same hook."""
+SparkSubmitHook, and the Kubernetes runner back end over the same hook (YARN has its own runner,
+:class:`airflow_savepoints.jobs.launch.runners.YarnRunner`: the hook's YARN status and kill need its
+connection's ``yarn_resourcemanager_webapp_address``, whatever the job's, and its kill never says whether
+it happened)."""
 
 from __future__ import annotations
 
@@ -52,10 +55,9 @@ def connection_master(job: StreamingJob) -> str | None:
 
 
 class SparkProviderRunner(Runner):
-    """YARN and Kubernetes runs through the Spark provider's SparkSubmitHook: status from YARN's
-    ResourceManager, kill through its REST API (YARN) or by deleting the driver pod (Kubernetes).
+    """Kubernetes runs through the Spark provider's SparkSubmitHook: kill by deleting the driver pod; no status.
 
-    Not tested here: no YARN or Kubernetes cluster runs on this project's test machine."""
+    Not tested here: no Kubernetes cluster runs on this project's test machine."""
 
     name = "spark-provider"
 
@@ -66,21 +68,11 @@ class SparkProviderRunner(Runner):
         return SparkSubmitHook(conn_id=self.conn_id)
 
     def status(self, target: RunTarget) -> RunnerView:
-        if target.master and target.master.startswith("yarn") and target.application_id:
-            try:
-                state = self._hook().query_yarn_application_status(target.application_id)
-            except Exception as exc:  # noqa: BLE001 - reported as the runner's words
-                return RunnerView("unknown", f"YARN did not answer for {target.application_id}: {exc}")
-            running = state not in ("SUCCEEDED", "FAILED", "KILLED")
-            return RunnerView("running" if running else "ended", f"YARN says {target.application_id} is {state}")
         return RunnerView("unknown", f"the Spark provider cannot tell the state of {target.application_id} on "
                                      f"{target.master}")
 
     def kill(self, target: RunTarget, grace: float) -> dict[str, Any]:
         hook = self._hook()
-        if target.master and target.master.startswith("yarn") and target.application_id:
-            hook._kill_yarn_application(target.application_id)
-            return {"method": "yarn", "killed": True, "detail": f"YARN kill sent for {target.application_id}"}
         if target.master and target.master.startswith("k8s") and target.driver_pod:
             hook._kubernetes_driver_pod = target.driver_pod
             hook._delete_driver_pod()
@@ -88,5 +80,4 @@ class SparkProviderRunner(Runner):
         return {"method": "none", "killed": False, "detail": f"no kill path for {target.master}"}
 
 
-register_runner("yarn", SparkProviderRunner)
 register_runner("k8s://", SparkProviderRunner)

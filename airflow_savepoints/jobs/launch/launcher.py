@@ -97,16 +97,18 @@ def new_control_folder(job_folder: Store, run_id: str | None = None) -> Store:
     return job_folder.child(CONTROL_FOLDER).child(run_id or new_run_id())
 
 
-APP_ID_IN_LOG = re.compile(r"app ID (app-\d{14}-\d{4,})")
+# a standalone driver's "... with app ID app-…"; spark-submit's "Submitted application application_…" on YARN
+APP_ID_IN_LOG = re.compile(r"app ID (app-\d{14}-\d{4,})|Submitted application (application_\d+_\d+)")
 
 
 def application_id_from_log(path: str | None) -> str | None:
-    """The standalone application id a driver logs when it connects (``... with app ID app-…``)."""
+    """The application id a driver or spark-submit logs: a standalone master's (``... with app ID app-…``),
+    YARN's (``Submitted application application_…``)."""
     try:
         found = APP_ID_IN_LOG.search(_read_log(path, 4 * 1024 * 1024))
     except OSError:
         return None
-    return found.group(1) if found is not None else None
+    return (found.group(1) or found.group(2)) if found is not None else None
 
 
 def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: Store, log_dir: Path,

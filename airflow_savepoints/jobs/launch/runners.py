@@ -14,8 +14,13 @@ source of status for a job without the helper.
 * ``standalone`` (``spark://``): status from the master's ``/json/``; forced stop: ``POST /app/kill/``
   (``id``, ``terminate=true``) on the master's web UI, only for an application the master names
   after the job. The master's addresses are the job's configuration's, never a run file's.
-* ``yarn``, ``k8s``: through the Spark provider's SparkSubmitHook status and kill paths (registered
-  by :mod:`airflow_savepoints.hooks.streaming_job`; not tested here: no such cluster runs on this machine).
+* ``yarn``: status from the ResourceManager's REST API (``/ws/v1/cluster/apps/<id>``: state, final status,
+  YARN's diagnostics); forced stop: ``PUT .../apps/<id>/state`` ``{"state": "KILLED"}``, only for an
+  application the ResourceManager names after the job. The ResourceManager's web address is the job's
+  configuration's (``master_ui``, else ``yarn.resourcemanager.webapp.address`` of the yarn-site.xml in
+  YARN_CONF_DIR or HADOOP_CONF_DIR), never a run file's. Tested on a real ResourceManager (tests/test_yarn.py).
+* ``k8s``: through the Spark provider's SparkSubmitHook delete of the driver pod (registered by
+  :mod:`airflow_savepoints.hooks.streaming_job`; not tested here: no such cluster runs on this machine).
 """
 
 from __future__ import annotations
@@ -27,14 +32,18 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import psutil
 
+from airflow_savepoints.errors import YarnNotConfiguredError
 from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.record import RunTarget
 
@@ -240,6 +249,137 @@ class StandaloneRunner(Runner):
                 "detail": f"application {target.application_id} killed through {url}: {self.status(target).detail}"}
 
 
+YARN_CONF_ENV = ("YARN_CONF_DIR", "HADOOP_CONF_DIR")  # where spark-submit and this runner read yarn-site.xml
+YARN_ENDED = ("FINISHED", "FAILED", "KILLED")
+
+
+def yarn_site() -> tuple[Path | None, dict[str, str]]:
+    """The yarn-site.xml spark-submit reads (YARN_CONF_DIR's, else HADOOP_CONF_DIR's) and its properties;
+    (None, {}) when neither folder holds one."""
+    for env in YARN_CONF_ENV:
+        folder = os.environ.get(env)
+        if folder and (path := Path(folder) / "yarn-site.xml").is_file():
+            try:
+                root = ElementTree.parse(path).getroot()
+            except (ElementTree.ParseError, OSError):
+                return path, {}
+            return path, {str(p.findtext("name") or "").strip(): str(p.findtext("value") or "").strip()
+                          for p in root.iter("property")}
+    return None, {}
+
+
+def resource_manager_url(master_ui: str | None = None) -> str | None:
+    """The ResourceManager's web address: the job's ``master_ui`` when set, else yarn-site.xml's
+    ``yarn.resourcemanager.webapp.address`` (or ``yarn.resourcemanager.hostname``:8088); None if neither says."""
+    if master_ui:
+        return master_ui.rstrip("/")
+    _, site = yarn_site()
+    address = site.get("yarn.resourcemanager.webapp.address") or (
+        f"{site['yarn.resourcemanager.hostname']}:8088" if site.get("yarn.resourcemanager.hostname") else "")
+    if not address or "${" in address:
+        return None
+    return (address if "://" in address else f"http://{address}").rstrip("/")
+
+
+def check_yarn_start(master_ui: str | None) -> None:
+    """What a ``master: yarn`` start needs here, checked before anything is launched: a yarn-site.xml in
+    YARN_CONF_DIR or HADOOP_CONF_DIR (spark-submit finds the ResourceManager there), and the
+    ResourceManager's web address (status and kill): raises :class:`YarnNotConfiguredError` naming what is missing."""
+    path, site = yarn_site()
+    if path is None:
+        raise YarnNotConfiguredError(
+            "master yarn: neither YARN_CONF_DIR nor HADOOP_CONF_DIR names a folder with a yarn-site.xml, so "
+            "spark-submit cannot find the ResourceManager; nothing was started",
+            "set HADOOP_CONF_DIR (or YARN_CONF_DIR) to the cluster's client configuration (core-site.xml, "
+            "yarn-site.xml) where the job is started and where its status and stop are asked")
+    if resource_manager_url(master_ui) is None:
+        raise YarnNotConfiguredError(
+            f"master yarn: {path} sets neither yarn.resourcemanager.webapp.address nor yarn.resourcemanager.hostname, "
+            "and the job sets no master_ui: job status and cancel could not reach the ResourceManager; nothing "
+            "was started",
+            "set master_ui: http://<resourcemanager>:8088 in jobs.yaml, or the address in yarn-site.xml")
+
+
+class YarnRunner(Runner):
+    """A YARN ResourceManager: status and kill through its REST API (``/ws/v1/cluster``)."""
+
+    name = "yarn"
+    timeout = 10
+
+    def _call(self, target: RunTarget, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = f"{resource_manager_url(target.master_ui)}/ws/v1/cluster/{path}"
+        request = urllib.request.Request(url, method="PUT" if body is not None else "GET",
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the RM is reached directly
+        with opener.open(request, timeout=self.timeout) as response:
+            return json.load(response)
+
+    def app(self, target: RunTarget) -> dict[str, Any] | None:
+        """What the ResourceManager says of the run's application (``id``, ``name``, ``state``,
+        ``finalStatus``, ``diagnostics``, ...); None when it does not know it."""
+        try:
+            return self._call(target, f"apps/{urllib.parse.quote(str(target.application_id))}").get("app")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    @staticmethod
+    def words(app: dict[str, Any]) -> str:
+        said = f"application {app.get('id')} is {app.get('state')} (final status {app.get('finalStatus')})"
+        diagnostics = " ".join(str(app.get("diagnostics") or "").split())
+        return f"{said}: {diagnostics[:1500]}" if diagnostics else said
+
+    def status(self, target: RunTarget) -> RunnerView:
+        if not target.application_id:
+            return RunnerView("unknown", "the run's application id is not known yet")
+        if resource_manager_url(target.master_ui) is None:
+            return RunnerView("unknown", "the ResourceManager's address is not configured (master_ui, or yarn-site.xml "
+                                         "in YARN_CONF_DIR/HADOOP_CONF_DIR)")
+        try:
+            app = self.app(target)
+        except (OSError, ValueError) as exc:
+            return RunnerView("unknown", f"the ResourceManager at {resource_manager_url(target.master_ui)} did not "
+                                         f"answer: {exc}")
+        if app is None:
+            return RunnerView("unknown", f"the ResourceManager does not know application {target.application_id}")
+        return RunnerView("ended" if app.get("state") in YARN_ENDED else "running",
+                          f"the ResourceManager says {self.words(app)}")
+
+    def kill(self, target: RunTarget, grace: float) -> dict[str, Any]:
+        rm = resource_manager_url(target.master_ui)
+        if not target.application_id:
+            return {"method": "yarn", "killed": False, "detail": "the run's application id is not known"}
+        if rm is None:
+            return {"method": "yarn", "killed": False, "detail": "the ResourceManager's address is not configured "
+                    "(master_ui, or yarn-site.xml in YARN_CONF_DIR/HADOOP_CONF_DIR): nothing was killed"}
+        try:
+            app = self.app(target)
+        except (OSError, ValueError) as exc:
+            return {"method": "yarn", "killed": False,
+                    "detail": f"the ResourceManager at {rm} did not answer: {exc}; nothing was killed"}
+        name = target.app_name or target.job
+        if app is None or app.get("name") != name:
+            whose = "it does not know it" if app is None else f"it is named {app.get('name')!r}"
+            return {"method": "yarn", "killed": False,
+                    "detail": f"application {target.application_id} is not job '{target.job}''s: the ResourceManager "
+                              f"says {whose} (the job's applications are named {name!r}: spark-submit --name, or "
+                              "app_name: when the application sets its own); it was not killed: the run files that "
+                              "name it are forged or stale"}
+        if app.get("state") in YARN_ENDED:
+            return {"method": "not_running", "killed": False, "detail": f"the ResourceManager says {self.words(app)}"}
+        try:
+            self._call(target, f"apps/{urllib.parse.quote(str(target.application_id))}/state", {"state": "KILLED"})
+        except (OSError, ValueError) as exc:
+            return {"method": "yarn", "killed": False, "detail": f"the ResourceManager refused or failed the kill: {exc}"}
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.status(target).state == "running":
+            time.sleep(0.5)
+        return {"method": "yarn", "killed": True,
+                "detail": f"application {target.application_id} killed through {rm}: {self.status(target).detail}"}
+
+
 _RUNNERS: dict[str, Callable[[], Runner]] = {}
 
 
@@ -254,6 +394,8 @@ def runner_for(master: str | None) -> Runner:
         return LocalRunner()
     if master.startswith("spark://"):
         return StandaloneRunner()
+    if master == "yarn" or master.startswith("yarn-"):  # yarn (yarn-client, yarn-cluster: Spark 1's spellings)
+        return YarnRunner()
     for prefix, factory in _RUNNERS.items():
         if master.startswith(prefix):
             return factory()

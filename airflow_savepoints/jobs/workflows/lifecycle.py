@@ -61,7 +61,7 @@ from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT
 from airflow_savepoints.jobs.description.model import StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun, read_run, restore_default, write_run
 from airflow_savepoints.jobs.launch.launcher import JobFailedError, application_id_from_log, log_tail, start_detached
-from airflow_savepoints.jobs.launch.runners import LocalRunner
+from airflow_savepoints.jobs.launch.runners import LocalRunner, YarnRunner, check_yarn_start, runner_for
 from airflow_savepoints.jobs.workflows.rescale import rescale_on_the_job
 from airflow_savepoints.jobs.workflows.run import LIVE_STATES, JobContext, JobState, Run, State  # noqa: F401 - imported from here
 from airflow_savepoints.storage import Store
@@ -138,6 +138,8 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     """Take the lease, ``prepare()`` the checkpoint, launch the run and wait until it is live.
     ``run_settings``: Spark conf the start passes to the in-job helper (``spark.savepoints.*``)."""
     job = ctx.job
+    if isinstance(runner_for(ctx.master), YarnRunner):
+        check_yarn_start(job.master_ui)
     previous_run = Run.read(ctx)
     previous = previous_run.state()
     if previous.live:

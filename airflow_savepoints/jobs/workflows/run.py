@@ -36,7 +36,7 @@ from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, Run
 from airflow_savepoints.jobs.description.model import StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun, RunTarget, read_run, record_end, write_run
 from airflow_savepoints.jobs.launch.launcher import log_tail
-from airflow_savepoints.jobs.launch.runners import LocalRunner, Runner, runner_for
+from airflow_savepoints.jobs.launch.runners import LocalRunner, Runner, YarnRunner, runner_for
 from airflow_savepoints.storage import Store
 
 LIVE_STATES = ("starting", "running", "stopping", "unknown")
@@ -284,6 +284,13 @@ class Run:
             return JobState(**base, state="stopped", detail=f"its last heartbeat says {beat_state}")
         if beat_state == "failed":
             return JobState(**base, state="failed", error=heartbeat.get("error"))
+        # a cluster manager that tells of its applications (YARN's ResourceManager) adds its words: state, diagnostics;
+        # an application it says ended (a killed ApplicationMaster or driver container, a lost node) failed, with its words
+        cluster = seen.runner.status(seen.target) if isinstance(seen.runner, YarnRunner) else None
+        stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
+        if cluster is not None and cluster.state == "ended" and not stopping:
+            return JobState(**base, state="failed", error=f"{cluster.detail} without a stop request",
+                            detail=log_tail(self.record.log_file if self.record else None, 10) or None)
         local = LocalRunner().status(seen.target) if seen.target.pid else None
         timeout = heartbeat.get("timeout_s") or DEFAULT_LEASE_TIMEOUT
         if local is not None and local.state == "ended":
@@ -295,9 +302,10 @@ class Run:
             return JobState(**{**base, "heartbeat_age_s": None}, state="lost",
                             detail=f"its heartbeat is dated {-age:.0f}s ahead of the store's clock")
         if age is not None and age > timeout:
-            return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)")
-        stopping = beat_state in ("stopping", "fencing") or control.stop_requested() is not None
-        return JobState(**base, state="stopping" if stopping else "running")
+            return JobState(**base, state="lost", detail=f"no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)"
+                            + (f"; {cluster.detail}" if cluster is not None else ""))
+        return JobState(**base, state="stopping" if stopping else "running",
+                        detail=cluster.detail if cluster is not None else None)
 
     def _by_runner(self, seen: _Seen) -> JobState:
         """A run without heartbeats: what its runner (else its local process) and its run lease say."""

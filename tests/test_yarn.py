@@ -1,0 +1,290 @@
+"""Jobs on a real YARN: a ResourceManager and a NodeManager (Hadoop 3.5.0's jars, tests/support/yarn.py) over
+the session's HDFS, the demo job submitted with ``master: yarn`` in client deploy mode (the driver here, its
+ApplicationMaster and executor in YARN containers), its checkpoint, savepoints and control folder on HDFS.
+
+* Started through the Spark provider's SparkSubmitHook (RestoreJobOperator); ``job status`` names the YARN
+  application and says what the ResourceManager says of it; ``job savepoint`` savepoints the live
+  checkpoint on HDFS; ``job stop`` stops it between batches with a savepoint (the application ends
+  FINISHED); ``job start`` restarts it from that savepoint; a kill of an application named otherwise
+  is refused; ``job cancel`` that the run does not answer in time kills it through the ResourceManager
+  (KILLED). The sink holds every event once.
+* Cluster deploy mode (the driver in the ApplicationMaster's container): started with ``job start``, stopped
+  with a savepoint, restarted; its container killed: ``job status`` says failed with YARN's diagnostics,
+  the watchdog restarts it; the sink holds every event once.
+* Without a yarn-site.xml in YARN_CONF_DIR or HADOOP_CONF_DIR, ``job start`` of a ``master: yarn`` job
+  answers yarn_not_configured and starts nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import airflow_savepoints.demo.app as demo
+from airflow_savepoints.checkpoint.progress import checkpoint_progress
+from airflow_savepoints.cli.main import app as cli_app
+from airflow_savepoints.jobs import load_jobs
+from airflow_savepoints.jobs.description.record import RunTarget, read_run
+from airflow_savepoints.jobs.launch.launcher import spark_submit_command
+from airflow_savepoints.jobs.launch.runners import YarnRunner
+from airflow_savepoints.jobs.workflows import watchdog
+from airflow_savepoints.jobs.workflows.lifecycle import job_status
+from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
+from airflow_savepoints.operators.job import RestoreJobOperator
+from airflow_savepoints.storage import Store
+
+pytestmark = pytest.mark.yarn
+
+APP_NAME = "airflow-savepoints-demo"  # the demo sets its own (SparkSession.builder.appName): the RM lists it so
+
+
+def write_yarn_jobs(tmp_path: Path, root: str, deploy_mode: str = "client") -> str:
+    """The demo job on YARN: input and output on this machine's disk (file://, the executor runs here),
+    checkpoint and savepoints on HDFS; small containers (AM 256 MB, one executor of 512 MB, 1 core);
+    Spark's jars from pyspark's folder on the node (``local:``, nothing uploaded), the venv's python."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    jobs = tmp_path / "jobs.yaml"
+    # client mode: the ApplicationMaster only asks for executors (256 MB); cluster mode: it runs the driver (512 MB)
+    memory = {"spark.yarn.am.memory": "256m"} if deploy_mode == "client" else {"spark.driver.memory": "512m"}
+    conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.yarn.queue": "default",
+            **memory, "spark.executor.memory": "512m", "spark.executor.instances": "1",
+            "spark.executor.cores": "1", "spark.yarn.jars": f"local:{jars}/*",
+            "spark.yarn.appMasterEnv.PYSPARK_PYTHON": sys.executable,
+            "spark.executorEnv.PYSPARK_PYTHON": sys.executable}
+    jobs.write_text(
+        "jobs:\n  - name: demo\n"
+        f"    application: {demo.__file__}\n"
+        f"    application_args: ['file://{tmp_path}/input', '{{checkpoint}}', 'file://{tmp_path}/output']\n"
+        f"    master: yarn\n    deploy_mode: {deploy_mode}\n"
+        # client mode: the driver's SparkContext registers the application, named as the demo names it; cluster
+        # mode: spark-submit does, before the driver runs, with --name (the job's name)
+        + (f"    app_name: {APP_NAME}\n" if deploy_mode == "client" else "") +
+        f"    spark_conf: {json.dumps(conf)}\n"
+        f"    checkpoint: {root}/checkpoint\n"
+        f"    savepoint_dir: {root}/savepoints\n"
+        "    restart: {enabled: true, max_restarts: 2, backoff: 0, last_state: true}\n")
+    return str(jobs)
+
+
+def cli(*args: str) -> dict:
+    result = CliRunner().invoke(cli_app, [*args, "--json"])
+    assert result.exit_code == 0, result.output[-4000:]
+    return json.loads(result.stdout)
+
+
+def wait_past(checkpoint: str, batch: int, timeout: float = 180) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        newest, _ = checkpoint_progress(Store(checkpoint))
+        if newest is not None and newest > batch:
+            return newest
+        time.sleep(1)
+    raise TimeoutError(f"no batch past {batch} in {checkpoint} within {timeout}s")
+
+
+def wait_for_app(job_folder: Store, not_this: str | None = None, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        app_id = job_status("demo", job_folder).application_id
+        if app_id and app_id != not_this:
+            return app_id
+        time.sleep(0.5)
+    raise TimeoutError(f"no application id in {job_folder.url} within {timeout}s")
+
+
+def wait_for_state(yarn, app_id: str, states: tuple[str, ...], timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while (app := yarn.app(app_id))["state"] not in states and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return app
+
+
+@pytest.mark.slow
+def test_a_job_on_yarn_is_started_savepointed_stopped_restarted_and_cancelled_through_the_resourcemanager(
+        yarn_cluster, hdfs_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(yarn_cluster.conf_dir))
+    monkeypatch.delenv("YARN_CONF_DIR", raising=False)
+    print(f"YARN test bed (ResourceManager and NodeManager) up in {yarn_cluster.started_in:.1f}s")
+    sent: set[int] = set()
+    for index in range(2):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    jobs = write_yarn_jobs(tmp_path, hdfs_root)
+    job_folder = Store(f"{hdfs_root}/savepoints/demo")
+    timings: dict[str, float] = {}
+    try:
+        began = time.monotonic()
+        started = RestoreJobOperator(task_id="start", job="demo", jobs_file=jobs, fresh_start=True,
+                                     wait_timeout=300).execute({})
+        timings["start"] = time.monotonic() - began
+        print(f"started on YARN in {timings['start']:.1f}s")
+        app_id = wait_for_app(job_folder)
+        assert app_id.startswith("application_"), app_id
+        app = yarn_cluster.app(app_id)
+        assert (app["state"], app["name"], app["queue"]) == ("RUNNING", APP_NAME, "root.default"), app
+        status = cli("job", "status", "demo", "--jobs-file", jobs)
+        assert status["state"] == "running" and status["application_id"] == app_id, status
+        assert status["runner"] == "yarn" and f"application {app_id} is RUNNING" in status["detail"], status
+
+        for index in range(2, 4):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        wait_past(started["checkpoint"], started["first_batch"])
+        savepoint = cli("job", "savepoint", "demo", "--jobs-file", jobs)
+        assert savepoint["batch_id"] >= started["first_batch"] and savepoint["type"] == "manual", savepoint
+        assert savepoint["pointer"].startswith(f"{hdfs_root}/savepoints/demo/"), savepoint
+
+        began = time.monotonic()
+        stopped = cli("job", "stop", "demo", "--jobs-file", jobs)
+        timings["stop"] = time.monotonic() - began
+        assert stopped["stop_method"] == "cooperative" and stopped["consistency"] == "clean", stopped
+        assert wait_for_state(yarn_cluster, app_id, ("FINISHED", "FAILED", "KILLED"))["state"] == "FINISHED"
+
+        for index in range(4, 6):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        began = time.monotonic()
+        restarted = cli("job", "start", "demo", "--jobs-file", jobs, "--wait-timeout", "300")
+        timings["restart"] = time.monotonic() - began
+        assert restarted["restored"]["batch_id"] == stopped["batch_id"], restarted
+        new_app = wait_for_app(job_folder, not_this=app_id)
+        assert yarn_cluster.app(new_app)["state"] == "RUNNING"
+        wait_past(restarted["checkpoint"], stopped["batch_id"])
+
+        # an application id that is not the job's (run files forged or stale) is never killed
+        refused = YarnRunner().kill(RunTarget(job="other", application_id=new_app, master="yarn"), grace=5)
+        assert refused["killed"] is False and "is not job 'other''s" in refused["detail"], refused
+        assert yarn_cluster.app(new_app)["state"] == "RUNNING"
+
+        for index in range(6, 8):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        deadline = time.monotonic() + 120  # every input file's batch committed before the cancel
+        while demo.committed_event_ids(tmp_path / "output") != sorted(sent) and time.monotonic() < deadline:
+            time.sleep(1)
+        began = time.monotonic()
+        cancelled = cli("job", "cancel", "demo", "--jobs-file", jobs, "--grace", "0")
+        timings["cancel"] = time.monotonic() - began
+        assert cancelled["stop_method"] == "yarn", cancelled
+        killed = wait_for_state(yarn_cluster, new_app, ("FINISHED", "FAILED", "KILLED"))
+        assert killed["state"] == "KILLED", killed
+        after = cli("job", "status", "demo", "--jobs-file", jobs)
+        assert after["state"] not in ("running", "starting", "stopping"), after
+    finally:
+        last = read_run(job_folder)
+        if last is not None:
+            stop_process(last, grace=15)
+        for app in yarn_cluster.apps(states="RUNNING,ACCEPTED"):
+            if app["name"] == APP_NAME:  # this test's, left running by a failure
+                YarnRunner().kill(RunTarget(job="demo", app_name=APP_NAME, application_id=app["id"], master="yarn",
+                                            master_ui=yarn_cluster.url), grace=10)
+    # every event once: de-duplicated across the stop, the restart and the cancel
+    assert demo.committed_event_ids(tmp_path / "output") == sorted(sent)
+    print("YARN client mode: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+
+
+def am_container_group(app_id: str) -> int:
+    """The process group of the application's ApplicationMaster container (the NodeManager starts each
+    container in a session of its own): in cluster mode, the driver's JVM and its Python."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if "org.apache.spark.deploy.yarn.ApplicationMaster" in line and app_id.removeprefix("application_") in line:
+            return os.getpgid(process.pid)
+    raise LookupError(f"no ApplicationMaster process of {app_id}")
+
+
+@pytest.mark.slow
+def test_a_cluster_mode_job_on_yarn_stops_with_a_savepoint_and_its_killed_driver_fails_with_yarns_words_and_restarts(
+        yarn_cluster, hdfs_root, tmp_path, monkeypatch):
+    """The driver runs in the ApplicationMaster's container: its heartbeats and stop acknowledgement reach the
+    control folder on HDFS from there. Its container killed (SIGKILL, as a lost node or the OOM killer would),
+    job status says failed with the ResourceManager's diagnostics (the exit code); the watchdog restarts it on
+    its live checkpoint as a new application. Every event is in the sink once."""
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(yarn_cluster.conf_dir))
+    monkeypatch.delenv("YARN_CONF_DIR", raising=False)
+    sent: set[int] = set()
+    for index in range(2):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    jobs = write_yarn_jobs(tmp_path, hdfs_root, deploy_mode="cluster")
+    job_folder = Store(f"{hdfs_root}/savepoints/demo")
+    timings: dict[str, float] = {}
+    try:
+        began = time.monotonic()
+        started = cli("job", "start", "demo", "--fresh", "--jobs-file", jobs, "--wait-timeout", "300")
+        timings["start"] = time.monotonic() - began
+        app_id = wait_for_app(job_folder)
+        app = yarn_cluster.app(app_id)
+        assert (app["state"], app["name"]) == ("RUNNING", "demo"), app
+        status = cli("job", "status", "demo", "--jobs-file", jobs)
+        assert status["state"] == "running" and f"application {app_id} is RUNNING" in status["detail"], status
+        assert status["host"] and started["first_batch"] is not None
+
+        for index in range(2, 4):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        wait_past(started["checkpoint"], started["first_batch"])
+        began = time.monotonic()
+        stopped = cli("job", "stop", "demo", "--jobs-file", jobs)
+        timings["stop"] = time.monotonic() - began
+        assert stopped["stop_method"] == "cooperative" and stopped["consistency"] == "clean", stopped
+        assert wait_for_state(yarn_cluster, app_id, ("FINISHED", "FAILED", "KILLED"))["state"] == "FINISHED"
+
+        restarted = cli("job", "start", "demo", "--jobs-file", jobs, "--wait-timeout", "300")
+        assert restarted["restored"]["batch_id"] == stopped["batch_id"], restarted
+        new_app = wait_for_app(job_folder, not_this=app_id)
+        os.killpg(am_container_group(new_app), signal.SIGKILL)
+        failed = wait_for_state(yarn_cluster, new_app, ("FINISHED", "FAILED", "KILLED"))
+        assert failed["state"] == "FAILED" and "exitCode: 137" in failed["diagnostics"], failed
+        deadline = time.monotonic() + 60
+        while (status := cli("job", "status", "demo", "--jobs-file", jobs))["state"] != "failed" \
+                and time.monotonic() < deadline:
+            time.sleep(1)
+        assert status["state"] == "failed", status
+        assert f"application {new_app} is FAILED" in status["error"] and "exitCode: 137" in status["error"], status
+
+        # the watchdog restarts it (last state: on its live checkpoint), a new application on YARN
+        job = load_jobs(jobs)["demo"]
+        ctx = JobContext(job, Store(job.savepoint_dir))
+        began = time.monotonic()
+        decision = watchdog.supervise(ctx, submit_command=lambda checkpoint, conf: spark_submit_command(
+            job, checkpoint, conf), log_dir=tmp_path / "logs", wait_timeout=300)
+        timings["watchdog restart"] = time.monotonic() - began
+        assert decision.action == "restarted" and "exitCode: 137" in decision.reason, decision
+        third_app = wait_for_app(job_folder, not_this=new_app)
+        assert yarn_cluster.app(third_app)["state"] == "RUNNING"
+        for index in range(4, 6):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        deadline = time.monotonic() + 120
+        while demo.committed_event_ids(tmp_path / "output") != sorted(sent) and time.monotonic() < deadline:
+            time.sleep(1)
+        cancelled = cli("job", "cancel", "demo", "--jobs-file", jobs)
+        assert cancelled["stop_method"] == "cooperative", cancelled
+    finally:
+        last = read_run(job_folder)
+        if last is not None:
+            stop_process(last, grace=15)
+        for app in yarn_cluster.apps(states="RUNNING,ACCEPTED"):
+            if app["name"] == "demo":
+                YarnRunner().kill(RunTarget(job="demo", application_id=app["id"], master="yarn",
+                                            master_ui=yarn_cluster.url), grace=10)
+    # every event once: across the stop, the restart, the killed driver and the watchdog's restart
+    assert demo.committed_event_ids(tmp_path / "output") == sorted(sent)
+    print("YARN cluster mode: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+
+
+def test_a_yarn_job_started_without_a_yarn_site_is_refused_naming_what_to_set(tmp_path, monkeypatch):
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    monkeypatch.delenv("YARN_CONF_DIR", raising=False)
+    jobs = write_yarn_jobs(tmp_path, f"file://{tmp_path}")
+    result = CliRunner().invoke(cli_app, ["job", "start", "demo", "--fresh", "--jobs-file", jobs, "--json"])
+    error = json.loads(result.stdout)["error"]
+    assert result.exit_code != 0 and error["code"] == "yarn_not_configured", result.stdout
+    assert "HADOOP_CONF_DIR" in error["hint"] and "nothing was started" in error["message"], error
+    assert not (tmp_path / "savepoints" / "demo" / "_run.json").exists()
+    assert not (tmp_path / "savepoints" / "demo" / "_lease.json").exists()
