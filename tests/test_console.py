@@ -405,6 +405,33 @@ def test_savepoint_detail_has_what_a_restore_needs(console):
 
 
 @pytest.mark.slow
+def test_run_files_naming_a_master_make_the_api_server_send_no_request(console):
+    """Issue 40, over the real API server: a ``_run.json`` (a declared job's and another's) and a heartbeat naming a
+    standalone master and web UI at a local listener: the overview, a job's history and a savepoint's detail (its
+    sink check reads the run record) send it nothing (the console fetched a run file's web UI on every overview)."""
+    from tests.test_run_files import Listener
+
+    c, listener = console, Listener()
+    named = {"master": f"spark://127.0.0.1:{listener.url.rsplit(':', 1)[1]}", "master_ui": listener.url,
+             "application_id": "app-20260101000000-0001"}
+    forged = [c.root / job / "_run.json" for job in ("orders", "inventory")]
+    try:
+        for path in forged:
+            path.write_text(json.dumps({"job": path.parent.name, "checkpoint": f"/data/checkpoints/{path.parent.name}",
+                                        "started_at": datetime.now(UTC).isoformat(), "run_id": "run-forged",
+                                        "host": socket.gethostname(), **named}))
+        answers = [c.get(f"{API}/overview"), c.get(f"{API}/jobs/orders/history"), c.get(f"{API}/jobs/inventory/history"),
+                   c.get(f"{API}/jobs/orders/savepoints/{c.taken['orders'][0]}")]
+        assert [a.status_code for a in answers] == [200] * 4, [a.text[:300] for a in answers]
+        assert {job["job"] for job in answers[0].json()["jobs"]} >= {"orders", "inventory"}
+        assert listener.requests == [], listener.requests
+    finally:
+        for path in forged:
+            path.unlink(missing_ok=True)
+        listener.close()
+
+
+@pytest.mark.slow
 def test_errors_say_what_is_wrong(console):
     c = console
     with c.connection(host=str(c.base / "no-such-root")):
