@@ -242,11 +242,7 @@ class StandaloneRunner(Runner):
                 pass
         except OSError as exc:
             return {"method": "master", "killed": False, "detail": f"the master refused or failed the kill: {exc}"}
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.status(target).state == "running":
-            time.sleep(0.5)
-        return {"method": "master", "killed": True,
-                "detail": f"application {target.application_id} killed through {url}: {self.status(target).detail}"}
+        return _killed(self, target, grace, "master", url)
 
 
 YARN_CONF_ENV = ("YARN_CONF_DIR", "HADOOP_CONF_DIR")  # where spark-submit and this runner read yarn-site.xml
@@ -373,11 +369,17 @@ class YarnRunner(Runner):
             self._call(target, f"apps/{urllib.parse.quote(str(target.application_id))}/state", {"state": "KILLED"})
         except (OSError, ValueError) as exc:
             return {"method": "yarn", "killed": False, "detail": f"the ResourceManager refused or failed the kill: {exc}"}
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.status(target).state == "running":
-            time.sleep(0.5)
-        return {"method": "yarn", "killed": True,
-                "detail": f"application {target.application_id} killed through {rm}: {self.status(target).detail}"}
+        return _killed(self, target, grace, "yarn", rm)
+
+
+def _killed(runner: Runner, target: RunTarget, grace: float, method: str, through: str) -> dict[str, Any]:
+    """A kill sent through ``through``: the answer once ``runner`` no longer sees the application running
+    (at most ``grace`` seconds), with what it says of it then."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and runner.status(target).state == "running":
+        time.sleep(0.5)
+    return {"method": method, "killed": True,
+            "detail": f"application {target.application_id} killed through {through}: {runner.status(target).detail}"}
 
 
 _RUNNERS: dict[str, Callable[[], Runner]] = {}
