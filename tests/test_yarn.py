@@ -28,7 +28,6 @@ import pytest
 from typer.testing import CliRunner
 
 import airflow_savepoints.demo.app as demo
-from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.jobs import load_jobs
 from airflow_savepoints.jobs.description.record import RunTarget, read_run
@@ -39,6 +38,7 @@ from airflow_savepoints.jobs.workflows.lifecycle import job_status
 from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
 from airflow_savepoints.operators.job import RestoreJobOperator
 from airflow_savepoints.storage import Store
+from tests.test_job_control import wait_past as wait_past_in
 
 pytestmark = pytest.mark.yarn
 
@@ -82,13 +82,8 @@ def cli(*args: str) -> dict:
 
 
 def wait_past(checkpoint: str, batch: int, timeout: float = 180) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        newest, _ = checkpoint_progress(Store(checkpoint))
-        if newest is not None and newest > batch:
-            return newest
-        time.sleep(1)
-    raise TimeoutError(f"no batch past {batch} in {checkpoint} within {timeout}s")
+    """test_job_control's wait, with the longer timeout a YARN container's start needs."""
+    return wait_past_in(checkpoint, batch, timeout)
 
 
 def wait_for_app(job_folder: Store, not_this: str | None = None, timeout: float = 60) -> str:
