@@ -17,7 +17,7 @@ from airflow_savepoints.jobs import StreamingJob
 from airflow_savepoints.jobs.description.channel import CONTROL_CONF, JobControl
 from airflow_savepoints.jobs.description.record import JobRun, read_run
 from airflow_savepoints.jobs.launch.launcher import new_control_folder, process_alive, start_detached, wait_for_commit
-from airflow_savepoints.jobs.workflows.lifecycle import handle_failure, status, stop
+from airflow_savepoints.jobs.workflows.lifecycle import cancel, handle_failure, status, stop
 from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT
@@ -115,6 +115,31 @@ def test_each_policy_on_a_failed_job(failed_job, tmp_path, policy, kept):
     assert read_run(job_folder).ended == "failed"
     assert handle_failure(ctx, status(ctx), policy) is None  # once
     assert (failed_job / "checkpoint").exists()  # the original is untouched
+
+
+def test_a_cancel_of_a_failed_run_records_the_failure_it_was(failed_job, tmp_path):
+    """A cancel after the run failed on its own applies the policy as for a failure, once, and the
+    run stays failed with its reason: the history never says a crash was a cancellation."""
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(failed_job / "checkpoint", checkpoint)
+    original = read_run(Store(str(failed_job / "savepoints" / JOB)))
+    job_folder = Store(str(tmp_path / "savepoints" / JOB))
+    shutil.copytree(failed_job / "savepoints" / JOB / "_control", tmp_path / "savepoints" / JOB / "_control")
+    job_folder.write_bytes_atomic("_run.json", JobRun.model_validate(
+        {**original.model_dump(), "checkpoint": str(checkpoint)}).model_dump_json().encode())
+    ctx = JobContext(StreamingJob(name=JOB, application=demo.__file__, checkpoint=str(checkpoint)),
+                     Store(str(tmp_path / "savepoints")))
+
+    outcome = cancel(ctx, policy="RETAIN_ON_FAILURE", grace=1)
+    assert (outcome["termination"], outcome["stop_method"], outcome["action"]) == ("failed", "not_running", "retained")
+    assert "bad record" in outcome["reason"] and "had already failed" in outcome["detail"], outcome
+    recorded = read_run(job_folder)
+    assert recorded.ended == "failed" and "bad record" in recorded.termination["reason"]
+    seen = status(ctx)
+    assert seen.state == "failed" and "bad record" in seen.error
+    again = cancel(ctx, policy="RETAIN_ON_FAILURE", grace=1)  # the end is recorded: it stays a failure
+    assert again["stop_method"] == "not_running" and read_run(job_folder).ended == "failed", again
+    assert [s.type.value for s in list_savepoints(Store(str(tmp_path / "savepoints")), JOB)] == ["retained_checkpoint"]
 
 
 def test_periodic_dag_applies_the_policy_then_the_fixed_job_restores_from_the_retained_checkpoint(

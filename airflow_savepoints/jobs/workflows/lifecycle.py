@@ -411,15 +411,21 @@ def savepoint(ctx: JobContext, *, savepoint_type: str = SavepointType.MANUAL.val
 def cancel(ctx: JobContext, *, policy: str | None = None, grace: float = 60,
            on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """End the job without a savepoint (its control folder first, then its runner), then apply its
-    checkpoint retention policy for a cancellation."""
+    checkpoint retention policy for a cancellation. A run that had already failed on its own stays a
+    failure: the policy is applied to it as to a failure, once. A run whose end is recorded keeps it."""
     chosen = parse_policy(policy or ctx.job.checkpoint_retention)  # bad input fails before the cancel
     run = Run.read(ctx)
     state = run.state()
+    if state.state == "failed" and state.ended is None:
+        failed = handle_failure(ctx, state, chosen.value, run=run)
+        if failed is not None:
+            return {**failed, "stop_method": "not_running", "detail": f"run {state.run_id} had already failed: its "
+                    "end is recorded as a failure, not a cancellation"}
     ended = run.end(state, grace, f"cancel-{datetime.now(UTC):%Y%m%dT%H%M%S%f}")
     ctx.log(f"job {ctx.job.name} ended: {ended}")
     current = Run.read(ctx)  # as the end left it
     outcome = current.apply_retention(chosen, "cancelled", state, on_event)
-    if current.recorded:
+    if current.recorded and state.ended is None:
         current.record_end("cancelled", outcome)
     return {**outcome, "stop_method": ended["method"], "run_id": state.run_id,
             **({"warnings": state.warnings} if state.warnings else {}),
