@@ -160,6 +160,9 @@ def _start_healthy(ctx: JobContext, kwargs: dict[str, Any], request: UpgradeRequ
     else:
         started = lifecycle.start(ctx, submit_command=submit_for(ctx.job), log_dir=log_dir,
                                   wait_timeout=request.health_timeout, **kwargs)
+    rescaled = (started.get("restored") or {}).get("repartition_batch_id")
+    if past_batch is not None and rescaled is not None:  # Spark's repartition batch is not one the version ran
+        past_batch = max(past_batch, rescaled)
     if past_batch is not None and started["first_batch"] <= past_batch:  # live by its heartbeat: health is a new batch
         started = {**started, "first_batch": lifecycle.wait_for_new_batch(ctx, request.health_timeout)}
     if past_batch is not None and started["first_batch"] <= past_batch:
