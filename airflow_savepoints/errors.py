@@ -350,11 +350,19 @@ class AutoscaleNotConfiguredError(InvalidInputError):
     code = "autoscale_not_configured"
 
 
-class AutoscaleActNotBuiltError(SavepointError):
-    """``job autoscale`` without ``--dry-run`` for a job whose policy says ``mode: act``: acting on a
-    decision (a savepoint-mode upgrade with the new executors) is not built yet. Nothing was changed."""
+class AutoscaleRolledBackError(SavepointError):
+    """The autoscaler's action (an upgrade to the same version with new executors or state partitions) failed
+    its check, or its health after the restart: the job runs its previous configuration. Recorded
+    ``rolled_back``; the next decision waits out the cooldown."""
 
-    code = "autoscale_act_not_built"
+    code = "autoscale_rolled_back"
+
+
+class AutoscaleActFailedError(SavepointError):
+    """The autoscaler's action was refused before anything stopped, or failed and its rollback too. Recorded
+    ``failed``; the next decision waits out the cooldown."""
+
+    code = "autoscale_act_failed"
 
 
 # --- retention and the API -------------------------------------------------------------------------

@@ -21,6 +21,7 @@ def get_provider_info() -> dict:
                        "python-modules": ["airflow_savepoints.operators.savepoint", "airflow_savepoints.operators.job",
                                              "airflow_savepoints.operators.retention", "airflow_savepoints.operators.upgrade",
                                              "airflow_savepoints.operators.supervise",
+                                             "airflow_savepoints.operators.autoscale",
                                              "airflow_savepoints.operators.inspect"]}],
         "sensors": [{"integration-name": integration, "python-modules": ["airflow_savepoints.sensors.savepoint"]}],
         "triggers": [{"integration-name": integration, "python-modules": ["airflow_savepoints.triggers.savepoint"]}],

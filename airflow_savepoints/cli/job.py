@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from airflow_savepoints.cli.options import (
     MaxAgeOption,
@@ -431,27 +432,38 @@ def autoscale_job(
     *,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report the decision and its evidence (always "
                                           "so for mode: recommend).")] = False,
+    log_dir: LogDir = None,
     target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
-    """Decide whether JOB needs more or fewer executors (or state partitions) from its metric series; report why."""
-    def action():
+    """Decide whether JOB needs more or fewer executors (or state partitions) from its metric series, report why,
+    and with mode: act carry it out: a checked savepoint upgrade to the same version, rolled back on failure."""
+    @command
+    def run(as_json: bool = False) -> None:
         from airflow_savepoints.jobs.workflows.autoscale import evaluate
 
         ctx = target.context(job)
-        result = evaluate(ctx, dry_run=dry_run)
-        colour = {"scale_up": "green", "scale_down": "cyan"}.get(result["action"], "yellow")
+        result = evaluate(ctx, dry_run=dry_run, submit_for=_submit_for(ctx), log_dir=_log_dir(log_dir))
+        colour = {"acted": "green", "recommended": "cyan", "held": "yellow"}.get(result["outcome"], "red")
         current, wanted = result["current"], result["target"]
-        text = (f"job {job}: [{colour}]{result['action']}[/] ({result['reason']}, {result['outcome']}): {result['message']}"
-                f"\n  now {current['executors']} executor(s), {current['cores']} core(s), state partitions "
-                f"{current['partitions']}")
+        text = (f"job {job}: {result['action']} ({result['reason']}, [{colour}]{result['outcome']}[/]): "
+                f"{result['message']}\n  now {current['executors']} executor(s), {current['cores']} core(s), state "
+                f"partitions {current['partitions']}")
         if result["action"] != "hold":
             text += (f"\n  target {wanted['executors']} executor(s), {wanted['cores']} core(s), state partitions "
                      f"{wanted['partitions']}" + (f"; conf {result['spark_conf']}" if result["spark_conf"] else ""))
+        if result["upgrade"]:
+            text += (f"\n  upgraded to version {result['upgrade']['to_version']}: run {result['upgrade']['run_id']}, "
+                     f"batch {result['upgrade']['first_batch']} committed")
         evidence = result["evidence"]
         if evidence:
             text += "\n  evidence: " + ", ".join(f"{key} {value}" for key, value in evidence.items() if value is not None)
         text += "".join(f"\n  [yellow]warning[/]: {warning}" for warning in result["warnings"])
-        return result, text
+        emit(as_json, result, text)
+        if result["error"]:  # rolled back or failed: recorded, printed, and a non-zero exit
+            if not as_json:
+                err.print(f"[bold red]error:[/] {escape(result['error']['message'])}")
+                err.print(f"[yellow]how to fix:[/] {escape(result['error']['hint'] or '')}")
+            raise typer.Exit(1)
 
-    _report(as_json, action)
+    run(as_json=as_json)

@@ -22,6 +22,11 @@ No decision is taken while a savepoint, upgrade, check or restore is in flight, 
 of the last action, while the run catches up after its start (until a batch runs below the trigger
 interval with its backlog drained, at most ``scale_up_after`` seconds), or without metrics covering
 the whole window.
+
+:func:`evaluate` reads those inputs from the job's storage and, with ``mode: act``, carries a change out
+through the upgrade path (:mod:`airflow_savepoints.jobs.workflows.upgrade`): a savepoint-mode upgrade to
+the version the run was started with, the new executors' Spark conf on top (:func:`spark_conf_for`),
+``state_partitions`` when they change, checked first and rolled back on failure.
 """
 
 from __future__ import annotations
@@ -35,17 +40,27 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from airflow_savepoints.core.lease import JobLock
-from airflow_savepoints.core.names import CHECK_FOLDER
-from airflow_savepoints.errors import AutoscaleActNotBuiltError, AutoscaleNotConfiguredError
+from airflow_savepoints.core.names import CHECK_FOLDER, RESCALE_FOLDER
+from airflow_savepoints.errors import (
+    AutoscaleActFailedError,
+    AutoscaleNotConfiguredError,
+    AutoscaleRolledBackError,
+    SavepointError,
+    UpgradeCheckFailedError,
+)
 from airflow_savepoints.jobs.description.metrics import MetricPoint, append_decision, read_decisions, read_series
 from airflow_savepoints.jobs.description.model import AutoscaleSettings
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from airflow_savepoints.jobs.workflows.run import JobContext, JobState
+    from airflow_savepoints.jobs.workflows.upgrade import SubmitFor, UpgradeRequest
 
 Action = Literal["scale_up", "scale_down", "hold"]
 SKEW_LIMIT = 2.0  # the largest state partition's rows over the mean at which partitions bind
-ACTED = ("acted", "rolled_back")  # history outcomes that were actions (cooldown counts from them)
+ACTED = ("acted", "rolled_back", "failed")  # history outcomes of an attempt to act: the cooldown counts from them
+CAUSE_CHARS = 2000  # of an action's error kept in the history (bounded: the history stays below the readers' cap)
 
 
 @dataclass(frozen=True)
@@ -328,10 +343,10 @@ def spark_conf_for(master: str, decision: Decision, executor_cores: int) -> dict
     return {"spark.executor.instances": str(decision.target_executors), "spark.executor.cores": str(executor_cores)}
 
 
-# --- reading a job's inputs, recording its decision (the CLI's ``job autoscale``) ----------------------
+# --- reading a job's inputs, acting, recording the decision (``job autoscale``, AutoscaleJobsOperator) -----
 def _in_flight(ctx: JobContext, state: JobState) -> str | None:
     """What of the job is in flight: a start or stop (its run's state), a savepoint (the job's single-flight
-    lease, live), an upgrade check (its scratch folder); None when nothing is."""
+    lease, live), an upgrade check (its scratch folder), a rescale (its result folder); None when nothing is."""
     if state.state in ("starting", "stopping"):
         return "a start of the job" if state.state == "starting" else "a stop of the job"
     lease = JobLock(ctx.folder, request_id=None).lease.read()
@@ -339,25 +354,85 @@ def _in_flight(ctx: JobContext, state: JobState) -> str | None:
         return "a savepoint"
     if ctx.folder.listdir(CHECK_FOLDER):
         return "an upgrade check"
+    if ctx.folder.listdir(RESCALE_FOLDER):
+        return "a rescale"
     return None
 
 
-def evaluate(ctx: JobContext, *, dry_run: bool, now: float | None = None) -> dict[str, Any]:
-    """The job's decision now from what its storage holds (status, metric series, decision history), recorded
-    in its bounded decision history as ``recommended`` or ``held``; what ``job autoscale`` prints."""
+def scale_request(ctx: JobContext, state: JobState, decision: Decision, conf: dict[str, str]) -> UpgradeRequest:
+    """The upgrade that carries out ``decision``: the version the run was started with and ``conf`` on top, in
+    savepoint mode, checked first, rolled back on failure; ``state_partitions`` only when they change."""
+    from airflow_savepoints.jobs.workflows.upgrade import UpgradeRequest, new_version, running_version
+
+    running = ctx.job.with_version(running_version(ctx, state))
+    partitions = decision.target_partitions if decision.target_partitions != decision.current_partitions else None
+    return UpgradeRequest(version=new_version(running, spark_conf=conf), mode="savepoint", check_first=True,
+                          rollback=True, state_partitions=partitions)
+
+
+def _act(ctx: JobContext, state: JobState, decision: Decision, conf: dict[str, str], submit_for: SubmitFor,
+         log_dir: Path) -> tuple[str, dict[str, Any] | None, SavepointError | None]:
+    """Carry ``decision`` out through the upgrade path: (outcome, what was done, the error)."""
+    from airflow_savepoints.jobs.workflows.upgrade import UpgradeRolledBackError, upgrade
+
+    request = scale_request(ctx, state, decision, conf)
+    ctx.log(f"autoscale: {decision.message}; upgrading job {ctx.job.name} to version {request.version.hash} "
+            f"(savepoint mode, checked first{f', state partitions {request.state_partitions}' if request.state_partitions else ''})")
+    try:
+        done = upgrade(ctx, request, submit_for=submit_for, log_dir=log_dir)
+    except (UpgradeCheckFailedError, UpgradeRolledBackError) as exc:
+        return "rolled_back", None, exc
+    except SavepointError as exc:
+        return "failed", None, exc
+    check, started = done.get("check") or {}, done["started"]
+    return "acted", {"mode": done["mode"], "from_version": done["from_version"]["hash"],
+                     "to_version": done["to_version"]["hash"], "spark_conf": conf,
+                     "state_partitions": request.state_partitions, "check_duration_s": check.get("duration_s"),
+                     "stop_savepoint": done["stop_savepoint"], "stop_batch": done["stop_batch"],
+                     "run_id": started["run_id"], "first_batch": started["first_batch"],
+                     "checkpoint": started["checkpoint"]}, None
+
+
+def _act_error(name: str, decision: Decision, outcome: str, cause: SavepointError, until: str | None) -> SavepointError:
+    """The typed error of an action that was rolled back or failed, naming the change and the cause."""
+    change = (f"{decision.action} of job '{name}' ({decision.current_cores} -> {decision.target_cores} cores, state "
+              f"partitions {decision.current_partitions} -> {decision.target_partitions})")
+    text = f"{cause.code}: {cause.message}"[:CAUSE_CHARS]
+    wait = f"no decision before {until} (the cooldown)"
+    if outcome == "rolled_back":
+        where = ("failed its check on a copy of the state; the running configuration was not stopped"
+                 if isinstance(cause, UpgradeCheckFailedError) else
+                 "was not healthy after the restart; the previous configuration runs again from the stop savepoint")
+        return AutoscaleRolledBackError(f"the {change} {where}: {text}", f"see the cause and its log; {wait}",
+                                        cause=cause.cause)
+    return AutoscaleActFailedError(f"the {change} failed: {text}", f"{cause.hint or 'see the cause'}; {wait}",
+                                   cause=cause.cause)
+
+
+def act_failures(results: list[dict[str, Any]]) -> SavepointError | None:
+    """One error for the actions of ``results`` (``evaluate``'s) that were rolled back or failed; None if none."""
+    errors = [r["error"] for r in results if r.get("error")]
+    if not errors:
+        return None
+    kind = AutoscaleActFailedError if any(e["code"] == AutoscaleActFailedError.code for e in errors) \
+        else AutoscaleRolledBackError
+    return kind("\n".join(e["message"] for e in errors), "; ".join(dict.fromkeys(e["hint"] for e in errors if e["hint"])))
+
+
+def evaluate(ctx: JobContext, *, dry_run: bool, submit_for: SubmitFor, log_dir: Path,
+             now: float | None = None) -> dict[str, Any]:
+    """The job's decision now from what its storage holds (status, metric series, decision history); with
+    ``mode: act`` and not ``dry_run``, a change carried out (:func:`scale_request`). Recorded in its bounded
+    decision history as ``recommended``, ``held``, ``acted``, ``rolled_back`` or ``failed``; what ``job
+    autoscale`` prints. An action that was rolled back or failed is returned with its ``error``, not raised."""
     from airflow_savepoints.jobs.workflows import lifecycle
 
     policy = ctx.job.autoscale
     if policy is None:
         raise AutoscaleNotConfiguredError(f"job '{ctx.job.name}' has no autoscale: policy in the jobs file",
                                           "add an autoscale: block to the job (docs/autoscale.md)")
-    if policy.mode == "act" and not dry_run:
-        raise AutoscaleActNotBuiltError(
-            f"job '{ctx.job.name}' has autoscale mode: act, but acting on a decision (a savepoint-mode upgrade to the "
-            "same version with the new executors and state partitions) is not built yet; nothing was changed",
-            "run it with --dry-run for the decision and its evidence, or set mode: recommend; act on a "
-            "recommendation with `airflow-savepoints job upgrade JOB --conf ... --state-partitions N`")
     now = time.time() if now is None else now
+    began = time.monotonic()
     warnings: list[str] = []
     state = lifecycle.status(ctx)
     series = read_series(ctx.folder, warnings)
@@ -370,18 +445,28 @@ def evaluate(ctx: JobContext, *, dry_run: bool, now: float | None = None) -> dic
     decision = decide(policy, series, current, now, history)
     if decision.reason == "not_running":
         decision.message = f"the job is {state.state}: nothing to scale"
-    outcome = "held" if decision.action == "hold" else "recommended"
-    at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds")
     conf = spark_conf_for(ctx.master, decision, policy.executor_cores) if decision.changes else {}
+    outcome, done, error = ("recommended" if decision.changes else "held"), None, None
+    if decision.changes and policy.mode == "act" and not dry_run:
+        if conf or decision.target_partitions != decision.current_partitions:
+            outcome, done, error = _act(ctx, state, decision, conf, submit_for, log_dir)
+        else:
+            warnings.append(f"master {ctx.master} gives the job its cores itself (local[N]) and the state partitions "
+                            "stay: nothing to act on, recommended only; change the job's master for more cores")
+    ended = now + (time.monotonic() - began)
     payload = {
-        "job": ctx.job.name, "at": at, "mode": policy.mode, "dry_run": dry_run, "outcome": outcome,
+        "job": ctx.job.name, "at": _iso(now), "mode": policy.mode, "dry_run": dry_run, "outcome": outcome,
         "action": decision.action, "reason": decision.reason, "message": decision.message,
         "current": {"executors": decision.current_executors, "cores": decision.current_cores,
                     "partitions": decision.current_partitions},
         "target": {"executors": decision.target_executors, "cores": decision.target_cores,
                    "partitions": decision.target_partitions},
         "spark_conf": conf, "evidence": decision.evidence, "run_id": newest.run_id if newest else None,
-        "points": len(series), "warnings": warnings,
+        "points": len(series), "upgrade": done,
+        "error": _act_error(ctx.job.name, decision, outcome, error, _iso(ended + policy.cooldown)).to_dict()
+        if error is not None else None,
+        "warnings": warnings,
     }
-    append_decision(ctx.folder, {**{k: v for k, v in payload.items() if k != "warnings"}, "at_epoch": now}, warnings=warnings)
+    append_decision(ctx.folder, {**{k: v for k, v in payload.items() if k != "warnings"}, "at_epoch": ended},
+                    warnings=warnings)
     return payload

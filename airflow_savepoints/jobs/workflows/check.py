@@ -88,7 +88,7 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
                "savepoint_batch": check.saved.manifest.batch_id, "restored_batch": restored.batch_id,
                "checked_batch": result.get("batch_id"), "state_partitions": state_partitions,
                "scratch": check.scratch.url, "log_file": run.log_file, "duration_s": round(time.monotonic() - started, 1)}
-    check.judge(result, restored.batch_id, run.log_file)
+    check.judge(result, batch_to_pass(restored), run.log_file)
     return summary
 
 
@@ -127,7 +127,7 @@ class UpgradeCheck:
             restore_options = rescale_on_the_job(replace(ctx, job=new_job), submit_for(new_job), log_dir, restore_options)
             restored = restore_savepoint(self.saved.pointer, checkpoint.url, storage_options=ctx.root.storage_options,
                                          target_storage_options=ctx.root.storage_options, **restore_options)
-            conf = {**restored.spark_conf_to_set, CHECK_CONF: self.scratch.url, CHECK_AFTER_CONF: str(restored.batch_id),
+            conf = {**restored.spark_conf_to_set, CHECK_CONF: self.scratch.url, CHECK_AFTER_CONF: str(batch_to_pass(restored)),
                     CHECK_TIMEOUT_CONF: str(self.timeout), CHECKPOINT_CONF: checkpoint.url}
             secret = trust.new_secret()  # the result's key: in memory here, in the driver's environment there
             if new_job.deploy_mode == "cluster":  # a driver on another host: a conf Spark redacts (its name says secret)
@@ -162,6 +162,12 @@ class UpgradeCheck:
             f"{self.saved.pointer}): {result['error']}\n{kept}",
             "fix the new version (Spark's message says what does not match), then check or upgrade again",
             cause=result.get("error"))
+
+
+def batch_to_pass(restored: RestoreResult) -> int:
+    """The batch a run on a restored copy must commit past to have run one of its own: the restored batch, or after
+    a rescale Spark's repartition batch (committed by the rescale, not by the version under check)."""
+    return restored.batch_id if restored.repartition_batch_id is None else restored.repartition_batch_id
 
 
 def rescale_options(state_partitions: int | None) -> dict[str, Any]:

@@ -54,6 +54,10 @@ class UpgradeFailedError(SavepointError):
     code = "upgrade_failed"
 
 
+class UpgradeRolledBackError(UpgradeFailedError):
+    """The new version was not healthy; the previous version runs again from the state it was stopped with."""
+
+
 class UpgradeRequest(BaseModel):
     """What to upgrade to, and how."""
 
@@ -76,6 +80,11 @@ def new_version(job: StreamingJob, application: str | None = None, application_a
                 spark_conf: dict[str, str] | None = None) -> JobVersion:
     """The job's version with the given fields replaced (None or empty: keep the job's)."""
     return job.variant(application, application_args, spark_conf).version()
+
+
+def running_version(ctx: JobContext, state: lifecycle.JobState) -> JobVersion:
+    """The version the job's run was started with (its run record), else the jobs file's."""
+    return JobVersion.model_validate(state.version) if state.version else ctx.job.version()
 
 
 def checkpoint_problem(ctx: JobContext, checkpoint: str | None) -> str | None:
@@ -151,6 +160,9 @@ def _start_healthy(ctx: JobContext, kwargs: dict[str, Any], request: UpgradeRequ
     else:
         started = lifecycle.start(ctx, submit_command=submit_for(ctx.job), log_dir=log_dir,
                                   wait_timeout=request.health_timeout, **kwargs)
+    rescaled = (started.get("restored") or {}).get("repartition_batch_id")
+    if past_batch is not None and rescaled is not None:  # Spark's repartition batch is not one the version ran
+        past_batch = max(past_batch, rescaled)
     if past_batch is not None and started["first_batch"] <= past_batch:  # live by its heartbeat: health is a new batch
         started = {**started, "first_batch": lifecycle.wait_for_new_batch(ctx, request.health_timeout)}
     if past_batch is not None and started["first_batch"] <= past_batch:
@@ -174,7 +186,7 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
     mode = _mode(ctx, request, state)
     if request.state_partitions is not None:  # what the rescale would refuse, refused before the check and the stop
         refuse_unrescalable(ctx, state, request.state_partitions)
-    previous = JobVersion.model_validate(state.version) if state.version else ctx.job.version()
+    previous = running_version(ctx, state)
     old_ctx = replace(ctx, job=ctx.job.with_version(previous))
     new_ctx = replace(ctx, job=ctx.job.with_version(request.version))
     checked = _check_first(ctx, request, mode, submit_for, log_dir)
@@ -218,7 +230,7 @@ def _roll_back(old_ctx: JobContext, new_ctx: JobContext, request: UpgradeRequest
     except SavepointError as exc:
         raise UpgradeFailedError(f"upgrade of job '{name}' to version {new_hash} failed: {error}\nand the rollback "
                                  f"failed too: {exc}", f"restart it from {summary['stop_savepoint']}") from exc
-    raise UpgradeFailedError(
+    raise UpgradeRolledBackError(
         f"upgrade of job '{name}' to version {new_hash} failed: {error}\nrolled back: version "
         f"{old_ctx.job.version().hash} runs again as run {back['run_id']} ({mode}, from {kwargs})",
         "fix the new version, then upgrade again")
