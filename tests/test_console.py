@@ -133,7 +133,9 @@ def record_load(folder: Store) -> None:
             "current": {"executors": cores, "cores": cores, "partitions": 4},
             "target": {"executors": target, "cores": target, "partitions": None},
             "spark_conf": {}, "evidence": {"utilization": 1.2, "window_s": 300}, "run_id": "run-orders-1",
-            "points": 720, "at_epoch": at})
+            "points": 720, "upgrade": None, "at_epoch": at, "error": {
+                "code": "autoscale_rolled_back", "message": "the scale_up of job 'orders' failed its check",
+                "hint": "see the cause and its log"} if outcome == "rolled_back" else None})
 
 
 def jobs_file(path: Path, root: Path) -> Path:
@@ -805,6 +807,8 @@ def test_console_in_chromium(console, tmp_path):
         assert [row[0] for row in load["decisions"]] == [outcome for _, _, outcome, _, _ in DECISIONS[::-1]]
         assert load["decisions"][1][1:] == [load["decisions"][1][1], "scale up", "scale_up", "acted", "2 \u2192 4", "4",
                                             "decision 4: scale_up"], load["decisions"][1]
+        assert load["decisions"][3][7] == ("decision 2: scale_upautoscale_rolled_back: the scale_up of job 'orders' "
+                                           "failed its check"), load["decisions"][3]  # why it was rolled back
         browser.script(in_page("doc.querySelector('.metrics-view[data-job=orders]').scrollIntoView(); return true;"))
         browser.screenshot(ARTIFACTS / "console-metrics.png")
         # payments: a failed attempt's reason, a disposed savepoint's entry; ledger: declared, no savepoint yet

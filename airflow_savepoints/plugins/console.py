@@ -333,6 +333,7 @@ class DecisionEntry(BaseModel):
     current: dict[str, int | None] = Field(default_factory=dict)
     target: dict[str, int | None] = Field(default_factory=dict)
     evidence: dict[str, Any] = Field(default_factory=dict)
+    error: dict[str, Any] | None = None  # an action rolled back or failed: its code, message and hint
 
 
 def _merged(points: list[MetricPoint]) -> ChartPoint:

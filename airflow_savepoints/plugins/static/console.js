@@ -481,7 +481,8 @@ function decisionsTable(job, decisions, total) {
     el("td", {class: "time", text: d.at ? formatTime(d.at) : "\u2014"}), el("td", {text: (d.action || "").replace(/_/g, " ")}),
     el("td", {class: "mono", text: d.reason || ""}), el("td", {}, d.outcome ? badge(d.outcome) : ""),
     el("td", {class: "num", text: change(d, "cores")}), el("td", {class: "num", text: change(d, "partitions")}),
-    el("td", {class: "wrap", text: d.message || "", title: JSON.stringify(d.evidence)}))));
+    el("td", {class: "wrap", title: JSON.stringify(d.evidence)}, d.message || "", d.error ? el("div", {class: "reason",
+      title: d.error.hint || "", text: `${d.error.code}: ${d.error.message}`}) : null))));
   return el("div", {}, el("h3", {text: `Autoscale decisions (${decisions.length} newest of ${total})`}),
     el("table", {class: "decisions", data: {job}},
       el("colgroup", {}, ["18%", "9%", "12%", "11%", "7%", "8%", ""].map(width => el("col", {style: width && "width:" + width}))),
