@@ -68,6 +68,7 @@ def populate(root: Path, checkpoint: Path, earlier: Path) -> dict[str, list[str]
     Catalog(Store(str(root / "orders")), "orders").begin("savepoint-0a1b2c-00000000abcd", SavepointType.PERIODIC,
                                                          "in flight", None)
     _beat(root, "orders", "run-orders-1", last_committed_batch=5)
+    record_load(Store(str(root / "orders")))
 
     retired = take(checkpoint, "payments", "periodic", "hourly")  # disposed below: only its history entry remains
     taken["payments"] = [take(checkpoint, "payments", "stop", "decommissioned")]
@@ -93,6 +94,48 @@ def populate(root: Path, checkpoint: Path, earlier: Path) -> dict[str, list[str]
     (root / "empty-job").mkdir()
     (root / "README.md").write_text("savepoints of the streaming jobs; see the runbook\n")  # not a job
     return taken
+
+
+SERIES_WRITTEN = 900  # triggers recorded for orders; the series keeps the last DEFAULT_KEEP (720)
+DECISIONS = [("hold", "catching_up", "held", 2, None), ("scale_up", "scale_up", "recommended", 2, 4),
+             ("scale_up", "scale_up", "rolled_back", 2, 4), ("hold", "cooldown", "held", 2, None),
+             ("scale_up", "scale_up", "acted", 2, 4), ("scale_down", "scale_down", "recommended", 4, 2)]
+
+
+def progress(batch: int, now: float) -> dict[str, Any]:
+    """One ``query.lastProgress`` of orders, 5 s triggers: a load step up at batch 450 (batches take longer than
+    the trigger, a Kafka backlog grows), 4 cores from batch 600 (it drains), the load back down from batch 780."""
+    load = 400.0 if 450 <= batch < 780 else 150.0
+    cores = 4 if batch >= 600 else 2
+    processed = 120.0 * cores * (1 + 0.05 * (batch % 7) / 7)
+    duration = min(load / processed, 1.6) * 3500 + 40 * (batch % 5)
+    backlog = (batch - 450) * 600 if 450 <= batch < 600 else max(0, 90000 - (batch - 600) * 1500) if batch >= 600 else 0
+    stamp = datetime.fromtimestamp(now - (SERIES_WRITTEN - batch) * 5, UTC).isoformat().replace("+00:00", "Z")
+    return {"batchId": batch, "timestamp": stamp, "numInputRows": int(load * 5), "inputRowsPerSecond": load,
+            "processedRowsPerSecond": processed, "durationMs": {"triggerExecution": duration, "addBatch": duration - 30},
+            "stateOperators": [{"operatorName": "stateStoreSave", "numRowsTotal": 1000 + batch, "memoryUsedBytes": 81920,
+                                "numShufflePartitions": 4}],
+            "sources": [{"latestOffset": {"orders": {"0": 100000 + backlog}}, "endOffset": {"orders": {"0": 100000}}}]}
+
+
+def record_load(folder: Store) -> None:
+    """orders' metric series and autoscale decisions, through metrics.py's own writers."""
+    from airflow_savepoints.jobs.description.metrics import append_decision, point_of, write_series
+
+    now = time.time()
+    write_series(folder, [point_of(progress(b, now), trigger_interval_ms=5000, cores=4 if b >= 600 else 2,
+                                   run_id="run-orders-1" if b < 600 else "run-orders-2") for b in range(SERIES_WRITTEN)])
+    for i, (action, reason, outcome, cores, target) in enumerate(DECISIONS):
+        at = now - (len(DECISIONS) - i) * 600
+        append_decision(folder, {  # as `job autoscale` records one (jobs/workflows/autoscale.py, evaluate)
+            "job": "orders", "at": datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds"), "mode": "recommend",
+            "dry_run": False, "outcome": outcome, "action": action, "reason": reason, "message": f"decision {i}: {reason}",
+            "current": {"executors": cores, "cores": cores, "partitions": 4},
+            "target": {"executors": target, "cores": target, "partitions": None},
+            "spark_conf": {}, "evidence": {"utilization": 1.2, "window_s": 300}, "run_id": "run-orders-1",
+            "points": 720, "upgrade": None, "at_epoch": at, "error": {
+                "code": "autoscale_rolled_back", "message": "the scale_up of job 'orders' failed its check",
+                "hint": "see the cause and its log"} if outcome == "rolled_back" else None})
 
 
 def jobs_file(path: Path, root: Path) -> Path:
@@ -156,6 +199,20 @@ def test_the_console_script_passes_the_linter():
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert linted.returncode == 0, linted.stdout[-4000:] + linted.stderr[-4000:]
     assert "Checked 1 file" in linted.stdout + linted.stderr
+
+
+def test_api_mds_metrics_keys_are_the_answers(tmp_path):
+    """docs/api.md's key lists of the metrics route: the answer's keys (of a real answer), a point's
+    (``ChartPoint``) and a decision's (``DecisionEntry``), both ways."""
+    from airflow_savepoints.plugins.console import ChartPoint, DecisionEntry, job_metrics
+    from tests.unit.test_docs_drift import json_keys
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    section = text[text.index("### A job's load"):text.index("### Actions")]
+    answer, point, decision = (json_keys(section[section.index(label):]) for label in
+                               ("The answer's JSON:", "A point's JSON:", "A decision's JSON:"))
+    assert sorted(answer) == sorted(job_metrics(Store(str(tmp_path)), "orders", 10, 10)), answer
+    assert sorted(point) == sorted(ChartPoint.model_fields) and sorted(decision) == sorted(DecisionEntry.model_fields)
 
 
 def test_the_last_batch_is_the_checkpoints_when_the_heartbeat_lags(stopped_checkpoint, tmp_path):
@@ -405,10 +462,78 @@ def test_savepoint_detail_has_what_a_restore_needs(console):
 
 
 @pytest.mark.slow
+def test_a_jobs_metrics_are_downsampled_and_its_decisions_newest_first(console):
+    """The series orders' run recorded (900 triggers: the file keeps the last 720) in at most ``points`` points,
+    each the longest batch, the mean rates and the largest backlog of the consecutive batches it merges; the
+    decisions `job autoscale` recorded, newest first; for a viewer too."""
+    from airflow_savepoints.jobs.description.metrics import DEFAULT_KEEP, read_decisions, read_series
+
+    c = console
+    series, recorded = read_series(Store(str(c.root / "orders"))), read_decisions(Store(str(c.root / "orders")))
+    viewer = c.token_of(VIEWER, c.viewer_password)
+    for asked, merged in ((None, 6), (50, 15), (DEFAULT_KEEP, 1), (7, 103)):
+        answer = c.get(f"{API}/jobs/orders/metrics", viewer, params={"points": asked} if asked else {})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        points = body["points"]
+        assert (body["total_points"], body["merged"], body["warnings"]) == (DEFAULT_KEEP, merged, []), asked
+        assert len(points) <= (asked or 120) and sum(p["batches"] for p in points) == DEFAULT_KEEP == len(series)
+        assert [p["batch_id"] for p in points][-1] == SERIES_WRITTEN - 1 and points[0]["batches"] == merged
+        runs = [series[i:i + merged] for i in range(0, len(series), merged)]
+        assert [p["duration_ms"] for p in points] == [max(q.duration_ms for q in run) for run in runs]
+        assert [p["backlog"] for p in points] == [max(q.backlog for q in run) for run in runs]
+        assert [p["input_rate"] for p in points] == pytest.approx([sum(q.input_rate for q in run) / len(run) for run in runs])
+        assert points[-1]["cores"] == 4 and points[-1]["partitions"] == 4 and points[-1]["trigger_interval_ms"] == 5000
+    decisions = c.get(f"{API}/jobs/orders/metrics", params={"decisions": 4}).json()
+    assert decisions["total_decisions"] == len(DECISIONS) == len(recorded)
+    assert [(d["action"], d["reason"], d["outcome"]) for d in decisions["decisions"]] == \
+        [(a, r, o) for a, r, o, _, _ in DECISIONS[::-1][:4]]
+    assert decisions["decisions"][0] == {key: recorded[-1][key] for key in decisions["decisions"][0]}
+    for bad in ({"points": 1}, {"points": DEFAULT_KEEP + 1}, {"decisions": 0}, {"decisions": 201}):
+        answer = c.get(f"{API}/jobs/orders/metrics", params=bad)
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_input", (bad, answer.text)
+    none = c.get(f"{API}/jobs/clicks/metrics").json()  # a job whose runs recorded nothing
+    assert (none["total_points"], none["points"], none["decisions"], none["warnings"]) == (0, [], [], [])
+    declared = c.get(f"{API}/jobs/ledger/metrics").json()
+    assert declared["declared"] is True and declared["points"] == [] and "no savepoint" in declared["message"]
+    assert c.get(f"{API}/jobs/nobody/metrics").json()["error"]["code"] == "job_not_found"
+
+
+@pytest.mark.slow
+def test_a_forged_huge_or_linked_metrics_file_is_not_read(console):
+    """A ``_metrics.json`` over the run files' 1 MiB cap, or a link (here to orders' real series, and an
+    ``_autoscale.json`` linked to orders' decisions): the API server reads none of them, answers an empty series
+    and history, and says why; the job's other routes still answer."""
+    c = console
+    folder = c.root / "clicks"
+    huge = {"version": 1, "points": [{"batch_id": i, "time": 1.0e9 + i, "duration_ms": 1.0} for i in range(40000)]}
+    try:
+        (folder / "_metrics.json").write_text(json.dumps(huge))
+        assert (folder / "_metrics.json").stat().st_size > 1024 * 1024
+        answer = c.get(f"{API}/jobs/clicks/metrics")
+        assert answer.status_code == 200, answer.text[:300]
+        body = answer.json()
+        assert (body["total_points"], body["points"]) == (0, []), body["total_points"]
+        assert any("_metrics.json is over 1048576 bytes" in w for w in body["warnings"]), body["warnings"]
+        (folder / "_metrics.json").unlink()
+        (folder / "_metrics.json").symlink_to(c.root / "orders" / "_metrics.json")
+        (folder / "_autoscale.json").symlink_to(c.root / "orders" / "_autoscale.json")
+        answer = c.get(f"{API}/jobs/clicks/metrics")
+        assert answer.status_code == 200, answer.text[:300]
+        body = answer.json()
+        assert (body["total_points"], body["total_decisions"]) == (0, 0), str(body)[:300]
+        assert sum("is a symbolic link: not followed" in w for w in body["warnings"]) == 2, body["warnings"]
+        assert c.get(f"{API}/jobs/clicks/history").status_code == 200
+    finally:
+        for name in ("_metrics.json", "_autoscale.json"):
+            (folder / name).unlink(missing_ok=True)
+
+
+@pytest.mark.slow
 def test_run_files_naming_a_master_make_the_api_server_send_no_request(console):
     """Issue 40, over the real API server: a ``_run.json`` (a declared job's and another's) and a heartbeat naming a
-    standalone master and web UI at a local listener: the overview, a job's history and a savepoint's detail (its
-    sink check reads the run record) send it nothing (the console fetched a run file's web UI on every overview)."""
+    standalone master and web UI at a local listener: the overview, a job's history and metrics and a savepoint's
+    detail (its sink check reads the run record) send it nothing (the console fetched a run file's web UI on every overview)."""
     from tests.test_run_files import Listener
 
     c, listener = console, Listener()
@@ -421,8 +546,8 @@ def test_run_files_naming_a_master_make_the_api_server_send_no_request(console):
                                         "started_at": datetime.now(UTC).isoformat(), "run_id": "run-forged",
                                         "host": socket.gethostname(), **named}))
         answers = [c.get(f"{API}/overview"), c.get(f"{API}/jobs/orders/history"), c.get(f"{API}/jobs/inventory/history"),
-                   c.get(f"{API}/jobs/orders/savepoints/{c.taken['orders'][0]}")]
-        assert [a.status_code for a in answers] == [200] * 4, [a.text[:300] for a in answers]
+                   c.get(f"{API}/jobs/orders/savepoints/{c.taken['orders'][0]}"), c.get(f"{API}/jobs/orders/metrics")]
+        assert [a.status_code for a in answers] == [200] * 5, [a.text[:300] for a in answers]
         assert {job["job"] for job in answers[0].json()["jobs"]} >= {"orders", "inventory"}
         assert listener.requests == [], listener.requests
     finally:
@@ -505,6 +630,14 @@ CHART_AXES = in_page("""return Array.from(doc.querySelectorAll('.history-view[da
   chart: f.dataset.chart, x: Array.from(f.querySelectorAll('.axis text[data-axis=x]')).map(t => t.textContent),
   y: Array.from(f.querySelectorAll('.axis text[data-axis=y]')).map(t => t.textContent),
   lines: f.querySelectorAll('.axis line').length}));""")
+LOAD = in_page("""const view = doc.querySelector('.metrics-view[data-job=orders]');
+const texts = (f, axis) => Array.from(f.querySelectorAll(`.axis text[data-axis=${axis}]`)).map(t => t.textContent);
+const lines = f => Object.fromEntries(Array.from(f.querySelectorAll('g.line')).map(
+  g => [g.dataset.line, g.querySelector('path').getAttribute('d').split(/[ML]/).length - 1]));
+return view && {heading: view.querySelector('h3').textContent, charts: Array.from(view.querySelectorAll('figure.chart')).map(
+  f => ({chart: f.dataset.chart, x: texts(f, 'x'), y: texts(f, 'y'), axes: f.querySelectorAll('.axis line').length, lines: lines(f)})),
+  decisions: Array.from(view.querySelectorAll('tr.decision')).map(
+    r => [r.dataset.outcome, ...Array.from(r.cells).map(c => c.textContent)])};""")
 DETAIL_PARTS = in_page("""const detail = doc.getElementById('detail');
 const provider = detail.querySelector('table.stores tbody td.wrap');
 const offsets = Array.from(detail.querySelectorAll('table.offsets tbody tr')).map(r => [r.dataset.source, r.cells[1].innerText]);
@@ -653,6 +786,31 @@ def test_console_in_chromium(console, tmp_path):
         assert [a["chart"] for a in axes] == ["Size", "Duration"] and all(a["lines"] == 2 for a in axes), axes
         assert axes[0]["y"][0].endswith("B") and axes[0]["y"][1] == "0 B" and axes[1]["y"][1] == "0.00 s", axes
         assert all(len(a["x"]) == 2 and re.fullmatch(r"\d\d-\d\d \d\d:\d\d", a["x"][0]) for a in axes), axes
+        # orders' load: its recorded series in three charts with axes and units, and its autoscale decisions
+        shown = c.get(f"{API}/jobs/orders/metrics").json()  # what the page asked for: 120 points of 6 batches each
+        load = browser._wait(lambda: browser.script(LOAD), 30, "no load view under orders")
+        assert load["heading"] == "Load (the last 720 batches, 6 per point)", load["heading"]
+        assert [chart["chart"] for chart in load["charts"]] == ["Batch duration", "Input and processed rate", "Backlog"]
+        known = {name: sum(p[key] is not None for p in shown["points"]) for name, key in (
+            ("batch duration", "duration_ms"), ("trigger interval", "trigger_interval_ms"), ("input", "input_rate"),
+            ("processed", "processed_rate"), ("backlog", "backlog"))}
+        assert set(known.values()) == {120}, known
+        assert [chart["lines"] for chart in load["charts"]] == [
+            {name: known[name] for name in names} for names in (("batch duration", "trigger interval"),
+                                                                ("input", "processed"), ("backlog",))]
+        longest = max(p["duration_ms"] for p in shown["points"]) / 1000  # each axis from 0 to the highest, with its unit
+        rates, backlog = load["charts"][1]["y"], load["charts"][2]["y"]
+        assert load["charts"][0]["y"] == [f"{longest:.2f} s", "0.00 s"] and backlog == ["90K records", "0 records"], load
+        assert rates[0].endswith(" rows/s") and float(rates[0].split()[0]) > 400 and rates[1] == "0 rows/s", rates
+        assert all(len(chart["x"]) == 2 and re.fullmatch(r"\d\d-\d\d \d\d:\d\d", chart["x"][1])
+                   and chart["axes"] == 2 for chart in load["charts"]), load["charts"]
+        assert [row[0] for row in load["decisions"]] == [outcome for _, _, outcome, _, _ in DECISIONS[::-1]]
+        assert load["decisions"][1][1:] == [load["decisions"][1][1], "scale up", "scale_up", "acted", "2 \u2192 4", "4",
+                                            "decision 4: scale_up"], load["decisions"][1]
+        assert load["decisions"][3][7] == ("decision 2: scale_upautoscale_rolled_back: the scale_up of job 'orders' "
+                                           "failed its check"), load["decisions"][3]  # why it was rolled back
+        browser.script(in_page("doc.querySelector('.metrics-view[data-job=orders]').scrollIntoView(); return true;"))
+        browser.screenshot(ARTIFACTS / "console-metrics.png")
         # payments: a failed attempt's reason, a disposed savepoint's entry; ledger: declared, no savepoint yet
         click_in_page(browser, "tr.job[data-job=payments]")
         click_in_page(browser, "tr.job[data-job=ledger]")

@@ -55,10 +55,12 @@ from airflow_savepoints.errors import (
     UnknownSchemeError,
 )
 from airflow_savepoints.hooks.savepoint import SECRET_OPTION_WORDS, SavepointStorageHook
+from airflow_savepoints.jobs.description.metrics import DECISIONS_KEPT, DEFAULT_KEEP
 from airflow_savepoints.plugins.actions import available_actions
 from airflow_savepoints.plugins.console import (
     declared_job_without_folder,
     job_history,
+    job_metrics,
     overview,
     page_of,
     periodic_interval_s,
@@ -70,6 +72,7 @@ from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
 
+CHART_POINTS = 120  # the metrics route's default: about one point per 3 pixels of the console's charts
 USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 
 
@@ -309,6 +312,18 @@ def _register_api(app: FastAPI) -> None:
                 return {**declared, "total": 0, "history": [], "operators": None}
             root.job(job)
             return job_history(root.store, job)
+        return await answer(request, work)
+
+    @app.get("/api/jobs/{job}/metrics")
+    async def metrics(request: Request, job: str, points: int = Query(CHART_POINTS, ge=2, le=DEFAULT_KEEP),
+                      decisions: int = Query(20, ge=1, le=DECISIONS_KEPT)) -> JSONResponse:
+        """The job's metric series for the console's charts (at most ``points`` points: consecutive batches
+        merged) and its newest ``decisions`` autoscale decisions, newest first."""
+        def work(root: SavepointRoot) -> dict[str, Any]:
+            validate_job_name(job)
+            declared = declared_job_without_folder(root.store, job, jobs_file())
+            folder = root.store.child(job) if declared else root.job(job)
+            return {**job_metrics(folder, job, points, decisions), **(declared or {})}
         return await answer(request, work)
 
     @app.get("/api/jobs/{job}/savepoints/{savepoint_id}")

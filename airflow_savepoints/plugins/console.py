@@ -3,13 +3,15 @@
 One summary per job folder (lifecycle state, last committed batch, newest savepoint and its age,
 counts, size), pages of a job's savepoints, and one savepoint's detail (manifest facts, state
 stores, the state summary InspectSavepointOperator recorded (rows and skew per operator), checksums,
-which savepoint a restore would pick, ready commands). Everything reads the
-job's catalog, its ``_metadata`` files and the lifecycle's files; nothing is written.
+which savepoint a restore would pick, ready commands), and a job's metric series (downsampled for its
+charts) and autoscale decisions. Everything reads the job's catalog, its ``_metadata`` files and the
+lifecycle's and the run's files; nothing is written.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shlex
@@ -19,14 +21,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from airflow_savepoints.core.catalog import SavepointRecord, SavepointState
 from airflow_savepoints.core.models import SavepointManifest
-from airflow_savepoints.core.names import CONTROL_FOLDER, RUN_FILE, RUN_LEASE
+from airflow_savepoints.core.names import AUTOSCALE_FILE, CONTROL_FOLDER, RUN_FILE, RUN_LEASE
 from airflow_savepoints.core.pointer import latest_savepoint, list_jobs, list_savepoints
 from airflow_savepoints.core.restore import verify_savepoint
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.core.state_summary import read_summary, state_files
 from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.jobs.description.files import tolerant
+from airflow_savepoints.jobs.description.metrics import MetricPoint, read_decisions, read_series
 from airflow_savepoints.jobs.description.record import restore_default
 from airflow_savepoints.storage import Store
 
@@ -290,3 +296,85 @@ def declared_job_without_folder(root: Store, job: str, jobs_file: str | None) ->
     return {"job": job, "declared": True,
             "message": f"job '{job}' is declared in {jobs_file} but has no savepoint under {root.url} yet",
             "hint": "start it (restore_from_savepoint with fresh_start) or take a savepoint (periodic_savepoints)"}
+
+
+# ---- a job's metrics and autoscale decisions ----------------------------------------------------------
+
+class ChartPoint(BaseModel):
+    """A point of a job's charts: one trigger, or consecutive triggers merged when the series has more than asked."""
+
+    time: float  # epoch seconds: the last merged trigger's start
+    batch_id: int  # the last merged trigger's batch
+    batches: int  # the triggers merged into this point
+    run_id: str | None = None
+    duration_ms: float | None = None  # the longest merged batch (a slow batch is not averaged away)
+    trigger_interval_ms: float | None = None  # the last known
+    input_rate: float | None = None  # mean rows per second
+    processed_rate: float | None = None  # mean rows per second
+    backlog: int | None = None  # the largest
+    cores: int | None = None  # the last known
+    partitions: int | None = None  # the last trigger's state partitions
+    state_rows: int | None = None  # the last trigger's, summed over its stateful operators
+    state_memory_bytes: int | None = None  # the same, in bytes
+
+
+class DecisionEntry(BaseModel):
+    """A recorded autoscale decision as the console shows it (``job autoscale`` records more keys)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    at: str | None = None
+    action: str | None = None
+    reason: str | None = None
+    outcome: str | None = None
+    message: str | None = None
+    mode: str | None = None
+    dry_run: bool | None = None
+    current: dict[str, int | None] = Field(default_factory=dict)
+    target: dict[str, int | None] = Field(default_factory=dict)
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    error: dict[str, Any] | None = None  # an action rolled back or failed: its code, message and hint
+
+
+def _merged(points: list[MetricPoint]) -> ChartPoint:
+    def known(values: Any) -> list[Any]:
+        return [v for v in values if v is not None]
+
+    def mean(values: Any) -> float | None:
+        found = known(values)
+        return sum(found) / len(found) if found else None
+
+    def state(field: str) -> int | None:
+        found = known(getattr(op, field) for op in last.operators)
+        return sum(found) if found else None
+
+    last = points[-1]
+    return ChartPoint(
+        time=last.time, batch_id=last.batch_id, batches=len(points), run_id=last.run_id,
+        duration_ms=max(known(p.duration_ms for p in points), default=None),
+        trigger_interval_ms=next(iter(known(p.trigger_interval_ms for p in reversed(points))), None),
+        input_rate=mean(p.input_rate for p in points), processed_rate=mean(p.processed_rate for p in points),
+        backlog=max(known(p.backlog for p in points), default=None),
+        cores=next(iter(known(p.cores for p in reversed(points))), None), partitions=last.state_partitions,
+        state_rows=state("rows"), state_memory_bytes=state("memory_bytes"))
+
+
+def downsampled(points: list[MetricPoint], max_points: int) -> tuple[list[ChartPoint], int]:
+    """``points`` (oldest first) as at most ``max_points`` chart points, and how many triggers each merges:
+    runs of ``ceil(len / max_points)`` consecutive triggers."""
+    size = max(1, math.ceil(len(points) / max(1, max_points)))
+    return [_merged(points[i:i + size]) for i in range(0, len(points), size)], size
+
+
+def job_metrics(job_folder: Store, job: str, max_points: int, max_decisions: int) -> dict[str, Any]:
+    """The job's metric series for its charts (downsampled to ``max_points``) and its newest ``max_decisions``
+    autoscale decisions, newest first; a file that cannot be read is an empty series or history with a warning."""
+    warnings: list[str] = []
+    series = read_series(job_folder, warnings)
+    recorded = read_decisions(job_folder, warnings)
+    where = job_folder.url_of(AUTOSCALE_FILE)
+    decisions = [tolerant(DecisionEntry, item, where, warnings) for item in reversed(recorded[-max_decisions:])]
+    points, merged = downsampled(series, max_points)
+    return {"job": job, "total_points": len(series), "merged": merged, "points": [p.model_dump() for p in points],
+            "total_decisions": len(recorded), "decisions": [d.model_dump() for d in decisions if d is not None],
+            "warnings": warnings}

@@ -94,6 +94,15 @@ tr.job .reason { max-width: 280px; overflow-wrap: anywhere; display: -webkit-box
 .charts { display: flex; gap: 24px; flex-wrap: wrap; }
 .chart { margin: 0; color: var(--info); }
 .chart figcaption { font-size: 12px; color: var(--fg-muted); }
+.chart .legend { display: flex; gap: 12px; }
+.chart .key { white-space: nowrap; }
+.chart .key::before { content: ""; display: inline-block; width: 14px; margin-right: 4px; vertical-align: middle;
+  border-top: 2px solid currentColor; }
+.chart .key.dashed::before { border-top-style: dashed; }
+.badge.recommended { color: var(--info); border-color: var(--info); }
+.badge.acted { color: var(--success); border-color: var(--success); }
+.badge.rolled_back { color: var(--error); border-color: var(--error); }
+.badge.held { color: var(--fg-muted); }
 table.history td.wrap { white-space: normal; }
 #detail { position: fixed; top: 0; right: 0; bottom: 0; width: min(680px, 60vw); overflow: auto; z-index: 10;
   border-left: 1px solid var(--border); background: var(--bg); padding: 0 16px 12px; box-shadow: -8px 0 24px rgba(0, 0, 0, .18); }

@@ -6,7 +6,7 @@ const API = CONFIG.api, AIRFLOW = CONFIG.airflow;
 const PAGE_SIZE = 10;
 const LIVE = ["starting", "running", "stopping", "unknown"];  // lifecycle states a stop applies to
 const ONLY_JOB = new URLSearchParams(location.search).get("job");  // the operators' extra link names one job
-const ui = {overview: null, actions: {}, expanded: null, pages: {}, histories: {}, selected: null, filter: ""};
+const ui = {overview: null, actions: {}, expanded: null, pages: {}, histories: {}, metrics: {}, selected: null, filter: ""};
 const $ = id => document.getElementById(id);
 
 // ---- Airflow's look: its Chakra variables, light or dark mode, the user's timezone ----------------
@@ -316,7 +316,8 @@ function savepointsRow(job) {
   else if (!page.total) cell.append(el("div", {class: "empty", text: "No savepoints yet: the job's folder exists, its " +
     "catalog is empty. Take one with \u201cSavepoint now\u201d, or let periodic_savepoints run."}));
   else cell.append(savepointTable(job.job, page));
-  const history = ui.histories[job.job];
+  const history = ui.histories[job.job], metrics = ui.metrics[job.job] && metricsView(job.job, ui.metrics[job.job]);
+  if (page && !page.error && !page.declared && metrics) cell.append(metrics);
   if (page && !page.error && !page.declared && history) cell.append(historyView(job.job, history));
   return el("tr", {class: "savepoints-row", data: {job: job.job}}, cell);
 }
@@ -349,11 +350,13 @@ function savepointTable(job, page) {
 async function fetchPage(job, offset) {
   const base = `${API}/jobs/${encodeURIComponent(job)}`;
   const history = call(base + "/history").catch(error => ({error}));
+  const metrics = call(base + "/metrics?points=120&decisions=20").catch(error => ({error}));
   try {
     const query = `order=newest&offset=${Math.max(0, offset)}&limit=${PAGE_SIZE}`;
     ui.pages[job] = await call(`${base}/savepoints?${query}`);
   } catch (error) { ui.pages[job] = {error}; }
   ui.histories[job] = await history;
+  ui.metrics[job] = await metrics;
 }
 
 // ---- a job's history: attempts, trends, state per operator -------------------------------------------
@@ -370,30 +373,43 @@ function svg(tag, attrs, ...children) {
   return node;
 }
 
-function trendChart(title, points, format) {  // points oldest first: {t: ms, v: number, label}
-  if (points.length < 2) return el("figure", {class: "chart", data: {chart: title}},
-    el("figcaption", {class: "muted", text: `${title}: a trend needs two completed savepoints`}));
+// lines oldest first: [{name, points: [{t: ms, v: number, label}], color, dashed}]; the caption names the first's
+// latest and highest value, a legend the lines when there are several; a point is a dot (its value in a tooltip)
+// on lines of up to DOTS points
+const DOTS = 40;
+
+function trendChart(title, lines, format, missing) {
+  const [main] = lines;
+  if (main.points.length < 2) return el("figure", {class: "chart", data: {chart: title}},
+    el("figcaption", {class: "muted", text: `${title}: ${missing}`}));
   const width = 320, height = 96, left = 58, right = 8, top = 6, bottom = 20;
-  const values = points.map(p => p.v), times = points.map(p => p.t);
-  const first = Math.min(...times), last = Math.max(...times), highest = Math.max(...values) || 1;
+  const all = lines.flatMap(l => l.points), values = main.points.map(p => p.v), times = all.map(p => p.t);
+  const first = Math.min(...times), last = Math.max(...times), highest = Math.max(...all.map(p => p.v)) || 1;
   const x = t => left + (last === first ? 0 : (t - first) / (last - first)) * (width - left - right);
   const y = v => height - bottom - v / highest * (height - top - bottom);
-  const line = points.map((p, i) => `${i ? "L" : "M"}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
   const label = (text, attrs) => svg("text", {"font-size": 10, fill: "var(--fg-muted)", ...attrs}, text);
   const when = p => p.label.slice(5, 16);  // "MM-DD hh:mm" of formatTime's "YYYY-MM-DD hh:mm:ss zone"
+  const ends = [...all].sort((a, b) => a.t - b.t);
   const axes = svg("g", {class: "axis", stroke: "var(--border)"},
     svg("line", {x1: left, y1: top, x2: left, y2: height - bottom}),
     svg("line", {x1: left, y1: height - bottom, x2: width - right, y2: height - bottom}),
     label(format(highest), {x: left - 4, y: top + 8, "text-anchor": "end", "data-axis": "y"}),
     label(format(0) || "0", {x: left - 4, y: height - bottom, "text-anchor": "end", "data-axis": "y"}),
-    label(when(points[0]), {x: left, y: height - 6, "text-anchor": "start", "data-axis": "x"}),
-    label(when(points[points.length - 1]), {x: width - right, y: height - 6, "text-anchor": "end", "data-axis": "x"}));
+    label(when(ends[0]), {x: left, y: height - 6, "text-anchor": "start", "data-axis": "x"}),
+    label(when(ends[ends.length - 1]), {x: width - right, y: height - 6, "text-anchor": "end", "data-axis": "x"}));
+  const drawn = lines.map(l => {
+    const path = l.points.map((p, i) => `${i ? "L" : "M"}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
+    return svg("g", {class: "line", "data-line": l.name, color: l.color || "currentColor"},
+      svg("path", {d: path, fill: "none", stroke: "currentColor", "stroke-width": 1.5, "stroke-dasharray": l.dashed ? "4 3" : "none"}),
+      ...(l.points.length > DOTS ? [] : l.points.map(p => svg("circle", {cx: x(p.t).toFixed(1), cy: y(p.v).toFixed(1), r: 2.5,
+        fill: "currentColor"}, svg("title", {}, `${p.label}: ${l.name} ${format(p.v)}`)))));
+  });
+  const legend = lines.length > 1 ? el("div", {class: "legend"}, lines.map(l => el("span", {class: "key" +
+    (l.dashed ? " dashed" : ""), style: l.color ? `color:${l.color}` : null, text: l.name}))) : null;
   return el("figure", {class: "chart", data: {chart: title}},
-    el("figcaption", {text: `${title}: latest ${format(values[values.length - 1])}, highest ${format(highest)}`}),
-    svg("svg", {viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": `${title} over time`}, axes,
-      svg("path", {d: line, fill: "none", stroke: "currentColor", "stroke-width": 1.5}),
-      ...points.map(p => svg("circle", {cx: x(p.t).toFixed(1), cy: y(p.v).toFixed(1), r: 2.5, fill: "currentColor"},
-        svg("title", {}, `${p.label}: ${format(p.v)}`)))));
+    el("figcaption", {}, `${title}: latest ${format(values[values.length - 1])}, highest ${format(Math.max(...values))}`,
+      legend),
+    svg("svg", {viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": `${title} over time`}, axes, ...drawn));
 }
 
 function outcomeDetail(entry) {
@@ -438,13 +454,62 @@ function historyView(job, history) {
   } else {
     const done = history.history.filter(e => e.outcome === "completed").reverse();
     const point = value => e => ({t: Date.parse(e.ended_at), v: value(e), label: formatTime(e.ended_at)});
-    parts.push(el("div", {class: "charts"}, trendChart("Size", done.filter(e => e.bytes !== null).map(point(e => e.bytes)), size),
-      trendChart("Duration", done.filter(e => e.duration_s !== null).map(point(e => e.duration_s)), elapsed)));
+    const trend = (name, value, format) => trendChart(name, [{name, points: done.filter(e => value(e) !== null).map(point(value))}],
+      format, "a trend needs two completed savepoints");
+    parts.push(el("div", {class: "charts"}, trend("Size", e => e.bytes, size), trend("Duration", e => e.duration_s, elapsed)));
     parts.push(historyTable(job, history.history));
   }
   if (history.operators) parts.push(el("h3", {}, "State per operator (newest savepoint ",
     el("span", {class: "id", text: history.operators.savepoint_id}), ")"), operatorsTable(history.operators));
   return el("div", {class: "history-view", data: {job}}, ...parts);
+}
+
+// ---- a job's load: its metric series and autoscale decisions (recorded by the run and `job autoscale`) ---------
+const NUMBER = new Intl.NumberFormat("en", {notation: "compact", maximumFractionDigits: 1});
+const perSecond = value => NUMBER.format(value) + " rows/s";
+const records = value => NUMBER.format(value) + " records";
+
+function change(decision, key) {  // "2 \u2192 4", or what it is now
+  const now = decision.current?.[key], then = decision.target?.[key];
+  if (now == null && then == null) return "";
+  return then == null || then === now ? String(now ?? "") : `${now ?? "?"} \u2192 ${then}`;
+}
+
+function decisionsTable(job, decisions, total) {
+  if (!decisions.length) return el("div", {class: "empty", text: "No autoscale decision recorded (job autoscale records each)."});
+  const body = el("tbody", {}, decisions.map(d => el("tr", {class: "decision", data: {outcome: d.outcome || "", action: d.action || ""}},
+    el("td", {class: "time", text: d.at ? formatTime(d.at) : "\u2014"}), el("td", {text: (d.action || "").replace(/_/g, " ")}),
+    el("td", {class: "mono", text: d.reason || ""}), el("td", {}, d.outcome ? badge(d.outcome) : ""),
+    el("td", {class: "num", text: change(d, "cores")}), el("td", {class: "num", text: change(d, "partitions")}),
+    el("td", {class: "wrap", title: JSON.stringify(d.evidence)}, d.message || "", d.error ? el("div", {class: "reason",
+      title: d.error.hint || "", text: `${d.error.code}: ${d.error.message}`}) : null))));
+  return el("div", {}, el("h3", {text: `Autoscale decisions (${decisions.length} newest of ${total})`}),
+    el("table", {class: "decisions", data: {job}},
+      el("colgroup", {}, ["18%", "9%", "12%", "11%", "7%", "8%", ""].map(width => el("col", {style: width && "width:" + width}))),
+      el("thead", {}, el("tr", {}, ["Time", "Action", "Reason", "Outcome", "Cores", "Partitions", "Message"].map(
+        (name, i) => el("th", {class: [4, 5].includes(i) ? "num" : "", text: name})))), body));
+}
+
+function metricsView(job, metrics) {
+  if (metrics.error) return banner("error", "Cannot read the metrics of " + job, metrics.error);
+  if (!metrics.total_points && !metrics.total_decisions && !metrics.warnings.length) return null;
+  const line = (name, value, look) => ({name, ...look, points: metrics.points.filter(p => value(p) != null).map(p => ({
+    t: p.time * 1000, v: value(p), label: formatTime(new Date(p.time * 1000).toISOString())}))});
+  const seconds = ms => ms == null ? null : ms / 1000;
+  const merged = metrics.merged > 1 ? `, ${metrics.merged} per point` : "";
+  return el("div", {class: "metrics-view", data: {job}},
+    el("h3", {text: `Load (the last ${metrics.total_points} batches${merged})`,
+      title: merged && "a point shows the longest of its batches, their mean rates and the largest backlog"}),
+    ...metrics.warnings.map(text => banner("warning", "Part of the metrics could not be read", {message: text})),
+    el("div", {class: "charts"},
+      trendChart("Batch duration", [line("batch duration", p => seconds(p.duration_ms)),
+        line("trigger interval", p => seconds(p.trigger_interval_ms), {color: "var(--fg-muted)", dashed: true})], elapsed,
+        "needs two recorded batches"),
+      trendChart("Input and processed rate", [line("input", p => p.input_rate),
+        line("processed", p => p.processed_rate, {color: "var(--success)"})], perSecond, "needs two recorded batches"),
+      trendChart("Backlog", [line("backlog", p => p.backlog)], records,
+        "not known (only Kafka sources report their latest offsets)")),
+    decisionsTable(job, metrics.decisions, metrics.total_decisions));
 }
 
 async function loadPage(job, offset) {
@@ -637,7 +702,7 @@ async function load() {
       ui.expanded = new Set(ONLY_JOB !== null ? [ONLY_JOB] : overview.jobs.length <= 5 ? overview.jobs.map(j => j.job) : []);
     }
     const offsets = Object.fromEntries(Object.entries(ui.pages).map(([job, page]) => [job, page.offset || 0]));
-    ui.pages = {}; ui.histories = {};
+    ui.pages = {}; ui.histories = {}; ui.metrics = {};
     await Promise.all(visibleJobs().filter(job => ui.expanded.has(job.job) && !job.error)
       .map(job => fetchPage(job.job, offsets[job.job] || 0)));
     $("root").textContent = overview.root;
