@@ -208,7 +208,8 @@ def test_4_locks_from_the_future_go_stale_after_the_timeout(tmp_path, monkeypatc
     started = time.monotonic()
     info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root), lock_stale_after=2.0)
     took = time.monotonic() - started
-    assert info.manifest.batch_id == 2 and 1.9 < took < 10, took
+    # not before 2 s (the timeout), and far from the 30 s and 120 s of the default timeouts on a loaded machine
+    assert info.manifest.batch_id == 2 and 1.9 < took < 25, took
 
 
 def _cli_loop(commands: list[list[str]], queue, until=None) -> None:
