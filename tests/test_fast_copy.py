@@ -283,6 +283,7 @@ def test_copy_threads_are_bounded_by_the_cores_between_local_disks_only(tmp_path
     assert workers_for((remote,), 8, 3) == 3 and workers_for((local,), 8, 0) == 1
 
 
+@pytest.mark.s3
 def test_by_default_fewer_files_go_at_once_only_where_they_are_uploaded_through_the_worker(tmp_path, s3, s3_endpoint):
     """A streamed upload holds a part buffer per thread (8 at once); a server-side copy, a download to a
     local disk and a check hold at most a read chunk (32 at once)."""

@@ -236,6 +236,7 @@ def test_retention_removes_the_summary_with_its_savepoint_and_strays(made, tmp_p
     assert sorted(job_folder.listdir(STATE_SUMMARIES_FOLDER)) == [f"{newer.manifest.savepoint_id}.json"]
 
 
+@pytest.mark.s3
 def test_a_savepoint_on_an_object_store_is_read_through_a_local_copy(made, spark, s3):
     info = take_savepoint(str(made["base"] / "agg"), "agg", savepoint_dir=f"s3://{s3}/savepoints")
     summary = inspect_savepoint(info.pointer, spark=spark)

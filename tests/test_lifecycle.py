@@ -332,6 +332,7 @@ def slow_s3(s3, s3_endpoint, stopped_checkpoint):
     proxy.stop()
 
 
+@pytest.mark.s3
 def test_a_stop_waits_for_the_periodic_savepoint_in_flight_then_takes_its_own(slow_s3, tmp_path):
     bucket, slow = slow_s3
     job = StreamingJob(name="orders", application="/app.py", checkpoint=f"s3://{bucket}/checkpoint",
