@@ -14,7 +14,10 @@ from airflow_savepoints.cli.main import app
 from airflow_savepoints.core.names import AUTOSCALE_FILE
 from airflow_savepoints.jobs.description.metrics import write_series
 from airflow_savepoints.jobs.workflows import lifecycle
-from airflow_savepoints.jobs.workflows.run import JobState
+from airflow_savepoints.jobs.description.channel import run_conf
+from airflow_savepoints.jobs.description.model import load_jobs
+from airflow_savepoints.jobs.driver.control import RunHandle
+from airflow_savepoints.jobs.workflows.run import JobContext
 from airflow_savepoints.storage import Store
 from tests.unit.jobs.test_autoscale import batches
 from tests.unit.test_docs_drift import json_keys, prose
@@ -34,8 +37,18 @@ def job(tmp_path):
     return make
 
 
-def running(monkeypatch, state: str = "running") -> None:
-    monkeypatch.setattr(lifecycle, "status", lambda ctx: JobState(job=ctx.job.name, state=state))
+def running(path, state: str = "running") -> None:
+    """A real run of the job in its folder: its lease taken (``starting``), then claimed by a driver that beats."""
+    job = load_jobs(path)["orders"]
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": job.lease_timeout}) is None
+    if state == "running":
+        conf = run_conf(ctx.folder.url, run_id="r1", checkpoint=job.checkpoint, heartbeat_interval=5,
+                        lease_timeout=job.lease_timeout)
+        handle = RunHandle.from_conf(conf.get, {"application_id": "app-1", "master": job.master})
+        handle.claim()
+        assert handle.beat(last_committed_batch=4) is None
+    assert lifecycle.status(ctx).state == state
 
 
 def invoke(*args: str):
@@ -50,9 +63,9 @@ def step_up_ending_now():
     return [p.model_copy(update={"time": p.time + shift}) for p in series]
 
 
-def test_a_step_up_is_recommended_with_its_evidence_and_recorded(job, monkeypatch):
-    running(monkeypatch)
+def test_a_step_up_is_recommended_with_its_evidence_and_recorded(job):
     path, folder = job(series=step_up_ending_now())
+    running(path)
     code, out = invoke("orders", "--jobs-file", str(path), "--dry-run")
     assert code == 0, out
     assert (out["action"], out["outcome"], out["dry_run"]) == ("scale_up", "recommended", True)
@@ -76,24 +89,24 @@ def test_a_job_that_is_not_running_is_held_and_so_recorded(job):
     assert json.loads((folder / AUTOSCALE_FILE).read_text())["decisions"][-1]["outcome"] == "held"
 
 
-def test_an_action_within_the_cooldown_holds(job, monkeypatch):
-    running(monkeypatch)
+def test_an_action_within_the_cooldown_holds(job):
     path, folder = job(series=step_up_ending_now())
+    running(path)
     folder.joinpath(AUTOSCALE_FILE).write_text(json.dumps({"decisions": [{"at_epoch": time.time() - 60, "outcome": "acted"}]}))
     code, out = invoke("orders", "--jobs-file", str(path), "--dry-run")
     assert (code, out["reason"], out["outcome"]) == (0, "cooldown", "held")
 
 
-def test_a_start_in_flight_holds(job, monkeypatch):
-    running(monkeypatch, "starting")
+def test_a_start_in_flight_holds(job):
     path, _ = job(series=step_up_ending_now())
+    running(path, "starting")
     code, out = invoke("orders", "--jobs-file", str(path), "--dry-run")
     assert (code, out["reason"]) == (0, "in_flight")
 
 
-def test_mode_act_without_dry_run_is_refused_as_not_built_and_nothing_is_recorded(job, monkeypatch):
-    running(monkeypatch)
+def test_mode_act_without_dry_run_is_refused_as_not_built_and_nothing_is_recorded(job):
     path, folder = job("      mode: act\n", series=step_up_ending_now())
+    running(path)
     code, out = invoke("orders", "--jobs-file", str(path))
     assert code == 1 and out["error"]["code"] == "autoscale_act_not_built", out
     assert "--dry-run" in out["error"]["hint"]
