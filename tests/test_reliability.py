@@ -238,7 +238,7 @@ def test_4_orphan_cleanup_beside_200_triggers_never_removes_a_live_file(tmp_path
     """`retain --orphan-timeout 0s` in a loop for as long as 4 processes x 50 triggers of the job: no trigger
     crashes (each one completes or says another is in flight), and each completed savepoint verifies
     as its trigger returns (unless retention's own report says it disposed it by then: ``--max-periodic 5``)."""
-    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=3)
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", batches=15)
     root = tmp_path / "sp"
     trigger = ["trigger", str(checkpoint), "--job", "job", "--dir", str(root), "--type", "periodic", "--json"]
     retain = ["retain", "--job", "job", "--dir", str(root), "--orphan-timeout", "0s", "--max-periodic", "5", "--json"]
