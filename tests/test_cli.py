@@ -203,6 +203,7 @@ def test_pointer_errors_each_have_their_own_message(checkpoint, tmp_path):
     assert tree_snapshot(sp) == before
 
 
+@pytest.mark.s3
 def test_missing_credentials_for_s3(s3, monkeypatch, checkpoint, tmp_path):
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)

@@ -37,6 +37,7 @@ def slow_s3(s3, s3_endpoint, stopped_checkpoint):
     proxy.stop()
 
 
+@pytest.mark.s3
 def test_ten_simultaneous_triggers_give_exactly_one_savepoint(slow_s3):
     bucket, slow, proxy = slow_s3
     start = threading.Barrier(TRIGGERS)
@@ -67,6 +68,7 @@ def test_ten_simultaneous_triggers_give_exactly_one_savepoint(slow_s3):
     assert Store(f"s3://{bucket}/sp/{JOB}").listdir() == sorted(["_catalog.json", taken[0].manifest.savepoint_id])
 
 
+@pytest.mark.s3
 def test_ten_processes_retrying_one_request_get_one_savepoint(slow_s3, tmp_path):
     bucket, slow, proxy = slow_s3
     script = ("import json, sys; from airflow_savepoints.core import take_savepoint as t; o = json.loads(sys.argv[1]); "
@@ -83,6 +85,7 @@ def test_ten_processes_retrying_one_request_get_one_savepoint(slow_s3, tmp_path)
     assert [r.pointer for r in list_savepoints(Store(f"s3://{bucket}/sp"), JOB)] == list(pointers)
 
 
+@pytest.mark.s3
 def test_retention_during_a_restore_keeps_the_pinned_savepoint(slow_s3, tmp_path):
     bucket, slow, proxy = slow_s3
     proxy.set_rules()  # take the savepoints at full speed

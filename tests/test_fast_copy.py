@@ -226,11 +226,13 @@ def test_a_previous_savepoint_that_lost_a_file_is_not_trusted_for_it(checkpoint,
 
 
 # --- Spark never writes a checkpoint file in place ------------------------------------------------------
-def test_spark_replaces_and_purges_linked_files_but_never_writes_one_in_place(spark, tmp_path):
+@pytest.mark.parametrize("name", ["aggregation_hdfs", "rocksdb_changelog"])
+def test_spark_replaces_and_purges_linked_files_but_never_writes_one_in_place(spark, tmp_path, name):
     """Linked savepoint files share inodes with the live checkpoint. Spark keeps running with
     minBatchesToRetain=2 (so it purges), maintenance writes snapshots, and the restored (linked)
-    checkpoint is run too: every inode keeps its bytes, so every savepoint still verifies."""
-    shape = SHAPES["aggregation_hdfs"]
+    checkpoint is run too: every inode keeps its bytes, so every savepoint still verifies. HDFS state
+    (deltas, snapshots) and RocksDB state (changelogs, zips, SSTs)."""
+    shape = SHAPES[name]
     inputs, checkpoint, sink = tmp_path / "input", tmp_path / "checkpoint", tmp_path / "sink"
     spark.conf.set("spark.sql.streaming.minBatchesToRetain", "2")
     try:
@@ -283,6 +285,7 @@ def test_copy_threads_are_bounded_by_the_cores_between_local_disks_only(tmp_path
     assert workers_for((remote,), 8, 3) == 3 and workers_for((local,), 8, 0) == 1
 
 
+@pytest.mark.s3
 def test_by_default_fewer_files_go_at_once_only_where_they_are_uploaded_through_the_worker(tmp_path, s3, s3_endpoint):
     """A streamed upload holds a part buffer per thread (8 at once); a server-side copy, a download to a
     local disk and a check hold at most a read chunk (32 at once)."""

@@ -104,6 +104,16 @@ def calibrate(checkpoint: Path, root: Path) -> dict[str, float]:
     return {line.split()[0].lower(): float(line.split()[1]) for line in out.splitlines() if len(line.split()) == 2}
 
 
+def dead_lease_written(job_dir: Path, dead_pid: int) -> float | None:
+    """When the killed trigger last wrote the job's savepoint lease (its mtime); None if it holds none."""
+    try:
+        lease = job_dir / "_inflight.json"
+        written, text = lease.stat().st_mtime, lease.read_text()
+    except FileNotFoundError:
+        return None
+    return written if f":{dead_pid}" in text else None
+
+
 def next_trigger(checkpoint: Path, root: Path, dead_pid: int) -> tuple[float, int]:
     """Trigger until it succeeds; returns (seconds until it did, in-flight refusals before)."""
     started, refusals = time.monotonic(), 0
@@ -136,7 +146,7 @@ def test_kill_9_at_random_points_of_the_copy_never_leaves_a_false_complete_savep
     rng = random.Random(20261122)
     outcomes: dict[str, int] = {"before copy": 0, "mid-copy": 0, "copied, no _metadata yet": 0, "after _metadata": 0,
                                 "finished": 0}
-    waits, refusals, restored = [], 0, 0
+    waits, refusals, restored, held, refused_fresh = [], 0, 0, 0, 0
     for trial in range(TRIALS):
         known = locations(job_dir)
         process = start_child(checkpoint, root)
@@ -155,6 +165,19 @@ def test_kill_9_at_random_points_of_the_copy_never_leaves_a_false_complete_savep
         process.wait(30)
         new = {name: done for name, done in locations(job_dir).items() if name not in known}
         assert len(new) <= 1, new
+        # the dead trigger's lease: refused while fresh, broken only once older than its timeout
+        written = dead_lease_written(job_dir, process.pid)
+        fresh = written is not None and time.time() - written < STALE_AFTER / 2
+        took, refused = next_trigger(checkpoint, root, process.pid)
+        if written is not None:
+            held += 1
+            assert time.time() - written >= STALE_AFTER, f"trial {trial}: a dead lease was broken while fresh"
+        if fresh:
+            assert refused, f"trial {trial}: a trigger right after the kill was not refused by the fresh dead lease"
+            refused_fresh += 1
+        waits.append(took)
+        refusals += refused
+        assert took < CATALOG_LOCK_STALE + 10, took  # a kill inside a catalog update: its lock goes stale
         if process.returncode == 0:
             outcomes["finished"] += 1
         elif not new or not any((job_dir / next(iter(new))).rglob("*")):
@@ -170,17 +193,15 @@ def test_kill_9_at_random_points_of_the_copy_never_leaves_a_false_complete_savep
                 restore_savepoint(str(job_dir / name), str(tmp_path / f"restored-{trial}"))
                 restored += 1
         assert hashes(checkpoint) == before, f"trial {trial}: the live checkpoint changed"
-        took, refused = next_trigger(checkpoint, root, process.pid)
-        waits.append(took)
-        refusals += refused
-        assert took < CATALOG_LOCK_STALE + 10, took  # a kill inside a catalog update: its lock goes stale
     mid = outcomes["mid-copy"] + outcomes["copied, no _metadata yet"]
     print(f"\n{TRIALS} kill -9 trials (calibrated: plan ready {copy_start * 1000:.0f} ms after start, copy of {planned} "
           f"files {copy * 1000:.0f} ms, whole savepoint {span * 1000:.0f} ms): {outcomes}; {restored} complete "
-          f"savepoints of killed triggers verified and restored; next trigger refused {refusals} times while the dead "
-          f"lease was fresh, then succeeded after {min(waits):.2f}-{max(waits):.2f}s "
+          f"savepoints of killed triggers verified and restored; {held} kills left their lease, {refused_fresh} of them fresh "
+          f"(under {STALE_AFTER / 2}s) at the next trigger, which it refused; {refusals} refusals in all, each trigger "
+          f"succeeded after {min(waits):.2f}-{max(waits):.2f}s, each dead lease broken >= {STALE_AFTER}s after its last write "
           f"({sum(w > STALE_AFTER + 5 for w in waits)} waited for a stale catalog lock)")
     assert mid >= TRIALS // 4, outcomes  # the kills really landed inside the copy
+    assert refused_fresh >= TRIALS // 4, (held, refused_fresh)  # fresh dead leases were met, and refused
     assert hashes(checkpoint) == before
 
     # every location without _metadata is an orphan of a kill; retention removes them all, keeps the rest

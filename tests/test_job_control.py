@@ -124,16 +124,24 @@ def test_cooperative_stop_lands_between_batches_and_status_names_the_application
     print(f"dead driver failed the start in {failed_in:.1f}s; idle restart live in {live_in:.1f}s")
 
 
+def in_flight(checkpoint: str) -> bool:
+    """A batch is in flight: its offsets are logged, its commit is not (the checkpoint's own record)."""
+    offsets, commits = committed_batches(checkpoint)
+    return bool(offsets) and (not commits or offsets[-1] > commits[-1])
+
+
 def test_6_stops_while_input_keeps_arriving_cut_no_batch(spark, tmp_path):
     """The demo query (300 ms trigger) fed a file every 0.4 s, faster than it keeps up with, so
-    batches run back to back: each stop lands between batches or lets the running one commit."""
+    batches run back to back: each stop lands between batches or lets the running one commit. Four
+    stops are asked for 0-90 ms after a batch's offsets are logged (at least 3 must find a batch in
+    flight, offsets ahead of commits, when the stop is asked for), two at any point of a batch."""
     outcomes = []
     for trial in range(6):
         base = tmp_path / f"run{trial}"
+        checkpoint = str(base / "checkpoint")
         for index in range(2):
             demo.write_events(base / "input", index)
-        query = demo.build_query(spark, str(base / "input"), str(base / "checkpoint"), str(base / "output"),
-                                 trigger_ms=300)
+        query = demo.build_query(spark, str(base / "input"), checkpoint, str(base / "output"), trigger_ms=300)
         feeding = threading.Event()
 
         def feed(base=base, feeding=feeding):
@@ -146,16 +154,24 @@ def test_6_stops_while_input_keeps_arriving_cut_no_batch(spark, tmp_path):
         feeder.start()
         try:
             demo.wait_for_batch(query, 3)
-            time.sleep(0.37 * trial)  # stops at different points of a batch
+            if trial < 4:  # a batch in flight: 0, 30, 60, 90 ms after its offsets were logged
+                deadline = time.monotonic() + 60
+                while not in_flight(checkpoint) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                time.sleep(0.03 * trial)
+            else:  # anywhere in a batch, or between two
+                time.sleep(0.37 * trial)
+            asked_in_flight = in_flight(checkpoint)
             safe = _stop_between_batches(query, timeout=60)
         finally:
             feeding.set()
             feeder.join()
             query.stop()
-        offsets, commits = committed_batches(str(base / "checkpoint"))
-        outcomes.append((safe, offsets[-1], commits[-1]))
-    print("stops (safe moment found, newest offsets, newest commit):", outcomes)
-    assert all(safe and newest_offsets == newest_commit for safe, newest_offsets, newest_commit in outcomes), outcomes
+        offsets, commits = committed_batches(checkpoint)
+        outcomes.append((asked_in_flight, safe, offsets[-1], commits[-1]))
+    print("stops (batch in flight when asked, safe moment found, newest offsets, newest commit):", outcomes)
+    assert all(safe and newest_offsets == newest_commit for _, safe, newest_offsets, newest_commit in outcomes), outcomes
+    assert sum(asked for asked, *_ in outcomes) >= 3, outcomes  # the stops met batches in flight
 
 
 def test_a_job_that_does_not_cooperate_is_stopped_with_signals(tmp_path):

@@ -9,6 +9,7 @@ where Spark is needed, real spark-submit drivers run the demo job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from typer.testing import CliRunner
 import airflow_savepoints.demo.app as demo
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints, take_savepoint
+from airflow_savepoints.core.names import HEARTBEAT_FILE
 from airflow_savepoints.errors import SavepointInFlightError
 from airflow_savepoints.jobs import StreamingJob
 from airflow_savepoints.jobs.description.channel import JobControl, run_conf
@@ -246,16 +248,22 @@ def test_a_stale_driver_writes_nothing_and_a_fenced_run_stops_between_batches_wi
              "facts": {**holder.facts(), "run_id": "usurper", "host": "worker-b"}}).encode())
         taken_at = time.time()
         control = JobControl(ctx.folder.child("_control").child(started["run_id"]))
+        heartbeat = Path(ctx.folder.path_of(f"_control/{started['run_id']}/{HEARTBEAT_FILE}"))
+        beats: set[float] = set()  # the heartbeats' write times seen (polled: a stalled poll misses some, never adds)
         deadline = time.monotonic() + 30
         while control.fenced() is None and time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError):
+                beats.add(heartbeat.stat().st_mtime)
             time.sleep(0.1)
         fenced = control.fenced()
         assert fenced is not None and fenced["holder"]["run_id"] == "usurper"
         detected = datetime.fromisoformat(fenced["detected_at"]).timestamp() - taken_at
-        ended = Path(ctx.folder.path_of(f"_control/{started['run_id']}/fenced.json")).stat().st_mtime - taken_at
-        print(f"fenced {detected:.1f}s after the takeover (heartbeat 1 s); its query ended {ended:.1f}s after it, "
+        fenced_at = Path(ctx.folder.path_of(f"_control/{started['run_id']}/fenced.json")).stat().st_mtime
+        after = sorted(t - taken_at for t in beats if taken_at < t <= fenced_at)
+        print(f"fenced {detected:.1f}s after the takeover (heartbeat 1 s), after {len(after)} heartbeats "
+              f"({[round(t, 2) for t in after]} s); its query ended {fenced_at - taken_at:.1f}s after it, "
               f"between batches: {fenced['between_batches']}")
-        assert detected < 2 * 1 + 1  # within two heartbeats (plus a write's latency on a loaded machine)
+        assert len(after) <= 2, after  # counted, not timed: within two heartbeats of the takeover
         assert fenced["between_batches"]
         deadline = time.monotonic() + 60
         while process_alive(started["pid"]) and time.monotonic() < deadline:
@@ -324,6 +332,7 @@ def slow_s3(s3, s3_endpoint, stopped_checkpoint):
     proxy.stop()
 
 
+@pytest.mark.s3
 def test_a_stop_waits_for_the_periodic_savepoint_in_flight_then_takes_its_own(slow_s3, tmp_path):
     bucket, slow = slow_s3
     job = StreamingJob(name="orders", application="/app.py", checkpoint=f"s3://{bucket}/checkpoint",

@@ -318,9 +318,18 @@ def batch_of(path: str) -> int | None:
 examples_run = {"count": 0, "errors": 0, "kinds": set()}
 
 
+def test_300_generated_checkpoints_plan_exactly_what_spark_needs_to_restart_at_n():
+    """The property over generated checkpoints, then what the examples covered: every kind of store."""
+    examples_run.update(count=0, errors=0, kinds=set())
+    plans_exactly_what_spark_needs()
+    print(f"\nplanner property: {examples_run['count']} generated checkpoints ({examples_run['errors']} purged too far), "
+          f"store kinds {sorted(examples_run['kinds'])}")
+    assert examples_run["count"] >= EXAMPLES // 2 and examples_run["kinds"] >= {"hdfs", "rocks1", "rocks2"}, examples_run
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(c=checkpoints())
-def test_300_generated_checkpoints_plan_exactly_what_spark_needs_to_restart_at_n(c: Checkpoint):
+def plans_exactly_what_spark_needs(c: Checkpoint):
     examples_run["count"] += 1
     examples_run["kinds"] |= {s.kind for s in c.stores}
     listing = {p: FileStat(len(b), "v1") for p, b in c.files.items()}
@@ -364,11 +373,3 @@ def test_an_abandoned_attempts_zip_does_not_cut_the_rocksdb_v2_lineage():
     got = {f.path for f in plan.files}
     assert {"state/0/0/7_c7.changelog", "state/0/0/6_c6.changelog", "state/0/0/5_c5.changelog", "state/0/0/4_c4.zip",
             "state/0/0/SSTs/000004-c4.sst"} <= got
-
-
-def test_the_property_covered_every_kind_of_checkpoint():
-    """Runs after the property (file order): report how many examples ran and what they covered."""
-    print(f"\nplanner property: {examples_run['count']} generated checkpoints ({examples_run['errors']} purged too far), "
-          f"store kinds {sorted(examples_run['kinds'])}")
-    if examples_run["count"]:
-        assert examples_run["count"] >= EXAMPLES // 2 and examples_run["kinds"] >= {"hdfs", "rocks1", "rocks2"}

@@ -64,26 +64,22 @@ def test_files_vanishing_on_every_attempt_fail_clearly_and_leave_nothing(checkpo
     assert {p: p.read_bytes() for p in checkpoint.rglob("*") if p.is_file()} == before  # only read
 
 
-def test_a_linked_file_replaced_after_the_copy_keeps_the_planned_bytes_without_a_retry(checkpoint, tmp_path,
-                                                                                      monkeypatch):
+def test_a_linked_file_replaced_after_the_copy_keeps_the_planned_bytes_without_a_retry(checkpoint, tmp_path):
     """A link holds the inode it got, which the copy proved is the planned version: Spark replacing
     the name afterwards changes nothing in the savepoint, so no re-check (and no retry) is needed."""
-    from airflow_savepoints.core import savepoint as engine
-
     victim_rel = planned_state_files(checkpoint)[-1]
     victim = checkpoint / victim_rel
     planned_bytes, planned_inode = victim.read_bytes(), victim.stat().st_ino
-    real_copy_many = engine.copy_many
+    replaced = []
 
-    def copy_then_replace(*args, **kwargs):
-        copied = real_copy_many(*args, **kwargs)
-        if victim_rel in copied:
+    def replace_once_linked(event, data):  # the product's own hook: the victim is reported copied (linked)
+        if event == "file_done" and data["path"] == victim_rel and not replaced:
             victim.unlink()  # Spark's purge and rewrite of the name: another inode, other bytes
             victim.write_bytes(b"rewritten after the savepoint linked it")
-        return copied
+            replaced.append(data["path"])
 
-    monkeypatch.setattr(engine, "copy_many", copy_then_replace)
-    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"))
+    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(tmp_path / "sp"), on_event=replace_once_linked)
+    assert replaced == [victim_rel]
     kept = Path(info.pointer) / victim_rel
     assert info.manifest.attempts == 1
     assert kept.read_bytes() == planned_bytes and kept.stat().st_ino == planned_inode

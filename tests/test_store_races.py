@@ -61,6 +61,7 @@ def test_ten_processes_racing_for_a_lease_have_one_winner_and_lose_no_catalog_up
     assert {r.state for r in records} == {SavepointState.IN_PROGRESS} and not Store(folder).exists(CATALOG_LOCK)
 
 
+@pytest.mark.s3
 def test_the_s3_emulator_grants_a_racing_conditional_create_once(s3_endpoint):
     """The emulator keeps S3's promise that the lease and catalog lock rely on: of creates racing with
     ``If-None-Match: *``, exactly one succeeds (``conftest.atomic_conditional_puts``; moto alone let two through)."""

@@ -126,6 +126,7 @@ def _bookkeeping(info, counts, pages: int) -> int:
     return counts["requests"] - len(info.manifest.files) - pages - PLAN_READS - _zips(info)
 
 
+@pytest.mark.s3
 def test_a_savepoint_copies_each_planned_file_once_and_reads_each_plan_input_once(counted):
     info, counts, log = counted.savepoint(incremental=False)
     planned = len(info.manifest.files)
@@ -144,6 +145,7 @@ def test_a_savepoint_copies_each_planned_file_once_and_reads_each_plan_input_onc
         == counted.pages()
 
 
+@pytest.mark.s3
 def test_a_reused_file_costs_its_one_server_side_copy(counted):
     first, _, _ = counted.savepoint(incremental=False)
     added = counted.next_batch()
@@ -164,6 +166,7 @@ def test_a_reused_file_costs_its_one_server_side_copy(counted):
     assert len(second.manifest.files) == len(first.manifest.files) + len(added) - 2  # offsets/N-1, commits/N gone
 
 
+@pytest.mark.s3
 def test_what_is_not_a_copy_or_a_plan_read_is_a_constant(s3, s3_endpoint, tmp_path, monkeypatch):
     overheads = []
     for partitions in (PARTITIONS, 2 * PARTITIONS):
@@ -189,11 +192,13 @@ def test_planning_in_parallel_plans_the_same_files(tmp_path, monkeypatch):
 
 @pytest.mark.xfail(strict=True, reason="issue 17 item 4 target not met: each snapshot zip is read (one GET) "
                    "besides its copy, and the lease, catalog and _metadata take 17 requests")
+@pytest.mark.s3
 def test_target_requests_within_planned_files_plus_listing_pages_plus_10(counted):
     info, counts, _ = counted.savepoint(incremental=False)
     assert counts["requests"] <= len(info.manifest.files) + counted.pages() + 10
 
 
+@pytest.mark.s3
 def test_target_incremental_savepoint_makes_no_more_requests_than_the_first(counted):
     """The new batch adds a changelog per store (a copy each); the unchanged zips are not read again,
     and the pin on the previous savepoint shares its catalog updates with our own records."""
@@ -203,6 +208,7 @@ def test_target_incremental_savepoint_makes_no_more_requests_than_the_first(coun
     assert second["requests"] <= first["requests"]
 
 
+@pytest.mark.s3
 def test_an_incremental_savepoint_that_outlives_the_pin_heartbeat_makes_no_more_requests(counted, monkeypatch):
     """Its pin on the previous savepoint lives with the job's lease, not a heartbeat of its own:
     with the restore pins' heartbeat every 50 ms and 10 ms on every request, none is added."""
@@ -313,6 +319,7 @@ def _at(log: list[tuple[str, str]], method: str, matches) -> list[int]:
     return [i for i, (m, t) in enumerate(log) if m == method and matches(t)]
 
 
+@pytest.mark.s3
 def test_the_catalog_lock_is_released_beside_the_first_copies_and_taken_beside_the_manifest(counted):
     """Issue 32: on an object store the in-progress record's unlock (a read and a delete) runs beside the
     first copies, and the completed record's lock and read run beside the job's lease check and the
@@ -340,6 +347,7 @@ def test_the_catalog_lock_is_released_beside_the_first_copies_and_taken_beside_t
     assert record.state == "completed"
 
 
+@pytest.mark.s3
 def test_a_run_that_loses_its_lease_while_copying_leaves_the_catalog_unlocked(counted):
     """The completed record's lock, taken ahead while ``_metadata`` would be written, is released when the
     run fails instead (here its job lease was taken over while it copied): the next savepoint runs at once."""
@@ -357,6 +365,7 @@ def test_a_run_that_loses_its_lease_while_copying_leaves_the_catalog_unlocked(co
     assert time.monotonic() - begun < 10 and info.manifest.files  # no wait for a stale lock (30 s) in either run
 
 
+@pytest.mark.s3
 def test_a_restore_downloads_while_its_pin_unlocks_the_catalog(counted, tmp_path):
     """Issue 32: a restore from an object store downloads while the catalog lock of its pin is released
     (held back 1 s at the proxy, the unlock completes after a download); it ends with the catalog unlocked

@@ -3,6 +3,7 @@ built once after rendering, the deferrable default from ``[operators] default_de
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import os
@@ -15,6 +16,7 @@ import pytest
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
+from airflow_savepoints.core import take_savepoint
 from airflow_savepoints.get_provider_info import get_provider_info
 from airflow_savepoints.operators.base import BASE_TEMPLATE_FIELDS, SavepointsBaseOperator, SavepointsBaseSensor
 from airflow_savepoints.operators.job import CheckJobOperator
@@ -97,12 +99,15 @@ def test_deferrable_defaults_to_the_operators_default_deferrable_option():
 
 
 def test_deferrable_sensors_defer_with_a_trigger_naming_the_connection(airflow_db, monkeypatch, tmp_path):
+    """Each sensor defers to its trigger; the event that trigger fires, fed to ``execute_complete``, is the result."""
     conn_id = stored_connection(monkeypatch, host=str(tmp_path / "sp"))
     checkpoint = write_checkpoint(tmp_path / "ck")
-    waits = [SavepointCompletedSensor(task_id="s", pointer=str(tmp_path / "sp" / "orders" / "savepoint-x"),
+    info = take_savepoint(str(checkpoint), "orders", savepoint_dir=str(tmp_path / "sp"))
+    waits = [SavepointCompletedSensor(task_id="s", pointer=info.pointer,
                                       savepoints_conn_id=conn_id, deferrable=True, timeout=60, poke_interval=5),
              BatchCommittedSensor(task_id="b", job="orders", checkpoint=str(checkpoint), after_batch=1,
                                   savepoints_conn_id=conn_id, deferrable=True, timeout=60, poke_interval=5)]
+    results = []
     for sensor, trigger_class in zip(waits, (SavepointCompletedTrigger, BatchCommittedTrigger), strict=True):
         with pytest.raises(TaskDeferred) as deferred:
             sensor.execute({})
@@ -110,10 +115,14 @@ def test_deferrable_sensors_defer_with_a_trigger_naming_the_connection(airflow_d
         assert (deferred.value.method_name, deferred.value.timeout) == ("execute_complete", timedelta(seconds=60))
         kwargs = deferred.value.trigger.serialize()[1]
         assert kwargs["savepoints_conn_id"] == conn_id and kwargs["poll_interval"] == 5
-        assert sensor.execute_complete({}, {"status": "success", "result": {"batch_id": 2}}) == {"batch_id": 2}
+        event = asyncio.run(asyncio.wait_for(anext(deferred.value.trigger.run()), 60))  # the trigger's own event
+        assert event.payload["status"] == "success", event.payload
+        results.append(sensor.execute_complete({}, event.payload))
         with pytest.raises(AirflowFailException, match="timed out waiting"):
             sensor.execute_complete({}, {"status": "error", "message": "timed out waiting for it"})
-    assert waits[1].poke({}).xcom_value == {"batch_id": 2}  # the same wait without deferring
+    assert results[0]["pointer"] == info.pointer and results[0]["batch_id"] == info.manifest.batch_id, results[0]
+    assert results[1]["batch_id"] == info.manifest.batch_id > 1, results[1]  # the checkpoint's newest committed batch
+    assert waits[1].poke({}).xcom_value == results[1]  # the same wait without deferring
 
 
 def test_a_count_rendered_from_a_param():

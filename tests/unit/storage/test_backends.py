@@ -117,7 +117,6 @@ def test_copy_methods_are_ordered_cheapest_first_and_end_with_a_stream(s3, tmp_p
     assert local.link_from(bucket, "f", "f") is None and bucket.server_copy_from(local, "f", "f") is None
 
 
-@pytest.mark.hdfs
 @pytest.mark.parametrize("value", ["2026-11-26T00:10:00.000Z", "2026-11-26T00:10:00Z", "2026-11-26T23:59:59.123456789Z",
                                    "Thu, 26 Nov 2026 00:10:00 GMT", "2026-11-26T00:10:00+01:00", "1700000000.5", 1700000000,
                                    "Thu, 31 Nov 2026 00:10:00 GMT"])
@@ -144,6 +143,7 @@ def test_s3_responses_use_the_fast_timestamp_parser_and_give_the_same_times(s3):
     assert abs(listed - read) < 1 and abs(listed - time.time()) < 600  # the listing's milliseconds, the header's seconds
 
 
+@pytest.mark.hdfs
 def test_hdfs_has_no_server_side_copy_its_files_stream(hdfs_root):
     """HDFS has no copy operation: a savepoint on the same NameNode streams through the DataNodes."""
     store = Store(f"{hdfs_root}/sp")
@@ -332,6 +332,7 @@ def test_s3_bad_credentials_and_refused_access_become_their_own_errors(s3, s3_en
 
 
 
+@pytest.mark.s3
 def test_an_s3_client_keeps_a_connection_for_every_file_copied_at_once(s3, s3_endpoint):
     """botocore's default pool (10 connections) would cap ``parallelism`` at 10 requests in flight."""
     import fsspec
@@ -352,6 +353,7 @@ def test_an_s3_client_keeps_a_connection_for_every_file_copied_at_once(s3, s3_en
         (MAX_CONNECTIONS, 9)
 
 
+@pytest.mark.s3
 def test_an_http_s3_endpoint_loads_no_ca_bundle(s3, s3_endpoint, monkeypatch, tmp_path):
     """Without TLS the client skips the CA bundle: a bundle that does not exist would fail every
     request of a client that loads it (as one through a proxy still does)."""
