@@ -106,7 +106,7 @@ def test_scheduler_triggerer_and_rest_api_run_the_savepoint_dags(tmp_path):
             while not all(cluster.request("GET", f"/api/v2/dags/{d}").status_code == 200 for d in (RESTORE, PERIODIC)):
                 cluster.check_alive()
                 assert time.monotonic() < deadline, ("DAGs not parsed", cluster.get("/api/v2/importErrors"))
-                time.sleep(1)
+                time.sleep(0.25)
             assert cluster.get("/api/v2/importErrors")["total_entries"] == 0, cluster.get("/api/v2/importErrors")
             periodic_dag = cluster.get(f"/api/v2/dags/{PERIODIC}")
             assert periodic_dag["is_paused"] is True
