@@ -150,7 +150,7 @@ def test_start_savepoint_stop_and_restore_a_real_job_through_the_dags(airflow_db
         assert commits[:2] == [stop_batch, stop_batch + 1]  # the savepoint's batch, then the next one
         deadline = time.monotonic() + 180
         while demo.committed_event_ids(tmp_path / "output") != sorted(sent) and time.monotonic() < deadline:
-            time.sleep(1)
+            time.sleep(0.5)
         run("stop_job_with_savepoint", job="demo-dedup")  # the demo's end: a user's stop, not a kill
         assert job_status("demo-dedup", job_folder).state == "stopped"
         last_saved = list_savepoints(Store(str(tmp_path / "savepoints")), "demo-dedup")[-1]

@@ -197,7 +197,7 @@ class Story:
         while set(ids := self.sink_ids(job)) != self.ids[job]:
             assert time.monotonic() < deadline, (f"sink misses {sorted(self.ids[job] - set(ids))[:20]} "
                                                  f"(has {len(ids)} of {len(self.ids[job])})")
-            time.sleep(1)
+            time.sleep(0.5)
         assert len(ids) == len(set(ids)), f"duplicates in the sink: {sorted(i for i in set(ids) if ids.count(i) > 1)[:20]}"
         return ids
 

@@ -3,7 +3,7 @@ and API server as separate processes, driven only through the public REST API.
 
 ``restore_from_savepoint`` (triggered over REST) starts the demo streaming job and waits for it
 with the deferrable ``BatchCommittedSensor`` in the triggerer; then the scheduler runs
-``periodic_savepoints`` on its 20 s schedule while the job keeps consuming new input. Storage,
+``periodic_savepoints`` on its 10 s schedule while the job keeps consuming new input. Storage,
 XComs, task states and event logs must all tell the same story.
 """
 
@@ -69,7 +69,7 @@ def test_scheduler_triggerer_and_rest_api_run_the_savepoint_dags(tmp_path):
     env = {
         "SAVEPOINTS_DEMO_HOME": str(demo_home),
         "SAVEPOINTS_DEMO_APP": demo.__file__,
-        "SAVEPOINTS_PERIODIC_INTERVAL": "20s",
+        "SAVEPOINTS_PERIODIC_INTERVAL": "10s",  # max_active_runs=1: rounds never overlap
         "PYSPARK_PYTHON": sys.executable,  # the venv's interpreter, not its resolved base
         "AWS_EC2_METADATA_DISABLED": "true",
     }
@@ -106,11 +106,11 @@ def test_scheduler_triggerer_and_rest_api_run_the_savepoint_dags(tmp_path):
             while not all(cluster.request("GET", f"/api/v2/dags/{d}").status_code == 200 for d in (RESTORE, PERIODIC)):
                 cluster.check_alive()
                 assert time.monotonic() < deadline, ("DAGs not parsed", cluster.get("/api/v2/importErrors"))
-                time.sleep(1)
+                time.sleep(0.25)
             assert cluster.get("/api/v2/importErrors")["total_entries"] == 0, cluster.get("/api/v2/importErrors")
             periodic_dag = cluster.get(f"/api/v2/dags/{PERIODIC}")
             assert periodic_dag["is_paused"] is True
-            assert periodic_dag["timetable_summary"] == "0:00:20", periodic_dag  # SAVEPOINTS_PERIODIC_INTERVAL at parse time
+            assert periodic_dag["timetable_summary"] == "0:00:10", periodic_dag  # SAVEPOINTS_PERIODIC_INTERVAL at parse time
             assert cluster.get(f"/api/v2/dags/{RESTORE}/dagRuns")["total_entries"] == 0  # the refused trigger made none
 
             # -- restore_from_savepoint through the REST API (fresh start) ------------------------
@@ -159,7 +159,7 @@ def test_scheduler_triggerer_and_rest_api_run_the_savepoint_dags(tmp_path):
             tries = cluster.get(f"{run_path(RESTORE, restore_run)}/taskInstances/wait_for_progress/tries")
             assert [t["try_number"] for t in tries["task_instances"]] == [1]  # resumed, not retried
 
-            # -- periodic_savepoints on its 20 s schedule while the job consumes new input --------
+            # -- periodic_savepoints on its 10 s schedule while the job consumes new input --------
             cluster.api("PATCH", f"/api/v2/dags/{PERIODIC}", json={"is_paused": False})
             deadline, last_write = time.monotonic() + 240, 0.0
             while True:
@@ -192,7 +192,7 @@ def test_scheduler_triggerer_and_rest_api_run_the_savepoint_dags(tmp_path):
             assert len(succeeded) >= 2 and all(r["state"] == "success" for r in runs), runs
             assert {r["run_type"] for r in succeeded} == {"scheduled"}  # the scheduler made them, on its schedule
             after = [datetime.fromisoformat(r["run_after"]) for r in succeeded]
-            assert all((b - a).total_seconds() >= 19.9 for a, b in pairwise(after)), after  # 20 s apart
+            assert all((b - a).total_seconds() >= 9.9 for a, b in pairwise(after)), after  # 10 s apart
             on_disk = {info.pointer: info for info in list_savepoints(savepoints, JOB)
                        if info.type.value == "periodic"}
             assert len(on_disk) >= 2, sorted(on_disk)

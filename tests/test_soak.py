@@ -125,27 +125,43 @@ def _advance(checkpoint: Path, batch: int) -> None:
 
 
 LIVE_QUERY = """
-import os, sys, time
+import json, os, sys, time
 from pyspark.sql import SparkSession
 import airflow_savepoints.demo.app as demo
 input_dir, checkpoint, output, stop_file = sys.argv[1:5]
 spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", "2").config("spark.sql.streaming.minBatchesToRetain", "20")
          .config("spark.sql.streaming.fileSink.log.compactInterval", "100000").getOrCreate())
-query = demo.build_query(spark, input_dir, checkpoint, output, trigger_ms=200)
-while not os.path.exists(stop_file) and query.exception() is None:
-    time.sleep(0.2)
-if query.exception() is not None:
-    raise SystemExit(f"query failed: {query.exception()}")
-query.processAllAvailable()
-query.stop()
+
+def wait_for(path):
+    while not os.path.exists(path):
+        time.sleep(0.2)
+
+def run(checkpoint, output, stop_file):
+    query = demo.build_query(spark, input_dir, checkpoint, output, trigger_ms=200)
+    while not os.path.exists(stop_file) and query.exception() is None:
+        time.sleep(0.2)
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    query.processAllAvailable()
+    query.stop()
+
+run(checkpoint, output, stop_file)
+open(stop_file + ".stopped", "w").close()
+wait_for(stop_file + ".next")  # another checkpoint to run (a restored one), or none
+nxt = json.loads(open(stop_file + ".next").read())
+if nxt:  # a new query in this driver: its state stores are keyed by the new checkpoint's path
+    open(nxt["stop_file"], "w").close()
+    run(nxt["checkpoint"], nxt["output"], nxt["stop_file"])
 spark.stop()
 """
 
 
 class LiveQuery:
     """The demo query (stateful de-duplication into a file sink) running in its own Spark driver
-    process; each ``feed`` adds one input file (its first 10 ids repeat the previous file's last 10)."""
+    process; each ``feed`` adds one input file (its first 10 ids repeat the previous file's last 10).
+    Once stopped, the same driver runs the query once more on a checkpoint ``then`` names (no second
+    JVM start)."""
 
     def __init__(self, folder: Path, checkpoint: Path, output: Path):
         self.input, self.checkpoint, self.output = folder / "input", checkpoint, output
@@ -167,8 +183,19 @@ class LiveQuery:
             assert self.process.poll() is None and time.monotonic() < deadline, "the live query committed nothing"
             time.sleep(0.2)
 
-    def finish(self) -> None:
+    def finish(self, timeout: float = 300) -> None:
+        """The query consumes what was fed, then stops."""
         self.stop_file.touch()
+        deadline = time.monotonic() + timeout
+        while not Path(f"{self.stop_file}.stopped").exists():
+            assert self.process.poll() is None and time.monotonic() < deadline, f"exited {self.process.poll()}"
+            time.sleep(0.2)
+
+    def then(self, checkpoint: Path | None, output: Path | None = None) -> None:
+        """Run the query on ``checkpoint`` into ``output`` until the input is consumed (None: end the driver)."""
+        then = {"checkpoint": str(checkpoint), "output": str(output), "stop_file": f"{self.stop_file}-then"} \
+            if checkpoint is not None else {}
+        Path(f"{self.stop_file}.next").write_text(json.dumps(then))
         assert self.process.wait(300) == 0
 
 
@@ -181,10 +208,8 @@ def _runs_to_the_exact_count(tmp_path: Path, live: LiveQuery, restored: Path, ba
     """Run the demo query on the restored checkpoint into a fresh sink until the input is consumed:
     it must write exactly the ids the original sink had not committed by ``batch_id``, each once."""
     before = committed_ids_through(live.output, batch_id)
-    rerun = LiveQuery(tmp_path, restored, tmp_path / "output-after-restore")
-    rerun.input = live.input
-    rerun.start().finish()
-    after = demo.committed_event_ids(rerun.output)
+    live.then(restored, tmp_path / "output-after-restore")
+    after = demo.committed_event_ids(tmp_path / "output-after-restore")
     expected = sorted(live.ids - set(before))
     assert after == expected, (len(after), len(set(after)), len(expected))
     assert sorted(set(before) | set(after)) == sorted(live.ids) and len(before) == len(set(before))
@@ -215,7 +240,7 @@ class Target:
         self.checkpoint = folder / "checkpoint" if live is None else live.checkpoint
         self.scratch, self.log = folder / "restores", folder / "log.jsonl"
         self.workers: list = []
-        self.kills, self.batch = 0, 3
+        self.kills, self.batch, self.last_kill = 0, 3, 0.0
 
     def prepare(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -223,7 +248,7 @@ class Target:
             write_checkpoint(self.checkpoint, batches=3)
         else:
             self.live.feed()
-            self.live.start().wait_for_commit()
+            self.live.start()  # its first commit is awaited once everything else is ready
         self.scratch.mkdir()
 
     def start(self, index: int, seed: int, until: float):
@@ -249,7 +274,7 @@ class Target:
         victim = rng.randrange(len(self.workers))
         self.workers[victim].kill()  # SIGKILL; none sent to one that has just ended at the deadline
         self.workers[victim].join(10)
-        self.kills += 1
+        self.kills, self.last_kill = self.kills + 1, time.time()
         self.workers[victim] = self.start(victim, 1000 + self.kills, until)
 
 
@@ -260,12 +285,15 @@ def soak(targets: list[Target], seconds: float, monkeypatch) -> list[dict]:
     monkeypatch.setattr(catalog_module, "LOCK_STALE_AFTER", STALE)
     monkeypatch.setattr(catalog_module, "PIN_TTL", 20.0)
     monkeypatch.setattr(restore_module, "CLAIM_STALE_AFTER", STALE)
-    for target in targets:  # a live query is up and has committed before any clock starts
+    for target in targets:
         target.prepare()
     # The first CLI call imports Airflow (~2 s of CPU): done here once, a worker forked (again after
     # each kill) starts with it, instead of spending its turns between kills importing on a busy machine.
     (warm_up := targets[0].folder / "warm-up").mkdir()
     assert _cli(["list", "--job", "job", "--dir", str(warm_up)])[2] is None
+    for target in targets:  # a live query is up and has committed before any clock starts
+        if target.live is not None:
+            target.live.wait_for_commit()
     until = time.time() + seconds
     rng = random.Random(1414)
     try:
@@ -284,14 +312,16 @@ def soak(targets: list[Target], seconds: float, monkeypatch) -> list[dict]:
         for w in [w for target in targets for w in target.workers]:
             w.kill()
         raise
+    last_kill = max(target.last_kill for target in targets)
     for w in [w for target in targets for w in target.workers]:
         w.join(60)
         if w.exitcode is None:
             w.kill()
+            last_kill = time.time()
     for target in targets:
         if target.live is not None:
             target.live.finish()  # the query consumes what was fed, then stops; the newest savepoint is older
-    time.sleep(STALE + 1)  # leases of killed holders go stale
+    time.sleep(max(0.0, last_kill + STALE + 1 - time.time()))  # leases of killed holders go stale
     return [_check(target, seconds) for target in targets]
 
 

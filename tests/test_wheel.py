@@ -57,7 +57,8 @@ def fresh_venv(path: Path, requirement: str, wheelhouse: Path) -> Path:
 
 def user_env(bin_dir: Path, home: Path) -> dict[str, str]:
     """The environment of a user of that virtualenv: nothing from this checkout or the test session."""
-    keep = ("HOME", "LANG", "LC_ALL", "JAVA_HOME", "TMPDIR", "TERM")
+    # and the JVM options the session's JVMs run with (tests/conftest.py: C1 and the serial GC on 2 cores)
+    keep = ("HOME", "LANG", "LC_ALL", "JAVA_HOME", "JAVA_TOOL_OPTIONS", "TMPDIR", "TERM")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     home.mkdir(parents=True, exist_ok=True)
     env.update(PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", AIRFLOW_HOME=str(home),

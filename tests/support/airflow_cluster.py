@@ -224,7 +224,7 @@ def deployment_env(home: Path, dags_folder: Path, port: int, username: str, pass
     }
 
 
-def _wait(predicate, timeout: float, what: str, cluster: AirflowCluster, poll: float = 1.0) -> Any:
+def _wait(predicate, timeout: float, what: str, cluster: AirflowCluster, poll: float = 0.25) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:

@@ -255,7 +255,7 @@ class Testbed:
                 return
             self.airflow.check_alive()
             assert time.monotonic() < deadline, f"DAGs {dag_ids} not parsed within {timeout:.0f}s"
-            time.sleep(1)
+            time.sleep(0.25)
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
         """Trigger a run of ``dag_id`` with ``conf``; its run id."""

@@ -15,5 +15,5 @@ def wait_for_sink(output: Path, expected: list[int], timeout: float = 180) -> li
     """The event ids the demo job's file sink committed, once they equal ``expected`` (or at the timeout)."""
     deadline = time.monotonic() + timeout
     while (got := demo.committed_event_ids(output)) != expected and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.5)
     return got
