@@ -204,7 +204,7 @@ class Testbed:
                    "--pid", str(self.airflow.home / f"{name}.pid"), "--without-gossip", "--without-mingle"]
         # a host without pyspark: the worker and its task processes cannot import it, what they execute can
         pythonpath = os.pathsep.join(p for p in (str(NO_PYSPARK), self.airflow.env.get("PYTHONPATH")) if p)
-        env = {"PYTHONPATH": pythonpath, "TESTBED_NO_PYSPARK": "1"}
+        env = {"PYTHONPATH": pythonpath, "TESTBED_NO_PYSPARK": "1", **self.host_state(name)}
         if clock_offset:
             env |= {"LD_PRELOAD": FAKETIME_LIBRARY, "FAKETIME": clock_offset, "FAKETIME_DONT_RESET": "1",
                     "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
@@ -219,6 +219,12 @@ class Testbed:
         worker = self.workers[name] = Worker(name, process, clock_offset)
         return worker
 
+    def host_state(self, name: str) -> dict[str, str]:
+        """A host's own state folder (``XDG_STATE_HOME``): each worker makes its own host run key there, as
+        separate machines would, so only the bed's shared ``[savepoints] run_key`` lets one host judge
+        another's runs."""
+        return {"XDG_STATE_HOME": str(self.airflow.home / f"state-{name}")}
+
     def kill_worker(self, name: str) -> None:
         """Host loss: SIGKILL the namespace's pid 1; the kernel kills every process in the namespace
         (a Spark driver started there included). The worker is no longer checked as alive."""
@@ -232,7 +238,7 @@ class Testbed:
         """Run a command inside a worker's namespaces (``nsenter -t PID -p -u -m``), with the test bed's
         environment and, when ``clock``, the worker's clock offset."""
         worker = self.workers[name]
-        extra = dict(env or {})
+        extra = {**self.host_state(name), **(env or {})}
         if clock and worker.clock_offset:
             extra |= {"LD_PRELOAD": FAKETIME_LIBRARY, "FAKETIME": worker.clock_offset,
                       "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
