@@ -6,10 +6,10 @@ Thin: the work is in :mod:`airflow_savepoints.jobs.workflows.lifecycle`, which g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import conf
 from airflow.sdk.exceptions import AirflowSkipException
@@ -32,6 +32,8 @@ from airflow_savepoints.operators.savepoint import (
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+T = TypeVar("T")
 
 __all__ = ["CancelJobOperator", "CheckJobOperator", "NoSavepointError", "RestoreJobOperator",
            "StopJobWithSavepointOperator"]
@@ -83,6 +85,33 @@ class _JobOperator(SavepointsBaseOperator):
 
     def log_dir(self) -> Path:
         return Path(conf.get("logging", "base_log_folder", fallback="/tmp")) / "streaming-jobs"
+
+
+class _EachJobOperator(_JobOperator):
+    """A task over several jobs of ``jobs_file`` (``jobs``, default :meth:`job_names`): one step per job, then
+    one failure naming every job that needs a look.
+
+    :param jobs: job names (default: :meth:`job_names`)
+    """
+
+    template_fields: Sequence[str] = savepoints_template_fields("jobs")
+
+    def __init__(self, *, jobs: list[str] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("job", "")
+        super().__init__(**kwargs)
+        self.jobs = jobs
+
+    def job_names(self) -> list[str]:
+        """The jobs a run covers when ``jobs`` names none: every job of ``jobs_file``."""
+        return sorted(load_jobs(self.jobs_file))
+
+    def each_job(self, step: Callable[[JobContext], T]) -> list[T]:
+        """``step`` for each job in turn, with its context."""
+        results = []
+        for name in self.jobs or self.job_names():
+            self.job = name
+            results.append(step(self.job_context()))
+        return results
 
 
 class RestoreJobOperator(_JobOperator):

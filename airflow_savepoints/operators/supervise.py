@@ -6,14 +6,11 @@ job's storage beside its run lease, shown by ``airflow-savepoints job status --j
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_savepoints.hooks.streaming_job import SparkStreamingJobHook
-from airflow_savepoints.jobs import load_jobs
 from airflow_savepoints.jobs.workflows.watchdog import alerts, supervise
-from airflow_savepoints.operators.base import savepoints_template_fields
-from airflow_savepoints.operators.job import _JobOperator
+from airflow_savepoints.operators.job import _EachJobOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -21,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["SuperviseJobsOperator"]
 
 
-class SuperviseJobsOperator(_JobOperator):
+class SuperviseJobsOperator(_EachJobOperator):
     """Check every job of ``jobs_file`` (or the named ``jobs``) once: restart a failed or lost one
     (as its ``restart`` settings allow), report a stalled one (``progress_timeout``). Returns the
     decisions; fails, after handling every job, when a job stays down (restarts off or given up
@@ -31,21 +28,14 @@ class SuperviseJobsOperator(_JobOperator):
     :param wait_timeout: seconds a restart waits for the restarted run's first committed batch
     """
 
-    template_fields: Sequence[str] = savepoints_template_fields("jobs")
-
-    def __init__(self, *, jobs: list[str] | None = None, wait_timeout: float = 300, **kwargs: Any) -> None:
-        kwargs.setdefault("job", "")
+    def __init__(self, *, wait_timeout: float = 300, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.jobs = jobs
         self.wait_timeout = wait_timeout
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
-        decisions = []
-        for name in self.jobs or sorted(load_jobs(self.jobs_file)):
-            self.job = name
-            ctx = self.job_context()
-            decisions.append(supervise(ctx, submit_command=SparkStreamingJobHook(ctx.job).submit_command,
-                                       log_dir=self.log_dir(), wait_timeout=self.wait_timeout))
+        decisions = self.each_job(lambda ctx: supervise(
+            ctx, submit_command=SparkStreamingJobHook(ctx.job).submit_command, log_dir=self.log_dir(),
+            wait_timeout=self.wait_timeout))
         if (error := alerts(decisions)) is not None:
             raise error
         return [d.model_dump(mode="json") for d in decisions]
