@@ -2,15 +2,18 @@
 the session's HDFS, the demo job submitted with ``master: yarn`` in client deploy mode (the driver here, its
 ApplicationMaster and executor in YARN containers), its checkpoint, savepoints and control folder on HDFS.
 
-* Started through the Spark provider's SparkSubmitHook (RestoreJobOperator); ``job status`` names the YARN
+* Through a Spark connection (host ``yarn``): started by RestoreJobOperator, restarted by ``job start``, both
+  with the Spark provider's SparkSubmitHook; ``job status`` names the YARN
   application and says what the ResourceManager says of it; ``job savepoint`` savepoints the live
   checkpoint on HDFS; ``job stop`` stops it between batches with a savepoint (the application ends
   FINISHED); ``job start`` restarts it from that savepoint; a kill of an application named otherwise
   is refused; ``job cancel`` that the run does not answer in time kills it through the ResourceManager
   (KILLED). The sink holds every event once.
-* Cluster deploy mode (the driver in the ApplicationMaster's container): started with ``job start``, stopped
-  with a savepoint, restarted; its container killed: ``job status`` says failed with YARN's diagnostics,
-  the watchdog restarts it; the sink holds every event once.
+* Cluster deploy mode (the driver in the ApplicationMaster's container): started with ``job start``; its node
+  lost (the NodeManager and every container SIGKILLed): ``job status`` says failed with YARN's diagnostics;
+  a NodeManager back, the watchdog restarts it from its last state; stopped with a savepoint; the sink holds
+  every event once.
+* A queue the capacity scheduler cannot take is refused at ``job start`` (yarn_queue_unusable).
 * Without a yarn-site.xml in YARN_CONF_DIR or HADOOP_CONF_DIR, ``job start`` of a ``master: yarn`` job
   answers yarn_not_configured and starts nothing.
 """
@@ -18,8 +21,6 @@ ApplicationMaster and executor in YARN containers), its checkpoint, savepoints a
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -193,18 +194,6 @@ def test_a_job_on_yarn_is_started_savepointed_stopped_restarted_and_cancelled_th
     print("YARN client mode: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
 
 
-def am_container_group(app_id: str) -> int:
-    """The process group of the application's ApplicationMaster container (the NodeManager starts each
-    container in a session of its own): in cluster mode, the driver's JVM and its Python."""
-    import psutil
-
-    for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or [])
-        if "org.apache.spark.deploy.yarn.ApplicationMaster" in line and app_id.removeprefix("application_") in line:
-            return os.getpgid(process.pid)
-    raise LookupError(f"no ApplicationMaster process of {app_id}")
-
-
 def wait_for_status(jobs: str, states: tuple[str, ...], timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while (status := cli("job", "status", "demo", "--jobs-file", jobs))["state"] not in states \
@@ -221,16 +210,14 @@ def wait_committed(output: Path, sent: set[int], timeout: float = 120) -> None:
 
 
 @pytest.mark.slow
-def test_a_cluster_mode_job_on_yarn_survives_a_killed_driver_and_a_lost_node_through_the_watchdog_and_stops(
+def test_a_cluster_mode_job_on_yarn_on_a_lost_node_fails_with_yarns_words_is_restarted_by_the_watchdog_and_stops(
         yarn_cluster, hdfs_root, tmp_path, monkeypatch):
     """The driver runs in the ApplicationMaster's container: its heartbeats and stop acknowledgement reach the
-    control folder on HDFS from there. Its container killed (SIGKILL, as the OOM killer would): job status says
-    failed with the ResourceManager's diagnostics (the exit code), the watchdog restarts it on its live
-    checkpoint as a new application. Then the whole node dies (the NodeManager and every container process,
-    SIGKILL; the bed's only NodeManager, so the test brings one back on the same addresses): the
-    ResourceManager marks the node LOST and the application FAILED with its words, and once a NodeManager is
-    back the watchdog restarts the job from its last state. It stops with a savepoint. Every event is in the
-    sink once."""
+    control folder on HDFS from there. The whole node dies (the NodeManager and every container process, the
+    driver's too, SIGKILL; the bed has one NodeManager, so the test brings one back on the same addresses):
+    the ResourceManager marks the node LOST and fails the application with its own diagnostics, which job
+    status says; once a NodeManager is back the watchdog restarts the job from its last state (its live
+    checkpoint) as a new application. It stops with a savepoint. Every event is in the sink once."""
     monkeypatch.setenv("HADOOP_CONF_DIR", str(yarn_cluster.conf_dir))
     monkeypatch.delenv("YARN_CONF_DIR", raising=False)
     sent: set[int] = set()
@@ -238,17 +225,7 @@ def test_a_cluster_mode_job_on_yarn_survives_a_killed_driver_and_a_lost_node_thr
         sent.update(demo.write_events(tmp_path / "input", index))
     jobs = write_yarn_jobs(tmp_path, hdfs_root, deploy_mode="cluster")
     job_folder = Store(f"{hdfs_root}/savepoints/demo")
-    job = load_jobs(jobs)["demo"]
-    ctx = JobContext(job, Store(job.savepoint_dir))
     timings: dict[str, float] = {}
-
-    def watchdog_restart(reason_has: str) -> None:
-        began = time.monotonic()
-        decision = watchdog.supervise(ctx, submit_command=lambda checkpoint, conf: spark_submit_command(
-            job, checkpoint, conf), log_dir=tmp_path / "logs", wait_timeout=300)
-        timings[f"watchdog restart {len(timings)}"] = time.monotonic() - began
-        assert decision.action == "restarted" and reason_has in decision.reason, decision
-
     try:
         began = time.monotonic()
         started = cli("job", "start", "demo", "--fresh", "--jobs-file", jobs, "--wait-timeout", "300")
@@ -259,30 +236,17 @@ def test_a_cluster_mode_job_on_yarn_survives_a_killed_driver_and_a_lost_node_thr
         status = cli("job", "status", "demo", "--jobs-file", jobs)
         assert status["state"] == "running" and f"application {app_id} is RUNNING" in status["detail"], status
         assert status["host"] and started["first_batch"] is not None
-
-        # the driver's container killed
         for index in range(2, 4):
-            sent.update(demo.write_events(tmp_path / "input", index))
-        wait_past(started["checkpoint"], started["first_batch"])
-        os.killpg(am_container_group(app_id), signal.SIGKILL)
-        failed = wait_for_state(yarn_cluster, app_id, ("FINISHED", "FAILED", "KILLED"))
-        assert failed["state"] == "FAILED" and "exitCode: 137" in failed["diagnostics"], failed
-        status = wait_for_status(jobs, ("failed",))
-        assert f"application {app_id} is FAILED" in status["error"] and "exitCode: 137" in status["error"], status
-        watchdog_restart("exitCode: 137")  # last state: on its live checkpoint, a new application on YARN
-        second_app = wait_for_app(job_folder, not_this=app_id)
-        assert yarn_cluster.app(second_app)["state"] == "RUNNING"
-        for index in range(4, 6):
             sent.update(demo.write_events(tmp_path / "input", index))
         wait_committed(tmp_path / "output", sent)
 
         # the node lost: no NodeManager heartbeats; its containers, the driver's too, gone with it
         began = time.monotonic()
         yarn_cluster.lose_node()
-        for index in range(6, 8):  # input that arrives while the job is down
+        for index in range(4, 6):  # input that arrives while the job is down
             sent.update(demo.write_events(tmp_path / "input", index))
-        lost = wait_for_state(yarn_cluster, second_app, ("FINISHED", "FAILED", "KILLED"))
-        assert lost["state"] == "FAILED" and "LOST" in yarn_cluster.node_states(), lost
+        lost = wait_for_state(yarn_cluster, app_id, ("FINISHED", "FAILED", "KILLED"))
+        assert lost["state"] == "FAILED" and "lost" in lost["diagnostics"] and "LOST" in yarn_cluster.node_states(), lost
         status = wait_for_status(jobs, ("failed", "lost"))
         said = " ".join(lost["diagnostics"].split())[:200]  # YARN's own words, as job status passes them on
         assert status["state"] in ("failed", "lost") and said in " ".join(f"{status['error']} {status['detail']}".split()), \
@@ -292,9 +256,16 @@ def test_a_cluster_mode_job_on_yarn_survives_a_killed_driver_and_a_lost_node_thr
         began = time.monotonic()
         yarn_cluster.start_nodemanager()
         timings["NodeManager back"] = time.monotonic() - began
-        watchdog_restart(said)
-        third_app = wait_for_app(job_folder, not_this=second_app)
-        assert yarn_cluster.app(third_app)["state"] == "RUNNING"
+        # the watchdog restarts it (last state: on its live checkpoint), a new application on YARN
+        job = load_jobs(jobs)["demo"]
+        began = time.monotonic()
+        decision = watchdog.supervise(JobContext(job, Store(job.savepoint_dir)), log_dir=tmp_path / "logs",
+                                      submit_command=lambda checkpoint, conf: spark_submit_command(job, checkpoint, conf),
+                                      wait_timeout=300)
+        timings["watchdog restart"] = time.monotonic() - began
+        assert decision.action == "restarted" and said in " ".join(decision.reason.split()), decision
+        new_app = wait_for_app(job_folder, not_this=app_id)
+        assert yarn_cluster.app(new_app)["state"] == "RUNNING"
         wait_committed(tmp_path / "output", sent)
 
         began = time.monotonic()
@@ -302,7 +273,7 @@ def test_a_cluster_mode_job_on_yarn_survives_a_killed_driver_and_a_lost_node_thr
         timings["stop"] = time.monotonic() - began
         assert stopped["stop_method"] == "cooperative" and stopped["consistency"] == "clean", stopped
         assert stopped["type"] == "stop" and stopped["pointer"].startswith(f"{hdfs_root}/savepoints/demo/"), stopped
-        assert wait_for_state(yarn_cluster, third_app, ("FINISHED", "FAILED", "KILLED"))["state"] == "FINISHED"
+        assert wait_for_state(yarn_cluster, new_app, ("FINISHED", "FAILED", "KILLED"))["state"] == "FINISHED"
     finally:
         if "RUNNING" not in yarn_cluster.node_states():  # a failure between the loss and the NodeManager's return
             yarn_cluster.start_nodemanager()
@@ -313,7 +284,7 @@ def test_a_cluster_mode_job_on_yarn_survives_a_killed_driver_and_a_lost_node_thr
             if app["name"] == "demo":
                 YarnRunner().kill(RunTarget(job="demo", application_id=app["id"], master="yarn",
                                             master_ui=yarn_cluster.url), grace=10)
-    # every event once: across the killed driver, the lost node and the watchdog's restarts
+    # every event once: across the lost node (the driver killed with it) and the watchdog's restart
     assert demo.committed_event_ids(tmp_path / "output") == sorted(sent)
     print("YARN cluster mode: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
 
