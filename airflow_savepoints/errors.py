@@ -391,6 +391,12 @@ class YarnNotConfiguredError(ConfigurationError):
     code = "yarn_not_configured"
 
 
+class YarnQueueError(ConfigurationError):
+    """A ``master: yarn`` job names a queue the ResourceManager's capacity scheduler has no running leaf queue for."""
+
+    code = "yarn_queue_unusable"
+
+
 class InterruptedBySignalError(SavepointError):
     """The command was stopped by SIGTERM or SIGINT, after it cleaned up."""
 

@@ -14,7 +14,12 @@ steps of 256 MB (``yarn.scheduler.minimum-allocation-mb``) up to 2048 MB, the Ap
 half of the queue (``maximum-am-resource-percent`` 0.5; YARN's default 0.1 would leave no room for one),
 the virtual and physical memory checks and the disk health checker are off, one attempt per application
 (``yarn.resourcemanager.am.max-attempts`` 1: a killed ApplicationMaster ends its application), container
-folders are kept 10 minutes after they end (their logs are in ``<workdir>/nm-logs``).
+folders are kept 10 minutes after they end (their logs are in ``<workdir>/nm-logs``), a NodeManager that
+stops heartbeating is LOST after 10 s (``yarn.nm.liveness-monitor.expiry-interval-ms``; YARN's default is 10
+minutes).
+
+:meth:`YarnCluster.lose_node` kills the NodeManager and every process of its containers with SIGKILL, as a host
+that dies; :meth:`YarnCluster.start_nodemanager` brings a NodeManager back on the same addresses.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -57,6 +63,7 @@ SIZING = {
     "yarn.nodemanager.pmem-check-enabled": "false",
     "yarn.nodemanager.disk-health-checker.enable": "false",
     "yarn.resourcemanager.am.max-attempts": "1",
+    "yarn.nm.liveness-monitor.expiry-interval-ms": "10000",
 }
 
 
@@ -88,22 +95,50 @@ class YarnCluster(Emulator):
     def app(self, application_id: str) -> dict:
         return self.rest(f"apps/{application_id}")["app"]
 
+    def node_states(self) -> list[str]:
+        """The states of the NodeManagers the ResourceManager knows (RUNNING, LOST, ...)."""
+        nodes = self.rest("nodes?states=NEW,RUNNING,UNHEALTHY,LOST,REBOOTED,SHUTDOWN").get("nodes") or {}
+        return [node.get("state") for node in nodes.get("node") or []]
+
     def wait_operational(self, timeout: float = 120.0) -> None:
-        """Until the ResourceManager lists one RUNNING NodeManager."""
+        """Until the ResourceManager lists a RUNNING NodeManager."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for process in (self.process, self.nodemanager):
                 if process.poll() is not None:
                     raise RuntimeError(f"YARN exited with {process.returncode}: {self.log_tail()}")
             try:
-                nodes = (self.rest("nodes").get("nodes") or {}).get("node") or []
-                if any(node.get("state") == "RUNNING" for node in nodes):
+                if "RUNNING" in self.node_states():
                     return
             except (OSError, ValueError, KeyError):
                 pass
             time.sleep(0.3)
-        self.stop()
         raise RuntimeError(f"YARN was not ready at {self.url} within {timeout:.0f} s: {self.log_tail()}")
+
+    def start_nodemanager(self) -> None:
+        """Run a NodeManager (again, after :meth:`lose_node`) on the configured addresses; until it is RUNNING."""
+        java = ["java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp",
+                f"{self.conf_dir}:{YARN_JARS / '*'}", "org.apache.hadoop.yarn.server.nodemanager.NodeManager"]
+        # containers run $JAVA_HOME/bin/java: the NodeManager passes its JAVA_HOME on (env-whitelist)
+        with _environ(JAVA_HOME=os.environ.get("JAVA_HOME") or which_java_home() or ""):
+            self.nodemanager, _ = _spawn(f"nodemanager-{time.monotonic_ns()}", java, self.workdir)
+        self.wait_operational()
+
+    def lose_node(self) -> None:
+        """The node dies: SIGKILL to the NodeManager and to every container's session (each runs in a session
+        of its own, in a folder under ``nm-local``); YARN learns it only from the missing heartbeats."""
+        import psutil
+
+        groups = set()
+        for process in psutil.process_iter(["cwd"]):
+            with contextlib.suppress(psutil.Error, OSError):
+                if (process.info["cwd"] or "").startswith(str(self.workdir / "nm-local")):
+                    groups.add(os.getpgid(process.pid))
+        self.nodemanager.kill()
+        self.nodemanager.wait()
+        for group in groups:
+            with contextlib.suppress(OSError):
+                os.killpg(group, signal.SIGKILL)
 
     def log_tail(self, chars: int = 3000) -> str:
         return "\n".join(f"{log.name}: {log.read_text(errors='replace')[-chars:]}"
@@ -173,18 +208,13 @@ def _start_yarn(default_fs: str) -> YarnCluster:
         "yarn.scheduler.capacity.root.default.maximum-capacity": "100",
         "yarn.scheduler.capacity.maximum-am-resource-percent": "0.5"}))
     (conf / "log4j.properties").write_text(LOG4J)
-    classpath = f"{conf}:{YARN_JARS / '*'}"
-    java = ["java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", classpath]
+    java = ["java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{conf}:{YARN_JARS / '*'}"]
     rm, log = _spawn("resourcemanager", [*java, "org.apache.hadoop.yarn.server.resourcemanager.ResourceManager"],
                      workdir)
     cluster = YarnCluster("yarn", f"http://127.0.0.1:{web}", rm, workdir, log)
     cluster.conf_dir = conf
-    # containers run $JAVA_HOME/bin/java: the NodeManager passes its JAVA_HOME on (env-whitelist)
-    with _environ(JAVA_HOME=os.environ.get("JAVA_HOME") or which_java_home() or ""):
-        cluster.nodemanager, _ = _spawn("nodemanager", [*java, "org.apache.hadoop.yarn.server.nodemanager.NodeManager"],
-                                        workdir)
     try:
-        cluster.wait_operational()
+        cluster.start_nodemanager()
     except RuntimeError:
         cluster.stop()  # both daemons, and their folder
         raise

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import psutil
 
-from airflow_savepoints.errors import YarnNotConfiguredError
+from airflow_savepoints.errors import YarnNotConfiguredError, YarnQueueError
 from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.record import RunTarget
 
@@ -296,6 +296,67 @@ def check_yarn_start(master_ui: str | None) -> None:
             "set master_ui: http://<resourcemanager>:8088 in jobs.yaml, or the address in yarn-site.xml")
 
 
+def _rm_call(rm: str | None, path: str, body: dict[str, Any] | None = None, timeout: float = 10) -> dict[str, Any]:
+    """GET (PUT ``body``) ``<rm>/ws/v1/cluster/<path>`` of the ResourceManager at ``rm``, reached directly."""
+    request = urllib.request.Request(f"{rm}/ws/v1/cluster/{path}", method="PUT" if body is not None else "GET",
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=timeout) as response:
+        return json.load(response)
+
+
+def submitted_queue(command: list[str]) -> str | None:
+    """The YARN queue a spark-submit command line names (``--queue`` wins over ``--conf spark.yarn.queue=``),
+    or None for a command that is not ``--master yarn`` or names none."""
+    pairs = list(zip(command, command[1:], strict=False))
+    if ("--master", "yarn") not in pairs:
+        return None
+    confs = [value.partition("=")[2] for flag, value in pairs if flag == "--conf" and value.startswith("spark.yarn.queue=")]
+    queues = [value for flag, value in pairs if flag == "--queue"] or confs
+    return queues[-1] if queues else None
+
+
+def check_yarn_queue(command: list[str], master_ui: str | None) -> None:
+    """Refuse (:class:`YarnQueueError`) a ``--master yarn`` command whose queue the ResourceManager's capacity
+    scheduler (``/ws/v1/cluster/scheduler``) has no RUNNING leaf queue for, by name or path. Not checked
+    (nothing is refused) when no queue is named, the ResourceManager does not answer, its scheduler is not
+    the capacity scheduler (the fair scheduler creates queues on demand), or a queue there creates child
+    queues on demand."""
+    queue = submitted_queue(command)
+    if queue is None or (rm := resource_manager_url(master_ui)) is None:
+        return
+    try:
+        info = _rm_call(rm, "scheduler")["scheduler"]["schedulerInfo"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if info.get("type") != "capacityScheduler":
+        return
+    queues, pending = [], [info]
+    while pending:
+        node = pending.pop()
+        queues.append(node)
+        pending.extend(((node.get("queues") or {}).get("queue")) or [])
+    if any(q.get("autoCreateChildQueueEnabled") or q.get("autoCreationEligibility") not in (None, "off")
+           for q in queues):
+        return
+    match = next((q for q in queues if queue in (q.get("queueName"), q.get("queuePath"))), None)
+    if match is None:
+        problem = "it has no such queue"
+    elif match.get("queues"):
+        problem = "it is a parent queue (applications go to leaf queues)"
+    elif match.get("state") != "RUNNING":
+        problem = f"the queue is {match.get('state')}"
+    else:
+        return
+    running = sorted(q.get("queuePath") or q.get("queueName") for q in queues
+                     if not q.get("queues") and q.get("state") == "RUNNING")
+    raise YarnQueueError(
+        f"master yarn: the job's queue {queue!r} cannot take it: the ResourceManager at {rm} says {problem}; nothing "
+        "was started",
+        f"set spark.yarn.queue in the job's spark_conf (or the Spark connection's queue) to a running leaf queue: "
+        f"{', '.join(running) or '(none is running)'}")
+
+
 class YarnRunner(Runner):
     """A YARN ResourceManager: status and kill through its REST API (``/ws/v1/cluster``)."""
 
@@ -303,13 +364,7 @@ class YarnRunner(Runner):
     timeout = 10
 
     def _call(self, target: RunTarget, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        url = f"{resource_manager_url(target.master_ui)}/ws/v1/cluster/{path}"
-        request = urllib.request.Request(url, method="PUT" if body is not None else "GET",
-                                         data=json.dumps(body).encode() if body is not None else None,
-                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the RM is reached directly
-        with opener.open(request, timeout=self.timeout) as response:
-            return json.load(response)
+        return _rm_call(resource_manager_url(target.master_ui), path, body, self.timeout)
 
     def app(self, target: RunTarget) -> dict[str, Any] | None:
         """What the ResourceManager says of the run's application (``id``, ``name``, ``state``,
