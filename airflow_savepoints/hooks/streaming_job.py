@@ -6,6 +6,8 @@ it happened)."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -42,7 +44,8 @@ class SparkStreamingJobHook(BaseHook):
         )
         if not job.spark_conn_id:
             submit._connection["master"] = job.master  # no connection: the job's own master
-        return submit._build_spark_submit_command(job.application)
+        with contextlib.redirect_stdout(sys.stderr):  # its "Spark-Submit cmd" log line: stdout is a CLI's answer
+            return submit._build_spark_submit_command(job.application)
 
 
 def connection_master(job: StreamingJob) -> str | None:

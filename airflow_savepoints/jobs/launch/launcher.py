@@ -31,7 +31,7 @@ from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, new_run_id
 from airflow_savepoints.jobs.description.files import process_started
 from airflow_savepoints.jobs.description.record import JobRun, write_run
-from airflow_savepoints.jobs.launch.runners import LocalRunner, check_yarn_queue
+from airflow_savepoints.jobs.launch.runners import LocalRunner
 from airflow_savepoints.storage import Store
 
 
@@ -121,9 +121,7 @@ def start_detached(job: str, command: list[str], checkpoint: Store, job_folder: 
     (besides the ``--conf`` of secret-looking keys); the process gets them. ``recorded``: further fields
     of the run record (``master``, ``master_ui``, ``version``). The process gets the run's token in its
     environment (:func:`~airflow_savepoints.jobs.description.trust.run_token`): the proof, never
-    written anywhere, that lets the local runner signal it. A ``--master yarn`` command whose queue the
-    ResourceManager cannot take is refused first (:func:`~airflow_savepoints.jobs.launch.runners.check_yarn_queue`)."""
-    check_yarn_queue(command, recorded.get("master_ui"))
+    written anywhere, that lets the local runner signal it."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     start_batch, _ = checkpoint_progress(checkpoint)

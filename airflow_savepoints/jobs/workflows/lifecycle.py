@@ -61,7 +61,13 @@ from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT
 from airflow_savepoints.jobs.description.model import StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun, read_run, restore_default, write_run
 from airflow_savepoints.jobs.launch.launcher import JobFailedError, application_id_from_log, log_tail, start_detached
-from airflow_savepoints.jobs.launch.runners import LocalRunner, YarnRunner, check_yarn_start, runner_for
+from airflow_savepoints.jobs.launch.runners import (
+    LocalRunner,
+    YarnRunner,
+    check_yarn_queue,
+    check_yarn_start,
+    runner_for,
+)
 from airflow_savepoints.jobs.workflows.rescale import rescale_on_the_job
 from airflow_savepoints.jobs.workflows.run import LIVE_STATES, JobContext, JobState, Run, State  # noqa: F401 - imported from here
 from airflow_savepoints.storage import Store
@@ -138,8 +144,9 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     """Take the lease, ``prepare()`` the checkpoint, launch the run and wait until it is live.
     ``run_settings``: Spark conf the start passes to the in-job helper (``spark.savepoints.*``)."""
     job = ctx.job
-    if isinstance(runner_for(ctx.master), YarnRunner):
+    if isinstance(runner_for(ctx.master), YarnRunner):  # refused before anything is taken, restored or started
         check_yarn_start(job.master_ui)
+        check_yarn_queue(submit_command(job.checkpoint, {}), job.master_ui)
     previous_run = Run.read(ctx)
     previous = previous_run.state()
     if previous.live:
@@ -154,7 +161,7 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     control = ctx.folder.child(CONTROL_FOLDER).child(run_id)
     timeout = ctx.lease_timeout or DEFAULT_LEASE_TIMEOUT
     version = job.version()
-    holder = ctx.lease.acquire(run_id, {"host": _hostname(), "control": control.url, "master": job.master,
+    holder = ctx.lease.acquire(run_id, {"host": _hostname(), "control": control.url, "master": ctx.master,
                                         "timeout_s": timeout, "version": version.hash},
                                may_take_over=lambda h: h.run_id == previous.run_id and previous.state == "lost")
     if holder is not None:
@@ -166,7 +173,7 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
                 **run_conf(ctx.folder.url, run_id=run_id, checkpoint=checkpoint, heartbeat_interval=ctx.heartbeat_interval,
                            lease_timeout=ctx.lease_timeout, cluster=job.deploy_mode == "cluster")}
         run = start_detached(job.name, submit_command(checkpoint, conf), ctx.checkpoint(checkpoint), ctx.folder,
-                             log_dir, control=control, master=job.master, master_ui=job.master_ui,
+                             log_dir, control=control, master=ctx.master, master_ui=job.master_ui,
                              version=version.model_dump(), secrets=job.secrets())
         ctx.lease.renew(run_id, {"pid": run.pid, "pid_started": run.pid_started, "checkpoint": checkpoint})
     except BaseException:
