@@ -316,6 +316,18 @@ def submitted_queue(command: list[str]) -> str | None:
     return queues[-1] if queues else None
 
 
+DRIVER_POD_CONF = "spark.kubernetes.driver.pod.name"
+
+
+def is_driver_pod_of(pod: str, app_name: str) -> bool:
+    """Whether ``pod`` is a driver pod spark-submit names for an application called ``app_name`` on Kubernetes:
+    ``<name>-<id>-driver``, the name spelt as Kubernetes resource names are (lower case, other characters
+    as ``-``)."""
+    prefix = "-".join(part for part in "".join(c if c.isalnum() and c.isascii() else "-"
+                                               for c in app_name.strip().lower()).split("-") if part)
+    return bool(prefix) and pod.startswith(f"{prefix}-") and pod.endswith("-driver") and len(pod) > len(prefix) + 8
+
+
 def check_yarn_queue(command: list[str], master_ui: str | None) -> None:
     """Refuse (:class:`YarnQueueError`) a ``--master yarn`` command whose queue the ResourceManager's capacity
     scheduler (``/ws/v1/cluster/scheduler``) has no RUNNING leaf queue for, by name or path. Not checked

@@ -36,7 +36,14 @@ from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, Run
 from airflow_savepoints.jobs.description.model import StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun, RunTarget, read_run, record_end, write_run
 from airflow_savepoints.jobs.launch.launcher import log_tail
-from airflow_savepoints.jobs.launch.runners import LocalRunner, Runner, YarnRunner, runner_for
+from airflow_savepoints.jobs.launch.runners import (
+    DRIVER_POD_CONF,
+    LocalRunner,
+    Runner,
+    YarnRunner,
+    is_driver_pod_of,
+    runner_for,
+)
 from airflow_savepoints.storage import Store
 
 LIVE_STATES = ("starting", "running", "stopping", "unknown")
@@ -176,7 +183,21 @@ class Run:
                 target.pid, target.pid_started = holder.pid, holder.pid_started
         if self.control is not None and not target.application_id:
             target.application_id = (self.control.announcement() or {}).get("application_id")
+        target.driver_pod = self._driver_pod(target)
         return target
+
+    def _driver_pod(self, target: RunTarget) -> str | None:
+        """The Kubernetes driver pod a kill may delete: the job's configured ``spark.kubernetes.driver.pod.name``,
+        else the one the run files name if spark-submit would name it so for this job (else None, with a warning)."""
+        if not target.driver_pod or not (target.master or "").startswith("k8s"):
+            return target.driver_pod
+        configured = self.ctx.job.spark_conf.get(DRIVER_POD_CONF)
+        if configured or is_driver_pod_of(target.driver_pod, target.app_name or target.job):
+            return configured or target.driver_pod
+        self.warnings.append(f"the run files name driver pod {target.driver_pod!r}, which is not job "
+                             f"'{target.job}''s (spark-submit names its driver pods "
+                             f"<{target.app_name or target.job}>-<id>-driver): ignored, it is never deleted")
+        return None
 
     @property
     def checkpoint(self) -> str | None:
