@@ -184,7 +184,7 @@ def test_last_state_upgrade_then_bad_versions_rolled_back_then_a_new_column(airf
                                    spark_conf=json.dumps(FIX), health_timeout=120, check_first="false")
         assert state == "failed" and tasks == {"upgrade": "failed"}
         log = capfd.readouterr().out  # the task's log: the new version's error, then the rollback
-        assert "UpgradeFailedError" in log and "exited before committing a batch" in log and "rolled back" in log, log[-3000:]
+        assert "UpgradeRolledBackError" in log and "exited before committing a batch" in log and "rolled back" in log, log[-3000:]
         back = read_run(job_folder)
         assert back.version == upgraded.version and back.ended is None  # the previous version runs again
         second_stop = list_savepoints(root, JOB)[-1]
