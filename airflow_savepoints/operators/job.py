@@ -88,8 +88,8 @@ class _JobOperator(SavepointsBaseOperator):
 
 
 class _EachJobOperator(_JobOperator):
-    """A task over several jobs of ``jobs_file`` (``jobs``, default :meth:`job_names`): one step per job, then
-    one failure naming every job that needs a look.
+    """A task over several jobs of ``jobs_file`` (``jobs``, default :meth:`job_names`): one step per job
+    (:meth:`each_job`); the subclass decides what of the results fails the task.
 
     :param jobs: job names (default: :meth:`job_names`)
     """

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -323,9 +324,8 @@ def is_driver_pod_of(pod: str, app_name: str) -> bool:
     """Whether ``pod`` is a driver pod spark-submit names for an application called ``app_name`` on Kubernetes:
     ``<name>-<id>-driver``, the name spelt as Kubernetes resource names are (lower case, other characters
     as ``-``)."""
-    prefix = "-".join(part for part in "".join(c if c.isalnum() and c.isascii() else "-"
-                                               for c in app_name.strip().lower()).split("-") if part)
-    return bool(prefix) and pod.startswith(f"{prefix}-") and pod.endswith("-driver") and len(pod) > len(prefix) + 8
+    prefix = re.sub(r"[^a-z0-9]+", "-", app_name.lower()).strip("-")
+    return bool(prefix) and re.fullmatch(rf"{re.escape(prefix)}-.+-driver", pod) is not None
 
 
 def check_yarn_queue(command: list[str], master_ui: str | None) -> None:
