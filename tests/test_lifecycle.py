@@ -67,6 +67,16 @@ def driver(ctx: JobContext, run_id: str | None, app: str = APP_ID) -> RunHandle:
     return RunHandle.from_conf(conf.get, {"application_id": app, "master": "local[2]"})
 
 
+def running_run(ctx: JobContext, run_id: str = "r1", last_batch: int = 2) -> RunHandle:
+    """A run of ``ctx``'s job as a start and its driver make it: the lease taken on worker-a, then the
+    driver's claim and a heartbeat at ``last_batch`` (``running``)."""
+    assert ctx.lease.acquire(run_id, {"host": "worker-a", "timeout_s": 30}) is None
+    run = driver(ctx, run_id)
+    run.claim()
+    run.beat(last_committed_batch=last_batch)
+    return run
+
+
 def test_states_follow_the_heartbeats(tmp_path):
     ctx = context(tmp_path, lease_timeout=1.5)
     assert lifecycle.status(ctx).state == "not_started"

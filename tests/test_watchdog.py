@@ -184,17 +184,14 @@ def test_a_real_job_whose_batch_hangs_is_reported_stalled_within_its_progress_ti
 def test_decisions_without_spark(tmp_path):
     """down without restarts, gave_up at the maximum (kept while down), a fresh count once it runs again;
     each decision in _watchdog.json and job status --json's shape."""
-    from tests.test_lifecycle import driver
+    from tests.test_lifecycle import driver, running_run
 
     job = StreamingJob(name="orders", application="app.py", checkpoint=str(tmp_path / "checkpoint"),
                        savepoint_dir=str(tmp_path / "savepoints"), lease_timeout=30)
     ctx = JobContext(job, Store(job.savepoint_dir))
     never = lambda checkpoint, conf: pytest.fail("no restart expected")  # noqa: E731
     assert watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path).action == "not_running"
-    assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30}) is None
-    run = driver(ctx, "r1")
-    run.claim()
-    run.beat(last_committed_batch=3)
+    run = running_run(ctx, last_batch=3)
     assert watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path).action == "healthy"
     run.control.report_failure(RuntimeError("bad record"))
     down = watchdog.supervise(ctx, submit_command=never, log_dir=tmp_path)

@@ -1,6 +1,6 @@
 """``airflow-savepoints job autoscale``: reads the job's series and decision history, prints the decision and
 its evidence, records it (bounded); refuses to run without a policy. A job "runs" as a driver's side of a run
-(its lease and heartbeats, ``tests/test_lifecycle.py``'s ``driver``): no Spark, no patched status."""
+(its lease and heartbeats, ``tests/test_lifecycle.py``'s ``running_run``): no Spark, no patched status."""
 
 from __future__ import annotations
 
@@ -39,15 +39,14 @@ def running(path, state: str = "running") -> None:
     driver's claim and first heartbeat (``running``)."""
     from airflow_savepoints.jobs import load_jobs
     from airflow_savepoints.jobs.workflows.run import JobContext
-    from tests.test_lifecycle import driver
+    from tests.test_lifecycle import running_run
 
     job = load_jobs(str(path))["orders"]
     ctx = JobContext(job, Store(job.savepoint_dir))
-    assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30}) is None
     if state == "running":
-        run = driver(ctx, "r1")
-        run.claim()
-        run.beat(last_committed_batch=2)
+        running_run(ctx)
+    else:
+        assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30}) is None
     assert lifecycle.status(ctx).state == state
 
 

@@ -38,17 +38,14 @@ def step_up_ending_now(**given) -> list:
 
 def running_job(tmp_path: Path, *, master: str = STANDALONE, partitions: int | None = None, **policy):
     """A job with ``mode: act`` whose run beats on a synthetic checkpoint; its series calls for 2 -> 3 cores."""
-    from tests.test_lifecycle import driver
+    from tests.test_lifecycle import running_run
 
     job = StreamingJob(name="orders", application="app.py", master=master, checkpoint=str(write_checkpoint(tmp_path / "cp")),
                        savepoint_dir=str(tmp_path / "sp"),
                        autoscale=AutoscaleSettings(mode="act", max_executors=4, cooldown=900, **policy))
     ctx = JobContext(job, Store(job.savepoint_dir))
     write_series(ctx.folder, step_up_ending_now(partitions=partitions))
-    assert ctx.lease.acquire("r1", {"host": "worker-a", "timeout_s": 30}) is None
-    run = driver(ctx, "r1")
-    run.claim()
-    run.beat(last_committed_batch=2)
+    run = running_run(ctx)
     assert lifecycle.status(ctx).state == "running"
     return ctx, run
 
