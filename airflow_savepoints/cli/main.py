@@ -52,14 +52,27 @@ LAZY_GROUPS = {"job": ("airflow_savepoints.cli.job", "catalog")}
 
 class JsonAwareGroup(TyperGroup):
     """With ``--json`` anywhere on the command line, a usage error is a JSON document too (exit 2).
-    The groups of LAZY_GROUPS are imported and made when a command line (or ``--help``) names them."""
+    The groups of LAZY_GROUPS are made with the group (``app`` has every command), or, in the console
+    script's group (``lazy_groups``), when a command line names them."""
+
+    lazy_groups = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.lazy_groups:
+            for name in LAZY_GROUPS:
+                self.get_command(None, name)
 
     def get_command(self, ctx, cmd_name):
         if cmd_name in LAZY_GROUPS and cmd_name not in self.commands:
             import importlib
 
-            module, _ = LAZY_GROUPS[cmd_name]
-            self.add_command(typer.main.get_group(importlib.import_module(module).app), cmd_name)
+            module, after = LAZY_GROUPS[cmd_name]
+            group = typer.main.get_group(importlib.import_module(module).app)
+            names = list(self.commands)  # listed where it was registered: after ``after``
+            at = names.index(after) + 1 if after in names else len(names)
+            self.commands = {**{n: self.commands[n] for n in names[:at]}, cmd_name: group,
+                             **{n: self.commands[n] for n in names[at:]}}
         return super().get_command(ctx, cmd_name)
 
     def list_commands(self, ctx):
@@ -84,6 +97,12 @@ class JsonAwareGroup(TyperGroup):
         except typer.Abort:
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+class ConsoleGroup(JsonAwareGroup):
+    """The console script's group: a lazy group is imported when named (``only_the_command_named``)."""
+
+    lazy_groups = True
 
 
 app = typer.Typer(
@@ -663,20 +682,21 @@ def dags_install(
 
 
 def only_the_command_named(argv: list[str]) -> typer.Typer:
-    """``app`` with only the command ``argv`` names (its first word that is not an option): a process runs one
-    command, so the others' options are not built (typer builds every registered command's before it parses).
-    ``app`` itself when no known command is named (``--help``, ``--version``, a typo: the full list answers)."""
+    """``app`` for the console script: with only the command ``argv`` names (its first word that is not an
+    option), since a process runs one command and typer builds every registered command's options before it
+    parses; every command when none is named (``--help``, ``--version``, a typo: the full list answers). Its
+    group is a ``ConsoleGroup``: ``job`` (cli/job.py and what it imports) is made only when named."""
+    import copy
+
     name = next((word for word in argv if not word.startswith("-")), None)
     commands = [c for c in app.registered_commands
                 if (c.name or typer.main.get_command_name(c.callback.__name__)) == name]
     groups = [g for g in app.registered_groups if g.name == name]
+    console, console.info = copy.copy(app), copy.copy(app.info)
+    console.info.cls = ConsoleGroup
     if name in LAZY_GROUPS or commands or groups:
-        import copy
-
-        pruned = copy.copy(app)
-        pruned.registered_commands, pruned.registered_groups = commands, groups
-        return pruned
-    return app
+        console.registered_commands, console.registered_groups = commands, groups
+    return console
 
 
 def main() -> None:  # console script entry point
