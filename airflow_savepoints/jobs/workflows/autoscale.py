@@ -7,12 +7,13 @@ formulas (docs/autoscale.md), after FLIP-271's autoscaler for Flink:
 
 - utilization of a batch = its duration / the trigger interval (back-to-back batches: input rate /
   processed rate); the job is behind when it stays above ``target_utilization + utilization_band``
-  (or its backlog above ``max_backlog``) for all of ``scale_up_after`` seconds, and has too much
+  (or its backlog above ``max_backlog``: Kafka records, or files of the file sources) for all of ``scale_up_after`` seconds, and has too much
   when it stays below ``target_utilization - utilization_band`` for all of ``scale_down_after``;
 - rate per core = processedRowsPerSecond / cores (rows a core processes while busy; the mean over
   the window);
-- required cores = (input rate + backlog / scale_up_after) / (target_utilization x rate per core),
-  rounded up to whole executors and kept within ``[min_executors, max_executors]``;
+- required cores = (input rate + backlog / scale_up_after) / (target_utilization x rate per core), the backlog
+  in rows (Kafka's records; the files not yet read times the rows a file held in the window), rounded up
+  to whole executors and kept within ``[min_executors, max_executors]``;
 - state partitions change only on a scale-up of a stateful query with ``min_partitions`` and
   ``max_partitions`` set, when they bind: the target cores exceed the partitions (the stateful
   stage runs one task per partition), or the state's skew (largest partition over the mean) is
@@ -244,7 +245,9 @@ class _Windows:
                 "utilization_max": _round(max(used, default=None)), "target_utilization": self.policy.target_utilization,
                 "up_above": _round(self.up_threshold), "down_below": _round(self.down_threshold),
                 "input_rate": _round(rate), "rate_per_core": _round(per_core), "required_cores": _round(required),
-                "backlog": points[-1].backlog, "backlog_files": points[-1].backlog_files, **self.current.skew_evidence()}
+                "backlog": points[-1].backlog, "backlog_files": points[-1].backlog_files,
+                "rows_per_file": _round(rows_per_file(points)) if points[-1].backlog_files else None,
+                **self.current.skew_evidence()}
 
     def sizing(self, points: list[MetricPoint], rate: float, seconds: float) -> tuple[float | None, float | None]:
         """(rows per second per core, cores required at the target utilization, the backlog drained within
@@ -253,7 +256,7 @@ class _Windows:
                           if not p.idle and p.processed_rate and p.input_rows])
         if not per_core:
             return None, None
-        wanted = rate + (points[-1].backlog or 0) / seconds
+        wanted = rate + backlog_rows(points) / seconds
         return per_core, wanted / (self.policy.target_utilization * per_core)
 
     def bounded(self, cores: float) -> int:
@@ -324,6 +327,21 @@ class _Windows:
         return _hold(self.base, "within_band", f"utilization stayed within [{self.down_threshold:.2f}, "
                      f"{self.up_threshold:.2f}] or crossed it for less than a window: no change",
                      **self.evidence(points, policy.scale_up_after if up else policy.scale_down_after))
+
+
+def rows_per_file(points: list[MetricPoint]) -> float | None:
+    """The rows a file of the file sources held, over ``points``' batches that read files; None if none did."""
+    read = [p for p in points if p.files_read and p.input_rows is not None]
+    files = sum(p.files_read or 0 for p in read)
+    return sum(p.input_rows or 0 for p in read) / files if files else None
+
+
+def backlog_rows(points: list[MetricPoint]) -> float:
+    """The newest point's backlog in rows: Kafka's records, plus the files not yet read times the rows a file held
+    in the window (a file backlog without a batch that read files adds nothing)."""
+    newest = points[-1]
+    per_file = rows_per_file(points) if newest.backlog_files else None
+    return (newest.backlog or 0) + (newest.backlog_files or 0) * (per_file or 0)
 
 
 def _partitions_up(policy: AutoscaleSettings, current: Current, target_cores: int) -> int | None:

@@ -96,3 +96,35 @@ def test_a_failing_count_is_no_count_and_never_raises(tmp_path):
     backlog.wait(10)
     assert backlog.take() == {2: (None, None)}
     assert backlog.take() == {}  # taken once
+
+
+# --- the policy on a file source's backlog (recorded series, no Spark) -------------------------------------
+def file_series(backlogs: list[int], *, rate: float = 120, files_per_batch: int = 4):
+    """A run at utilization 0.6 (2 cores, within the band) whose batches each read ``files_per_batch`` files, with
+    ``backlogs`` files not yet read after them (the last value repeated)."""
+    from tests.unit.jobs.test_autoscale import batches
+
+    series = batches([(1800, rate)], cores=2)
+    return [p.model_copy(update={"files_read": files_per_batch,
+                                 "backlog_files": backlogs[min(i, len(backlogs) - 1)]}) for i, p in enumerate(series)]
+
+
+def test_files_not_yet_read_above_max_backlog_for_the_window_scale_up_sized_with_the_rows_a_file_holds():
+    from airflow_savepoints.jobs.workflows.autoscale import Current, decide
+    from tests.unit.jobs.test_autoscale import now_after, policy
+
+    series = file_series([0] * 140 + [60])  # caught up, then 60 files behind for the last 6 minutes
+    decision = decide(policy(max_backlog=50), series, Current(cores=2), now_after(series), [])
+    assert decision.action == "scale_up", decision
+    # 1200 rows a batch in 4 files: 300 rows a file; (120 + 60 x 300 / 300 s) / (0.7 x 100) = 2.57 -> 3 cores
+    assert (decision.evidence["backlog_files"], decision.evidence["rows_per_file"]) == (60, 300)
+    assert decision.evidence["required_cores"] == pytest.approx(180 / 70, abs=0.001) and decision.target_cores == 3
+    assert decide(policy(max_backlog=60), series, Current(cores=2), now_after(series), []).action == "hold"  # not above
+
+
+def test_a_run_is_caught_up_once_its_files_not_yet_read_are_one_batchs_worth():
+    from airflow_savepoints.jobs.workflows.autoscale import catch_up_end
+    from tests.unit.jobs.test_autoscale import policy
+
+    series = file_series([40, 30, 20, 9, 4, 3])
+    assert catch_up_end(series, policy()) == series[4].time  # 4 files left: what one batch reads
