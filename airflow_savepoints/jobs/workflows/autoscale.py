@@ -7,8 +7,9 @@ formulas (docs/autoscale.md), after FLIP-271's autoscaler for Flink:
 
 - utilization of a batch = its duration / the trigger interval (back-to-back batches: input rate /
   processed rate); the job is behind when it stays above ``target_utilization + utilization_band``
-  (or its backlog above ``max_backlog``: Kafka records, or files of the file sources) for all of ``scale_up_after`` seconds, and has too much
-  when it stays below ``target_utilization - utilization_band`` for all of ``scale_down_after``;
+  (or its backlog above ``max_backlog``: Kafka records, or files of the file sources) for all of
+  ``scale_up_after`` seconds, and has too much when it stays below ``target_utilization -
+  utilization_band`` for all of ``scale_down_after``;
 - rate per core = processedRowsPerSecond / cores (rows a core processes while busy; the mean over
   the window);
 - required cores = (input rate + backlog / scale_up_after) / (target_utilization x rate per core), the backlog

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from airflow_savepoints.jobs.description.metrics import read_series
-from airflow_savepoints.jobs.driver.control import MetricsRecorder
+from airflow_savepoints.jobs.driver.control import MetricsRecorder, _checkpoint_of
 from airflow_savepoints.jobs.driver.file_backlog import FileBacklog, _hidden, _log_offset
 from airflow_savepoints.storage import Store
 
@@ -50,8 +50,10 @@ def test_a_file_sources_backlog_is_the_files_not_yet_read_and_0_once_caught_up(s
     query = (spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(source))
              .writeStream.format("noop").option("checkpointLocation", str(checkpoint))
              .trigger(processingTime="1 second").start())
+    found = _checkpoint_of(query, spark)  # as the helper finds it without a start's conf: the query's own root
+    assert (found.protocol, found.root) == ("file", str(checkpoint))
     recorder = MetricsRecorder(Store(str(tmp_path / "job")), "run-1", trigger_interval_ms=1000,
-                               file_backlog=FileBacklog(Store(str(checkpoint))))
+                               file_backlog=FileBacklog(found))
     try:
         record_until(query, recorder, lambda series: any(p.backlog_files is not None and p.batch_id >= 1 for p in series))
         write_files(source, range(6, 12))  # six more while it reads one a second: faster than it reads
