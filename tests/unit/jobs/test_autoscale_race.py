@@ -20,9 +20,11 @@ from airflow_savepoints.core import list_savepoints
 from airflow_savepoints.core.lease import Lease
 from airflow_savepoints.core.names import AUTOSCALE_LEASE, AUTOSCALE_LOCK
 from airflow_savepoints.jobs import StreamingJob
-from airflow_savepoints.jobs.description.metrics import append_decision, read_decisions
+from airflow_savepoints.jobs.description.metrics import append_decision, read_decisions, write_series
+from airflow_savepoints.jobs.description.model import AutoscaleSettings
 from airflow_savepoints.jobs.workflows.run import JobContext
 from airflow_savepoints.storage import Store
+from tests.support.synthetic import write_checkpoint
 from tests.unit.jobs.test_autoscale_act import Submitted, running_job
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -74,6 +76,25 @@ def test_two_autoscalers_racing_one_acts_the_other_holds_in_flight_and_both_are_
     assert not ctx.folder.exists(AUTOSCALE_LEASE) and not ctx.folder.exists(AUTOSCALE_LOCK)  # both released
 
 
+def test_two_autoscalers_racing_on_an_object_store_one_acts_the_other_holds(tmp_path, s3):
+    """The same race with the job's folder on S3 (moto's server): the lease is one conditional PUT there."""
+    from tests.test_lifecycle import running_run
+    from tests.unit.jobs.test_autoscale_act import step_up_ending_now
+
+    job = StreamingJob(name="orders", application="app.py", master="spark://127.0.0.1:9",
+                       checkpoint=str(write_checkpoint(tmp_path / "cp")), savepoint_dir=f"s3://{s3}/sp",
+                       autoscale=AutoscaleSettings(mode="act", max_executors=4, cooldown=900))
+    ctx = JobContext(job, Store(job.savepoint_dir))
+    write_series(ctx.folder, step_up_ending_now())
+    running_run(ctx)
+    outcomes = race(tmp_path, ctx)
+    results = sorted((o["result"]["outcome"], o["result"]["reason"], o["submitted"] > 0) for o in outcomes)
+    assert results == [("held", "in_flight", False), ("rolled_back", "scale_up", True)], \
+        [(o["result"]["outcome"], o["result"]["message"]) for o in outcomes]
+    assert sorted(d["outcome"] for d in read_decisions(ctx.folder)) == ["held", "rolled_back"]
+    assert not ctx.folder.exists(AUTOSCALE_LEASE) and not ctx.folder.exists(AUTOSCALE_LOCK)
+
+
 def test_a_dry_run_during_an_action_holds_and_a_dead_autoscalers_lease_is_broken(tmp_path):
     from airflow_savepoints.jobs.workflows.autoscale import evaluate
 
@@ -104,7 +125,6 @@ def test_the_history_is_written_under_its_lock_and_a_held_lock_is_waited_for(tmp
 def test_job_autoscale_while_another_acts_holds_in_flight_records_it_and_exits_0(tmp_path):
     from tests.unit.cli.test_autoscale_command import invoke, running
     from tests.unit.jobs.test_autoscale_act import step_up_ending_now
-    from airflow_savepoints.jobs.description.metrics import write_series
 
     path = tmp_path / "jobs.yaml"
     path.write_text(f"jobs:\n  - name: orders\n    application: app.py\n    checkpoint: {tmp_path}/ckpt\n"
