@@ -325,3 +325,6 @@ def without_cloud_backends(monkeypatch):
 from tests.support.hdfs import hdfs_namenode, hdfs_root  # noqa: E402, F401
 from tests.support.kafka import kafka_broker, kafka_topic  # noqa: E402, F401
 from tests.support.yarn import yarn_cluster  # noqa: E402, F401
+
+# One Spark standalone master and worker per session (tests/support/spark_cluster.py).
+from tests.support.spark_cluster import spark_standalone  # noqa: E402, F401
