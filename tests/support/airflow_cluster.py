@@ -41,6 +41,10 @@ COMPONENTS = {  # start order; stopped in reverse (the scheduler last but one: n
 }
 
 
+# What a component's log says when its server has finished (uvicorn's last line), after a SIGTERM.
+FINISHED = {"api-server": b"Finished server process"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -152,18 +156,21 @@ class AirflowCluster:
         return found
 
     def stop(self, grace: float = 20) -> None:
-        """SIGTERM every component's process group, SIGKILL what is left after ``grace`` seconds
-        (the groups and the descendants seen before: task processes move to groups of their own),
-        and reap the components."""
+        """SIGTERM every component's process group, SIGKILL what is left after ``grace`` seconds, or as soon
+        as each has exited or its server has logged its end (the groups and the descendants seen before: task
+        processes move to groups of their own), and reap the components."""
         below = self._below = self.descendants()
-        everything = [*self.retired.values(), *self.processes.values()]
+        named = [*self.retired.items(), *self.processes.items()]
+        everything = [process for _, process in named]
+        logged = {name: self._log_size(name) for name, _ in named}  # what each log held before the SIGTERM
         for process in reversed(everything):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for process in everything:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(max(0.1, deadline - time.monotonic()))
+        for name, process in named:
+            while (process.poll() is None and time.monotonic() < deadline
+                   and not self._served_its_last(name, logged[name])):
+                time.sleep(0.1)
         psutil.wait_procs(below, timeout=max(0.1, deadline - time.monotonic()))
         for process in everything:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -176,6 +183,23 @@ class AirflowCluster:
                 process.wait(10)
         psutil.wait_procs(below, timeout=10)
         self._client.close()
+
+    def _log_size(self, name: str) -> int:
+        with contextlib.suppress(OSError):
+            return (self.log_dir / f"{name}.log").stat().st_size
+        return 0
+
+    def _served_its_last(self, name: str, since: int) -> bool:
+        """Whether the component's server has shut down (its log says so past byte ``since``): the API
+        server's interpreter then spends 5-15 s in its final garbage collection before it exits (seen with
+        faulthandler), which nothing waits for: it is killed with what is left."""
+        line = FINISHED.get(name)
+        if line is None:
+            return False
+        with contextlib.suppress(OSError), open(self.log_dir / f"{name}.log", "rb") as log:
+            log.seek(since)
+            return line in log.read()
+        return False
 
     def leftover_processes(self) -> list[str]:
         """Live processes of this deployment: a component, a descendant seen at stop time, or any
