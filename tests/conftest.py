@@ -243,6 +243,28 @@ def stopped_checkpoint(spark, tmp_path_factory) -> Path:
     return settled_copy(base / "checkpoint", base / "checkpoint-stopped")
 
 
+@pytest.fixture(scope="session")
+def references(spark, tmp_path_factory):
+    """The sink of an uninterrupted run of each query shape over all the round trips' input (ALL_FILES files of
+    tests/support/spark_shapes.py), computed once a session for the modules that compare a restored run with it
+    (test_roundtrip, test_object_stores, test_azure_crc64; each made the same run once a module before)."""
+    from tests.support.spark_shapes import ALL_FILES, SHAPES, run_to_end
+
+    cache: dict[str, dict[int, list]] = {}
+
+    def reference(name: str) -> dict[int, list]:
+        if name not in cache:
+            shape, base = SHAPES[name], tmp_path_factory.mktemp(f"ref-{name}")
+            shape.write_input(base / "input", 0, ALL_FILES)
+            query = shape.start(spark, base / "input", str(base / "checkpoint"), base / "sink")
+            run_to_end(query)
+            query.stop()
+            cache[name] = shape.read_sink(base / "sink")
+        return cache[name]
+
+    return reference
+
+
 def settled_copy(source: Path, target: Path) -> Path:
     """A copy of a stopped query's checkpoint that nothing else writes to.
 
@@ -321,7 +343,9 @@ def without_cloud_backends(monkeypatch):
 
 # One NameNode and DataNode per session and a fresh folder per test (tests/support/hdfs.py);
 # one Kafka broker (KRaft) per session and a fresh topic per test (tests/support/kafka.py);
-# one ResourceManager and NodeManager over that HDFS per session (tests/support/yarn.py).
+# one ResourceManager and NodeManager over that HDFS per session (tests/support/yarn.py);
+# one Spark standalone master and worker per session (tests/support/spark_cluster.py).
 from tests.support.hdfs import hdfs_namenode, hdfs_root  # noqa: E402, F401
 from tests.support.kafka import kafka_broker, kafka_topic  # noqa: E402, F401
+from tests.support.spark_cluster import spark_standalone  # noqa: E402, F401
 from tests.support.yarn import yarn_cluster  # noqa: E402, F401

@@ -29,9 +29,8 @@ from airflow_savepoints.errors import MissingBackendError, SavepointError, Verif
 from tests.conftest import remove_checkpoint, settled_copy
 from tests.support.emulators import azurite_blob_service, azurite_connection_string, fsspec_configured
 from tests.support.fault_proxy import AzureCrc64, FaultProxy
-from tests.support.spark_shapes import SHAPES, run_to_end
+from tests.support.spark_shapes import ALL_FILES, FIRST_FILES, SHAPES, run_to_end
 from tests.support.synthetic import write_checkpoint
-from tests.test_roundtrip import ALL_FILES, FIRST_FILES, references  # noqa: F401 - references is a fixture
 
 pytestmark = pytest.mark.azure
 
@@ -180,7 +179,7 @@ def test_without_azure_storage_extensions_copies_are_read_back_and_a_crc64_savep
 
 
 @pytest.mark.slow
-def test_a_query_continues_from_a_crc64_savepoint_of_its_checkpoint_on_azure(spark, references, azure_via_proxy,  # noqa: F811
+def test_a_query_continues_from_a_crc64_savepoint_of_its_checkpoint_on_azure(spark, references, azure_via_proxy,
                                                                               azure_emulator, tmp_path):
     container, proxy = azure_via_proxy
     proxy.add_headers = AzureCrc64(azure_emulator.url)

@@ -30,7 +30,6 @@ from airflow_savepoints.jobs.workflows.run import stop_process
 from airflow_savepoints.operators.job import RestoreJobOperator, StopJobWithSavepointOperator
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger
-from tests.support.spark_cluster import standalone_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -219,48 +218,49 @@ def test_killing_the_job_makes_the_progress_trigger_fail_with_the_reason(tmp_pat
     assert f"waiting for one past {batch + 1000}" in event.payload["message"]
 
 
-def test_a_job_on_a_standalone_cluster_restarts_from_its_stop_savepoint(tmp_path):
-    """Master and worker from pyspark's jars; the driver runs here (client mode), executors on the worker."""
+def test_a_job_on_a_standalone_cluster_restarts_from_its_stop_savepoint(spark_standalone, tmp_path):
+    """Master and worker from pyspark's jars (the session's); the driver runs here (client mode), executors on
+    the worker."""
     sent: set[int] = set()
     for index in range(2):
         sent.update(demo.write_events(tmp_path / "input", index))
-    with standalone_cluster(tmp_path / "cluster") as cluster:
-        jobs = write_jobs(tmp_path, master=cluster.master_url)
-        job_folder = Store(str(tmp_path / "savepoints" / "demo"))
-        try:
-            started = RestoreJobOperator(task_id="start", job="demo", jobs_file=jobs, fresh_start=True,
-                                         wait_timeout=240).execute({})
-            deadline = time.monotonic() + 60
-            while job_status("demo", job_folder).application_id is None and time.monotonic() < deadline:
-                time.sleep(0.5)
-            app_id = job_status("demo", job_folder).application_id
-            assert app_id and app_id.startswith("app-"), cluster.log_tails()
-            assert app_id in cluster.app_ids("activeapps")
-            for index in range(2, 4):
-                sent.update(demo.write_events(tmp_path / "input", index))
-            wait_past(started["checkpoint"], started["first_batch"])
-            stopped = StopJobWithSavepointOperator(task_id="stop", job="demo", jobs_file=jobs).execute({})
-            assert stopped["stop_method"] == "cooperative"
-            deadline = time.monotonic() + 30
-            while app_id not in cluster.app_ids("completedapps") and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert app_id in cluster.app_ids("completedapps")
+    cluster = spark_standalone
+    jobs = write_jobs(tmp_path, master=cluster.master_url)
+    job_folder = Store(str(tmp_path / "savepoints" / "demo"))
+    try:
+        started = RestoreJobOperator(task_id="start", job="demo", jobs_file=jobs, fresh_start=True,
+                                     wait_timeout=240).execute({})
+        deadline = time.monotonic() + 60
+        while job_status("demo", job_folder).application_id is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        app_id = job_status("demo", job_folder).application_id
+        assert app_id and app_id.startswith("app-"), cluster.log_tails()
+        assert app_id in cluster.app_ids("activeapps")
+        for index in range(2, 4):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        wait_past(started["checkpoint"], started["first_batch"])
+        stopped = StopJobWithSavepointOperator(task_id="stop", job="demo", jobs_file=jobs).execute({})
+        assert stopped["stop_method"] == "cooperative"
+        deadline = time.monotonic() + 30
+        while app_id not in cluster.app_ids("completedapps") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert app_id in cluster.app_ids("completedapps")
 
-            for index in range(4, 6):
-                sent.update(demo.write_events(tmp_path / "input", index))
-            restarted = RestoreJobOperator(task_id="restore", job="demo", jobs_file=jobs, wait_timeout=240).execute({})
-            assert restarted["restored"]["batch_id"] == stopped["batch_id"]
-            assert restarted["first_batch"] >= stopped["batch_id"]  # live by its heartbeat at the restored batch, or later
-            wait_past(restarted["checkpoint"], stopped["batch_id"])
-            _, commits = committed_batches(restarted["checkpoint"])
-            assert commits[:2] == [stopped["batch_id"], stopped["batch_id"] + 1]  # resumed right after the savepoint
+        for index in range(4, 6):
+            sent.update(demo.write_events(tmp_path / "input", index))
+        restarted = RestoreJobOperator(task_id="restore", job="demo", jobs_file=jobs, wait_timeout=240).execute({})
+        assert restarted["restored"]["batch_id"] == stopped["batch_id"]
+        assert restarted["first_batch"] >= stopped["batch_id"]  # live by its heartbeat at the restored batch, or later
+        wait_past(restarted["checkpoint"], stopped["batch_id"])
+        _, commits = committed_batches(restarted["checkpoint"])
+        assert commits[:2] == [stopped["batch_id"], stopped["batch_id"] + 1]  # resumed right after the savepoint
+        new_app = job_status("demo", job_folder).application_id
+        deadline = time.monotonic() + 60
+        while (new_app is None or new_app == app_id) and time.monotonic() < deadline:
+            time.sleep(0.5)
             new_app = job_status("demo", job_folder).application_id
-            deadline = time.monotonic() + 60
-            while (new_app is None or new_app == app_id) and time.monotonic() < deadline:
-                time.sleep(0.5)
-                new_app = job_status("demo", job_folder).application_id
-            assert new_app != app_id and new_app in cluster.app_ids("activeapps")
-        finally:
-            last = read_run(job_folder)
-            if last is not None:
-                stop_process(last, grace=15)
+        assert new_app != app_id and new_app in cluster.app_ids("activeapps")
+    finally:
+        last = read_run(job_folder)
+        if last is not None:
+            stop_process(last, grace=15)

@@ -42,7 +42,6 @@ from airflow_savepoints.jobs.workflows.run import JobContext, stop_process
 from airflow_savepoints.storage import Store
 from tests.conftest import ROOT, require_part
 from tests.support.fault_proxy import FaultProxy, Rule
-from tests.support.spark_cluster import standalone_cluster
 
 APP_ID = "app-20261123190000-0007"
 
@@ -297,37 +296,37 @@ demo.build_query(spark, *sys.argv[1:4]).awaitTermination()  # no run_until_stopp
 
 
 @pytest.mark.slow
-def test_the_standalone_runner_stops_a_job_without_the_helper_through_the_master(tmp_path):
+def test_the_standalone_runner_stops_a_job_without_the_helper_through_the_master(spark_standalone, tmp_path):
     for index in range(2):
         demo.write_events(tmp_path / "input", index)
     app = tmp_path / "no_helper.py"
     app.write_text(NO_HELPER_APP)
-    with standalone_cluster(tmp_path / "cluster") as cluster:
-        ctx = context(tmp_path, application=str(app), master=cluster.master_url, master_ui=cluster.web_url,
-                      lease_timeout=3, spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
-                                                   "spark.executor.memory": "512m"})
-        try:
-            started = lifecycle.start(ctx, submit_command=lambda c, conf: spark_submit_command(ctx.job, c, conf),
-                                      log_dir=tmp_path / "logs", fresh=True, wait_timeout=240)
-            app_id = started["application_id"]
-            assert app_id and app_id in cluster.app_ids("activeapps"), cluster.log_tails()
-            deadline = time.monotonic() + 30
-            while (state := lifecycle.status(ctx)).state == "starting" and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert state.state == "running" and not state.helper and "RUNNING" in state.detail, state
-            stopped = lifecycle.stop(ctx, grace=20)
-            assert stopped["stop_method"] == "master"
-            # killed, not asked: the label says whether the kill caught a batch in flight, read from the checkpoint
-            checkpoint = Path(ctx.job.checkpoint)
-            in_flight = newest(checkpoint, "offsets") > newest(checkpoint, "commits")
-            assert stopped["consistency"] == ("crash-consistent" if in_flight else "clean"), (stopped, in_flight)
-            assert stopped["batch_id"] == newest(checkpoint, "commits")
-            killed = {a["id"]: a["state"] for a in cluster.state()["completedapps"]}
-            assert killed.get(app_id) == "KILLED"
-            assert lifecycle.status(ctx).state == "stopped"
-            assert [s.type.value for s in list_savepoints(ctx.root, "demo")] == ["stop"]
-        finally:
-            stop_process(read_run(ctx.folder), grace=10)
+    cluster = spark_standalone
+    ctx = context(tmp_path, application=str(app), master=cluster.master_url, master_ui=cluster.web_url,
+                  lease_timeout=3, spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+                                               "spark.executor.memory": "512m"})
+    try:
+        started = lifecycle.start(ctx, submit_command=lambda c, conf: spark_submit_command(ctx.job, c, conf),
+                                  log_dir=tmp_path / "logs", fresh=True, wait_timeout=240)
+        app_id = started["application_id"]
+        assert app_id and app_id in cluster.app_ids("activeapps"), cluster.log_tails()
+        deadline = time.monotonic() + 30
+        while (state := lifecycle.status(ctx)).state == "starting" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert state.state == "running" and not state.helper and "RUNNING" in state.detail, state
+        stopped = lifecycle.stop(ctx, grace=20)
+        assert stopped["stop_method"] == "master"
+        # killed, not asked: the label says whether the kill caught a batch in flight, read from the checkpoint
+        checkpoint = Path(ctx.job.checkpoint)
+        in_flight = newest(checkpoint, "offsets") > newest(checkpoint, "commits")
+        assert stopped["consistency"] == ("crash-consistent" if in_flight else "clean"), (stopped, in_flight)
+        assert stopped["batch_id"] == newest(checkpoint, "commits")
+        killed = {a["id"]: a["state"] for a in cluster.state()["completedapps"]}
+        assert killed.get(app_id) == "KILLED"
+        assert lifecycle.status(ctx).state == "stopped"
+        assert [s.type.value for s in list_savepoints(ctx.root, "demo")] == ["stop"]
+    finally:
+        stop_process(read_run(ctx.folder), grace=10)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from airflow_savepoints.core.models import MANIFEST_FILE
 from tests.support.emulators import azurite_blob_service
-from tests.test_roundtrip import references, round_trip  # noqa: F401 - references is a fixture
+from tests.test_roundtrip import round_trip
 
 SHAPES_ON_OBJECT_STORES = ["rocksdb_v2", "transform_with_state"]
 
@@ -29,7 +29,7 @@ SHAPES_ON_OBJECT_STORES = ["rocksdb_v2", "transform_with_state"]
     pytest.param("gs", "gcs", "gcs_bucket", marks=pytest.mark.gcs, id="gcs"),
     pytest.param("abfs", "abfs", "azure_container", marks=pytest.mark.azure, id="azure"),
 ])
-def test_round_trip_with_savepoints_on_gcs_and_azure(spark, references, name, tmp_path, request,  # noqa: F811
+def test_round_trip_with_savepoints_on_gcs_and_azure(spark, references, name, tmp_path, request,
                                                      scheme, protocol, root):
     bucket = request.getfixturevalue(root)
     combined, summary, _ = round_trip(spark, name, tmp_path, f"{scheme}://{bucket}/savepoints")

@@ -16,33 +16,15 @@ from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_sa
 from airflow_savepoints.demo.app import wait_for_batch
 from airflow_savepoints.errors import SinkAheadError
 from tests.conftest import remove_checkpoint
-from tests.support.spark_shapes import SHAPE_NAMES, SHAPES, run_to_end
+from tests.support.spark_shapes import ALL_FILES, FIRST_FILES, SHAPE_NAMES, SHAPES, run_to_end
 
 pytestmark = pytest.mark.slow
 
-FIRST_FILES, ALL_FILES = 8, 12
 SPARK_ONLY_SETTINGS = (
     "spark.sql.streaming.stateStore.checkpointFormatVersion",
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
 )
-
-
-@pytest.fixture(scope="module")
-def references(spark, tmp_path_factory):
-    """The sink of an uninterrupted run of each shape over all the input (computed once)."""
-    cache: dict[str, dict[int, list]] = {}
-
-    def reference(name: str) -> dict[int, list]:
-        if name not in cache:
-            shape, base = SHAPES[name], tmp_path_factory.mktemp(f"ref-{name}")
-            shape.write_input(base / "input", 0, ALL_FILES)
-            query = shape.start(spark, base / "input", str(base / "checkpoint"), base / "sink")
-            run_to_end(query)
-            query.stop()
-            cache[name] = shape.read_sink(base / "sink")
-        return cache[name]
-
-    return reference
+# ``references`` (tests/conftest.py): the sink of an uninterrupted run of each shape over ALL_FILES, once a session
 
 
 def round_trip(spark, name: str, base: Path, savepoint_dir: str) -> tuple[dict, dict, int]:

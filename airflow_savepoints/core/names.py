@@ -8,6 +8,7 @@ Layout of a savepoint directory::
         _lease.json  _run.json           the run lease and the run a start launched
         _watchdog.json                   the watchdog's restarts and last decision
         _metrics.json  _autoscale.json   the run's metric series and the autoscaler's decisions
+        _autoscale.lease _autoscale.lock the acting autoscaler's lease and its decision history's short lock
         _control/<run id>/*.json         a run's control folder
         _state_summaries/<id>.json       a savepoint's state summary (InspectSavepointOperator)
         _check/<check id>/               an upgrade check's scratch copy and result, removed after the check
@@ -29,6 +30,8 @@ RUN_FILE = "_run.json"  # the run a start launched
 WATCHDOG_FILE = "_watchdog.json"  # the watchdog's restarts and decisions (jobs/workflows/watchdog.py)
 METRICS_FILE = "_metrics.json"  # the run's last batches' progress, bounded (jobs/description/metrics.py)
 AUTOSCALE_FILE = "_autoscale.json"  # the autoscaler's last decisions, bounded (jobs/workflows/autoscale.py)
+AUTOSCALE_LEASE = "_autoscale.lease"  # one acting autoscaler per job: held while it decides and acts
+AUTOSCALE_LOCK = "_autoscale.lock"  # held while a decision is added to _autoscale.json (no lost record)
 RESTORE_CLAIM = "_restore.lease"  # in a restore target while it is written
 
 CONTROL_FOLDER = "_control"

@@ -12,15 +12,18 @@ SimpleAuthManager's ``/auth/token`` for a user and password this module configur
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +39,10 @@ COMPONENTS = {  # start order; stopped in reverse (the scheduler last but one: n
     "triggerer": ["triggerer", "--skip-serve-logs"],
     "scheduler": ["scheduler", "--skip-serve-logs"],
 }
+
+
+# What a component's log says when its server has finished (uvicorn's last line), after a SIGTERM.
+FINISHED = {"api-server": b"Finished server process"}
 
 
 def free_port() -> int:
@@ -149,18 +156,21 @@ class AirflowCluster:
         return found
 
     def stop(self, grace: float = 20) -> None:
-        """SIGTERM every component's process group, SIGKILL what is left after ``grace`` seconds
-        (the groups and the descendants seen before: task processes move to groups of their own),
-        and reap the components."""
+        """SIGTERM every component's process group, SIGKILL what is left after ``grace`` seconds, or as soon
+        as each has exited or its server has logged its end (the groups and the descendants seen before: task
+        processes move to groups of their own), and reap the components."""
         below = self._below = self.descendants()
-        everything = [*self.retired.values(), *self.processes.values()]
+        named = [*self.retired.items(), *self.processes.items()]
+        everything = [process for _, process in named]
+        logged = {name: self._log_size(name) for name, _ in named}  # what each log held before the SIGTERM
         for process in reversed(everything):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for process in everything:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(max(0.1, deadline - time.monotonic()))
+        for name, process in named:
+            while (process.poll() is None and time.monotonic() < deadline
+                   and not self._served_its_last(name, logged[name])):
+                time.sleep(0.1)
         psutil.wait_procs(below, timeout=max(0.1, deadline - time.monotonic()))
         for process in everything:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -173,6 +183,23 @@ class AirflowCluster:
                 process.wait(10)
         psutil.wait_procs(below, timeout=10)
         self._client.close()
+
+    def _log_size(self, name: str) -> int:
+        with contextlib.suppress(OSError):
+            return (self.log_dir / f"{name}.log").stat().st_size
+        return 0
+
+    def _served_its_last(self, name: str, since: int) -> bool:
+        """Whether the component's server has shut down (its log says so past byte ``since``): the API
+        server's interpreter then spends 5-15 s in its final garbage collection before it exits (seen with
+        faulthandler), which nothing waits for: it is killed with what is left."""
+        line = FINISHED.get(name)
+        if line is None:
+            return False
+        with contextlib.suppress(OSError), open(self.log_dir / f"{name}.log", "rb") as log:
+            log.seek(since)
+            return line in log.read()
+        return False
 
     def leftover_processes(self) -> list[str]:
         """Live processes of this deployment: a component, a descendant seen at stop time, or any
@@ -249,12 +276,18 @@ def all_healthy(cluster: AirflowCluster) -> bool:
                for name in cluster.processes if name in HEALTH_PARTS)
 
 
+# A freshly migrated SQLite metadata database, copied by every later SQLite deployment of the session instead
+# of its own `airflow db migrate` (8-10 s each at load 8-10; the console, plugin and scheduler tests each start one).
+_MIGRATED_SQLITE: list[Path] = []
+
+
 @contextlib.contextmanager
 def airflow_cluster(home: Path, dags_folder: Path, env: dict[str, str] | None = None, *,
                     paused_at_creation: bool = False, startup_timeout: float = 240,
                     components: tuple[str, ...] = tuple(COMPONENTS), executor: str = "LocalExecutor",
                     database_url: str | None = None) -> Iterator[AirflowCluster]:
-    """Migrate a fresh database (SQLite in ``home`` unless ``database_url`` names an empty one),
+    """Migrate a fresh database (SQLite in ``home`` unless ``database_url`` names an empty one; a SQLite one
+    is a copy of the session's first migrated one after the first),
     start the four components, wait until the API answers and reports the scheduler, triggerer and
     DAG processor healthy; stop them all (and the processes added later) at exit.
 
@@ -274,11 +307,21 @@ def airflow_cluster(home: Path, dags_folder: Path, env: dict[str, str] | None = 
     cluster.log_dir.mkdir(exist_ok=True)
     airflow = str(Path(sys.executable).parent / "airflow")
     migrate_log = cluster.log_dir / "db-migrate.log"
-    with open(migrate_log, "wb") as log:
-        migrated = subprocess.run([airflow, "db", "migrate"], env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=300, cwd=home)
-    if migrated.returncode != 0:
-        raise AssertionError(f"airflow db migrate failed ({migrated.returncode}):\n{tail(migrate_log, 60)}")
+    sqlite = None if database_url else home / "airflow.db"
+    if sqlite is not None and _MIGRATED_SQLITE:
+        shutil.copyfile(_MIGRATED_SQLITE[0], sqlite)
+        migrate_log.write_text(f"copied from {_MIGRATED_SQLITE[0]}, migrated by this session's first deployment\n")
+    else:
+        with open(migrate_log, "wb") as log:
+            migrated = subprocess.run([airflow, "db", "migrate"], env=cluster.env, stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=300, cwd=home)
+        if migrated.returncode != 0:
+            raise AssertionError(f"airflow db migrate failed ({migrated.returncode}):\n{tail(migrate_log, 60)}")
+        if sqlite is not None:  # kept before any component writes to it: the next SQLite deployment starts from it
+            template = Path(tempfile.mkdtemp(prefix="airflow-migrated-")) / "airflow.db"
+            shutil.copyfile(sqlite, template)
+            atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
+            _MIGRATED_SQLITE.append(template)
     try:
         for name, args in COMPONENTS.items():
             if name != "api-server" and name not in components:

@@ -233,6 +233,9 @@ SHAPES: dict[str, Shape] = {
     "file_to_file": Shape("file_to_file", {}, _events, _file_to_file, output_mode="append", file_sink=True),
 }
 SHAPE_NAMES = list(SHAPES)
+# The round trips' input (tests/test_roundtrip.py, test_object_stores.py, test_azure_crc64.py): a savepoint taken
+# while the first files are read, the restored query run over all of them.
+FIRST_FILES, ALL_FILES = 8, 12
 
 
 def wait_for_batch(query, batch_id: int, timeout: float = 120) -> int:

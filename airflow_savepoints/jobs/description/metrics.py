@@ -4,7 +4,8 @@
 the in-job helper saw it (:mod:`airflow_savepoints.jobs.driver.control` records each new batch of
 ``query.lastProgress``), one :class:`MetricPoint` each: the batch's duration and trigger interval,
 its input and processed rows per second, the cores the application had, its state rows, memory and
-partitions, and the Kafka backlog when the progress gives the sources' latest offsets.
+partitions, the Kafka backlog when the progress gives the sources' latest offsets (records), and the file
+sources' backlog the helper counts (files not yet read, :mod:`airflow_savepoints.jobs.driver.file_backlog`).
 ``_autoscale.json`` holds the last :data:`DECISIONS_KEPT` decisions of the autoscaler
 (:mod:`airflow_savepoints.jobs.workflows.autoscale`).
 
@@ -25,7 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from airflow_savepoints.core.names import AUTOSCALE_FILE, METRICS_FILE
+from airflow_savepoints.core.lease import Lease
+from airflow_savepoints.core.names import AUTOSCALE_FILE, AUTOSCALE_LOCK, METRICS_FILE
 from airflow_savepoints.jobs.description.files import read_json
 from airflow_savepoints.storage import Store
 
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 SERIES_VERSION = 1
 DEFAULT_KEEP = 720  # points: an hour of 5 s batches; about 250 bytes each, well under the run files' 1 MiB cap
 DECISIONS_KEPT = 200
+HISTORY_LOCK_STALE_AFTER = 10.0  # seconds: the history's lock is held for one read and one write
+HISTORY_LOCK_TIMEOUT = 30.0  # seconds a decision waits for it (a dead holder's is broken after the stale time)
 MAX_SERIES_BYTES = 768 * 1024  # below the 1 MiB every reader of run files reads at most (storage/known_files.py)
 
 
@@ -66,6 +70,8 @@ class MetricPoint(BaseModel):
     executors: int | None = Field(default=None, ge=0)
     operators: list[OperatorPoint] = Field(default_factory=list)
     backlog: int | None = Field(default=None, ge=0)  # Kafka: latest minus end offsets, summed; else None
+    backlog_files: int | None = Field(default=None, ge=0)  # file sources: files not yet read (the in-job helper's count)
+    files_read: int | None = Field(default=None, ge=0)  # file sources: the files this batch read
 
     @property
     def utilization(self) -> float | None:
@@ -246,9 +252,22 @@ def read_decisions(job_folder: Store, warnings: list[str] | None = None) -> list
 
 
 def append_decision(job_folder: Store, record: dict[str, Any], keep: int = DECISIONS_KEPT,
-                    warnings: list[str] | None = None) -> list[dict[str, Any]]:
-    """Add ``record`` to the decision history, keep the last ``keep``, write it atomically."""
-    decisions = (read_decisions(job_folder, warnings) + [record])[-keep:]
-    job_folder.write_bytes_atomic(AUTOSCALE_FILE, json.dumps({"version": 1, "decisions": decisions}, indent=1,
-                                                             default=str).encode())
+                    warnings: list[str] | None = None, lock_timeout: float = HISTORY_LOCK_TIMEOUT) -> list[dict[str, Any]]:
+    """Add ``record`` to the decision history, keep the last ``keep``, write it atomically; under the history's
+    short lock (``_autoscale.lock``), so that two autoscalers deciding at once (one acting, one holding) never
+    lose each other's record. A lock not had within ``lock_timeout`` seconds: written anyway, with a warning."""
+    lock = Lease(job_folder, AUTOSCALE_LOCK, stale_after=HISTORY_LOCK_STALE_AFTER)
+    holder = lock.acquire(lock_timeout, poll=0.05)
+    if holder is not None:
+        text = f"{job_folder.url_of(AUTOSCALE_LOCK)} stayed held ({holder.owner}): the decision is recorded without it"
+        log.warning("%s", text)
+        if warnings is not None:
+            warnings.append(text)
+    try:
+        decisions = (read_decisions(job_folder, warnings) + [record])[-keep:]
+        job_folder.write_bytes_atomic(AUTOSCALE_FILE, json.dumps({"version": 1, "decisions": decisions}, indent=1,
+                                                                 default=str).encode())
+    finally:
+        if holder is None:
+            lock.release()
     return decisions

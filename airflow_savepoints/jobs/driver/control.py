@@ -15,7 +15,8 @@ passed to the job as Spark conf (:func:`airflow_savepoints.jobs.description.chan
    lets the batch in flight commit and starts no other (so the stop savepoint is of the last committed
    batch, exactly), acknowledges with ``stopped.json`` and releases the lease,
 4. records each new batch's progress (duration, trigger interval, input and processed rates, cores,
-   state rows, memory and partitions, Kafka backlog) and writes the job's bounded metric series
+   state rows, memory and partitions, Kafka backlog; the file sources' files not yet read, counted in a
+   thread of its own, :mod:`airflow_savepoints.jobs.driver.file_backlog`) and writes the job's bounded metric series
    (``<savepoint dir>/<job>/_metrics.json``) with the heartbeats, for the autoscaler
    (:class:`MetricsRecorder`),
 5. if the query fails, writes ``failed.json`` (the error) and releases the lease before failing as
@@ -71,6 +72,7 @@ from airflow_savepoints.jobs.description.channel import (
 from airflow_savepoints.jobs.description.files import process_started
 from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, LEASE_FILE, RELEASED, RunLease, RunLeaseHolder
 from airflow_savepoints.jobs.description.metrics import DEFAULT_KEEP, MetricPoint, point_of, read_series, write_series
+from airflow_savepoints.jobs.driver.file_backlog import FileBacklog
 from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
@@ -386,12 +388,14 @@ class MetricsRecorder:
 
     def __init__(self, job_folder: Store, run_id: str, *, trigger_interval_ms: int | None = None,
                  cores: Callable[[], int | None] = lambda: None, executors: Callable[[], int | None] = lambda: None,
-                 keep: int = DEFAULT_KEEP) -> None:
+                 keep: int = DEFAULT_KEEP, file_backlog: FileBacklog | None = None) -> None:
         self.job_folder, self.run_id, self.keep = job_folder, run_id, keep
         self.trigger_interval_ms = trigger_interval_ms
         self.cores, self.executors = cores, executors
+        self.file_backlog = file_backlog  # counts the file sources' backlog in its own thread
         self.points: list[MetricPoint] | None = None  # the series as written, read at the first flush
         self.pending: list[MetricPoint] = []
+        self.rewrite = False  # a count of the file backlog came in for a point already written
         self.seen: tuple | None = None  # (batchId, timestamp) of the newest progress recorded
 
     def observe(self, query) -> None:
@@ -412,17 +416,34 @@ class MetricsRecorder:
                 if point is not None:
                     self.pending.append(point)
             self.seen = mark
+            if self.file_backlog is not None:
+                self.file_backlog.submit(last)  # the files not yet read after this batch, counted off the run's path
         except Exception as exc:  # noqa: BLE001 - metrics never fail a run
             log.warning("could not record the batch's metrics: %s: %s", type(exc).__name__, exc)
 
+    def _attach_file_backlog(self) -> None:
+        """Put the file backlog counted after a batch into that batch's point (pending, or already written: then
+        written again at this flush); a count for a batch no longer kept is dropped."""
+        if self.file_backlog is None:
+            return
+        for batch_id, (unread, read) in self.file_backlog.take().items():
+            for where in (self.pending, self.points or []):
+                found = next((i for i in range(len(where) - 1, -1, -1)
+                              if where[i].batch_id == batch_id and where[i].run_id == self.run_id), None)
+                if found is not None:
+                    where[found] = where[found].model_copy(update={"backlog_files": unread, "files_read": read})
+                    self.rewrite = self.rewrite or where is not self.pending
+                    break
+
     def flush(self) -> None:
-        if not self.pending:
+        self._attach_file_backlog()
+        if not self.pending and not self.rewrite:
             return
         try:
             if self.points is None:
                 self.points = read_series(self.job_folder)
             self.points = write_series(self.job_folder, self.points + self.pending, self.keep)
-            self.pending = []
+            self.pending, self.rewrite = [], False
         except Exception as exc:  # noqa: BLE001 - metrics never fail a run: kept for the next write (bounded)
             self.pending = self.pending[-self.keep:]
             log.warning("could not write the metric series to %s: %s: %s", self.job_folder.url, type(exc).__name__, exc)
@@ -441,7 +462,17 @@ def _metrics_recorder(handle: RunHandle, query, spark) -> MetricsRecorder:
 
     job_folder = handle.control.folder.parent().parent()  # <job folder>/_control/<run id>
     return MetricsRecorder(job_folder, handle.run_id, trigger_interval_ms=_trigger_interval_ms(query), cores=cores,
-                           executors=executors)
+                           executors=executors, file_backlog=FileBacklog(_checkpoint_of(query, spark)))
+
+
+def _checkpoint_of(query, spark) -> Store | None:
+    """The query's checkpoint (the run's, as its start passed it; else the query's own root); None if unknown."""
+    try:
+        url = spark.conf.get(CHECKPOINT_CONF, None) or str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+        return Store(url)
+    except Exception as exc:  # noqa: BLE001 - Spark Connect or other internals: no file backlog
+        log.warning("no checkpoint found for the file sources' backlog: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_timeout: float = 600) -> None:

@@ -7,12 +7,14 @@ formulas (docs/autoscale.md), after FLIP-271's autoscaler for Flink:
 
 - utilization of a batch = its duration / the trigger interval (back-to-back batches: input rate /
   processed rate); the job is behind when it stays above ``target_utilization + utilization_band``
-  (or its backlog above ``max_backlog``) for all of ``scale_up_after`` seconds, and has too much
-  when it stays below ``target_utilization - utilization_band`` for all of ``scale_down_after``;
+  (or its backlog above ``max_backlog``: Kafka records, or files of the file sources) for all of
+  ``scale_up_after`` seconds, and has too much when it stays below ``target_utilization -
+  utilization_band`` for all of ``scale_down_after``;
 - rate per core = processedRowsPerSecond / cores (rows a core processes while busy; the mean over
   the window);
-- required cores = (input rate + backlog / scale_up_after) / (target_utilization x rate per core),
-  rounded up to whole executors and kept within ``[min_executors, max_executors]``;
+- required cores = (input rate + backlog / scale_up_after) / (target_utilization x rate per core), the backlog
+  in rows (Kafka's records; the files not yet read times the rows a file held in the window), rounded up
+  to whole executors and kept within ``[min_executors, max_executors]``;
 - state partitions change only on a scale-up of a stateful query with ``min_partitions`` and
   ``max_partitions`` set, when they bind: the target cores exceed the partitions (the stateful
   stage runs one task per partition), or the state's skew (largest partition over the mean) is
@@ -39,8 +41,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from airflow_savepoints.core.lease import JobLock
-from airflow_savepoints.core.names import CHECK_FOLDER, RESCALE_FOLDER
+from airflow_savepoints.core.catalog import Catalog
+from airflow_savepoints.core.lease import JobLock, Lease, LeaseState
+from airflow_savepoints.core.names import AUTOSCALE_LEASE, CHECK_FOLDER, RESCALE_FOLDER, STATE_SUMMARIES_FOLDER
+from airflow_savepoints.core.state_summary import SUMMARY_SUFFIX, read_summary
 from airflow_savepoints.errors import (
     AutoscaleActFailedError,
     AutoscaleNotConfiguredError,
@@ -60,6 +64,8 @@ if TYPE_CHECKING:
 Action = Literal["scale_up", "scale_down", "hold"]
 SKEW_LIMIT = 2.0  # the largest state partition's rows over the mean at which partitions bind
 ACTED = ("acted", "rolled_back", "failed")  # history outcomes of an attempt to act: the cooldown counts from them
+AUTOSCALER_STALE_AFTER = 120.0  # seconds: an acting autoscaler's lease not renewed for this long is broken
+SKEW_SAVEPOINTS = 5  # the newest completed savepoints looked at for a recorded state summary (the skew)
 CAUSE_CHARS = 2000  # of an action's error kept in the history (bounded: the history stays below the readers' cap)
 
 
@@ -72,6 +78,10 @@ class Current:
     skew: float | None = None  # the state's largest partition over the mean (a state summary's), if known
     running: bool = True  # the job has a live run
     in_flight: str | None = None  # a savepoint, upgrade, check or restore of the job in flight: what it is
+    skew_from: dict[str, Any] | None = None  # where the skew was read (the savepoint, its summary), or why none
+
+    def skew_evidence(self) -> dict[str, Any]:
+        return {"skew": self.skew, **({"skew_from": self.skew_from} if self.skew_from is not None else {})}
 
 
 class Decision(BaseModel):
@@ -111,7 +121,8 @@ def catch_up_end(points: list[MetricPoint], policy: AutoscaleSettings) -> float 
         return None
     for point in points:
         used = point.utilization
-        drained = point.backlog is None or point.backlog <= (point.input_rows or 0)
+        drained = ((point.backlog is None or point.backlog <= (point.input_rows or 0))
+                   and (point.backlog_files is None or point.backlog_files <= (point.files_read or 0)))
         if used is not None and used < 1.0 and drained:
             return point.time
     limit = points[0].time + policy.scale_up_after
@@ -152,7 +163,7 @@ def decide(policy: AutoscaleSettings, series: list[MetricPoint], current: Curren
     if settled is None:
         return _hold(base, "catching_up", "the run is catching up after its start (batches back to back or a backlog "
                      "draining): no decision until it keeps up", run_started_at=_iso(run[0].time if run else None),
-                     backlog=series[-1].backlog)
+                     backlog=series[-1].backlog, backlog_files=series[-1].backlog_files)
     windows = _Windows(policy, current, [p for p in run if p.time >= settled], series[-1], base)
     return windows.scale_up() or windows.scale_down() or windows.steady(run[0].time, settled)
 
@@ -167,7 +178,8 @@ def _held(policy: AutoscaleSettings, series: list[MetricPoint], current: Current
     if not current.running:
         return _hold(base, "not_running", "the job has no live run: nothing to scale")
     if current.in_flight:
-        return _hold(base, "in_flight", f"{current.in_flight} in flight: no decision until it is over")
+        return _hold(base, "in_flight", f"{current.in_flight} in flight: no decision until it is over",
+                     in_flight=current.in_flight)
     if last is not None and now < last + policy.cooldown:
         return _hold(base, "cooldown", f"within the cooldown of the last action (until {_iso(last + policy.cooldown)})",
                      last_action_at=_iso(last), cooldown_until=_iso(last + policy.cooldown))
@@ -214,8 +226,9 @@ class _Windows:
         return [p for p in self.settled if p.time >= start]
 
     def _backlogged(self, point: MetricPoint) -> bool:
+        """Above ``max_backlog`` in either unit: Kafka records, or files of the file sources."""
         limit = self.policy.max_backlog
-        return limit is not None and point.backlog is not None and point.backlog > limit
+        return limit is not None and any(b is not None and b > limit for b in (point.backlog, point.backlog_files))
 
     def behind(self, point: MetricPoint) -> bool:
         used = point.utilization
@@ -233,7 +246,9 @@ class _Windows:
                 "utilization_max": _round(max(used, default=None)), "target_utilization": self.policy.target_utilization,
                 "up_above": _round(self.up_threshold), "down_below": _round(self.down_threshold),
                 "input_rate": _round(rate), "rate_per_core": _round(per_core), "required_cores": _round(required),
-                "backlog": points[-1].backlog, "skew": self.current.skew}
+                "backlog": points[-1].backlog, "backlog_files": points[-1].backlog_files,
+                "rows_per_file": _round(rows_per_file(points)) if points[-1].backlog_files else None,
+                **self.current.skew_evidence()}
 
     def sizing(self, points: list[MetricPoint], rate: float, seconds: float) -> tuple[float | None, float | None]:
         """(rows per second per core, cores required at the target utilization, the backlog drained within
@@ -242,7 +257,7 @@ class _Windows:
                           if not p.idle and p.processed_rate and p.input_rows])
         if not per_core:
             return None, None
-        wanted = rate + (points[-1].backlog or 0) / seconds
+        wanted = rate + backlog_rows(points) / seconds
         return per_core, wanted / (self.policy.target_utilization * per_core)
 
     def bounded(self, cores: float) -> int:
@@ -305,13 +320,29 @@ class _Windows:
             if settled > run_started:  # the run caught up (or stopped being waited on) lately: a full window after it
                 return _hold(self.base, "catching_up", f"the run caught up after its start at {_iso(settled)}: no "
                              "decision until a whole window of batches after it", run_started_at=_iso(run_started),
-                             settled_at=_iso(settled), backlog=self.newest.backlog)
+                             settled_at=_iso(settled), backlog=self.newest.backlog,
+                             backlog_files=self.newest.backlog_files)
             return _hold(self.base, "no_metrics", "the run's metrics do not cover a window yet",
                          settled_at=_iso(settled), points=len(self.settled))
         points = up or down or seen or self.settled
         return _hold(self.base, "within_band", f"utilization stayed within [{self.down_threshold:.2f}, "
                      f"{self.up_threshold:.2f}] or crossed it for less than a window: no change",
                      **self.evidence(points, policy.scale_up_after if up else policy.scale_down_after))
+
+
+def rows_per_file(points: list[MetricPoint]) -> float | None:
+    """The rows a file of the file sources held, over ``points``' batches that read files; None if none did."""
+    read = [p for p in points if p.files_read and p.input_rows is not None]
+    files = sum(p.files_read or 0 for p in read)
+    return sum(p.input_rows or 0 for p in read) / files if files else None
+
+
+def backlog_rows(points: list[MetricPoint]) -> float:
+    """The newest point's backlog in rows: Kafka's records, plus the files not yet read times the rows a file held
+    in the window (a file backlog without a batch that read files adds nothing)."""
+    newest = points[-1]
+    per_file = rows_per_file(points) if newest.backlog_files else None
+    return (newest.backlog or 0) + (newest.backlog_files or 0) * (per_file or 0)
 
 
 def _partitions_up(policy: AutoscaleSettings, current: Current, target_cores: int) -> int | None:
@@ -344,6 +375,46 @@ def spark_conf_for(master: str, decision: Decision, executor_cores: int) -> dict
 
 
 # --- reading a job's inputs, acting, recording the decision (``job autoscale``, AutoscaleJobsOperator) -----
+def state_skew(ctx: JobContext, partitions: int | None, warnings: list[str] | None = None,
+               ) -> tuple[float | None, dict[str, Any]]:
+    """The skew of the job's state (its most skewed operator's largest partition over the mean) from the state
+    summary recorded beside its newest savepoint that has one (``inspect``, InspectSavepointOperator; among the
+    newest :data:`SKEW_SAVEPOINTS` completed ones), when that state has the run's ``partitions``: (skew, where it
+    was read), or (None, why not). One catalog read, one listing and one summary read; never raises."""
+    if partitions is None:
+        return None, {"reason": "the run's metrics give no state partitions (a stateless query, or unknown)"}
+    try:
+        recorded = set(ctx.folder.listdir(STATE_SUMMARIES_FOLDER))
+        if not recorded:
+            return None, {"reason": "no state summary recorded beside a savepoint (InspectSavepointOperator)"}
+        newest = [r for r in reversed(Catalog(ctx.folder, ctx.job.name).completed()) if not r.retired_checkpoint]
+        for record in newest[:SKEW_SAVEPOINTS]:
+            if f"{record.savepoint_id}{SUMMARY_SUFFIX}" not in recorded:
+                continue
+            summary = read_summary(ctx.folder, record.savepoint_id)
+            if summary is None:
+                continue
+            found = {"savepoint_id": summary.savepoint_id, "batch_id": summary.batch_id,
+                     "inspected_at": summary.inspected_at}
+            held = {op.partitions for op in summary.operators}
+            if held != {partitions}:
+                return None, {**found, "reason": f"its state has {sorted(held) or 'no'} partitions, the run "
+                                                 f"{partitions}: not the running state's"}
+            skewed = [op for op in summary.operators if op.skew is not None]
+            if not skewed:
+                return None, {**found, "reason": "its summary has no rows per partition (unreadable or empty state)"}
+            worst = max(skewed, key=lambda op: op.skew)
+            return worst.skew, {**found, "operator_id": worst.operator_id, "operator": worst.name,
+                                "partitions": worst.partitions, "rows": worst.rows,
+                                "largest_partition_rows": max(worst.rows_per_partition, default=None)}
+        return None, {"reason": f"none of the newest {SKEW_SAVEPOINTS} savepoints has a state summary"}
+    except Exception as exc:  # noqa: BLE001 - the skew is an input, never a failure: the decision goes on without it
+        text = f"the state's skew could not be read ({type(exc).__name__}: {exc}): decided without it"
+        if warnings is not None:
+            warnings.append(text)
+        return None, {"reason": text}
+
+
 def _in_flight(ctx: JobContext, state: JobState) -> str | None:
     """What of the job is in flight: a start or stop (its run's state), a savepoint (the job's single-flight
     lease, live), an upgrade check (its scratch folder), a rescale (its result folder); None when nothing is."""
@@ -424,9 +495,13 @@ def evaluate(ctx: JobContext, *, dry_run: bool, submit_for: SubmitFor, log_dir: 
     """The job's decision now from what its storage holds (status, metric series, decision history); with
     ``mode: act`` and not ``dry_run``, a change carried out (:func:`scale_request`). Recorded in its bounded
     decision history as ``recommended``, ``held``, ``acted``, ``rolled_back`` or ``failed``; what ``job
-    autoscale`` prints. An action that was rolled back or failed is returned with its ``error``, not raised."""
-    from airflow_savepoints.jobs.workflows import lifecycle
+    autoscale`` prints. An action that was rolled back or failed is returned with its ``error``, not raised.
 
+    One acting autoscaler per job at a time: with ``mode: act`` and not ``dry_run``, the job's autoscaler lease
+    (``_autoscale.lease``, :class:`~airflow_savepoints.core.lease.Lease`: one conditional create, renewed while it
+    acts, broken :data:`AUTOSCALER_STALE_AFTER` seconds after its holder died) is taken before anything is read and
+    released after the decision is recorded; a second one meanwhile holds (``in_flight``, recorded) and a dry run
+    or ``mode: recommend`` reads it and holds too."""
     policy = ctx.job.autoscale
     if policy is None:
         raise AutoscaleNotConfiguredError(f"job '{ctx.job.name}' has no autoscale: policy in the jobs file",
@@ -434,14 +509,47 @@ def evaluate(ctx: JobContext, *, dry_run: bool, submit_for: SubmitFor, log_dir: 
     now = time.time() if now is None else now
     began = time.monotonic()
     warnings: list[str] = []
+    lease = Lease(ctx.folder, AUTOSCALE_LEASE, stale_after=AUTOSCALER_STALE_AFTER,
+                  facts={"started_at": now, "job": ctx.job.name})
+    acting = policy.mode == "act" and not dry_run
+    other = lease.try_acquire() if acting else lease.read()  # one acting autoscaler per job (docs/autoscale.md)
+    if other is not None and other.stale and not acting:
+        other = None
+    if acting and other is None:
+        lease.start_heartbeat()
+    try:
+        return _evaluate(ctx, policy, dry_run=dry_run, submit_for=submit_for, log_dir=log_dir, now=now, began=began,
+                         warnings=warnings, other=_autoscaler_of(other))
+    finally:
+        if acting and other is None:
+            lease.release()
+
+
+def _autoscaler_of(holder: LeaseState | None) -> str | None:
+    """Another autoscaler of the job that holds its lease (live): what it is, for an ``in_flight`` hold."""
+    if holder is None:
+        return None
+    since = holder.facts.get("started_at")
+    since = f", since {_iso(since)}" if isinstance(since, int | float) and math.isfinite(since) else ""
+    return f"another autoscaler of the job (owner {holder.owner or 'unknown'}{since}, its lease {AUTOSCALE_LEASE})"
+
+
+def _evaluate(ctx: JobContext, policy: AutoscaleSettings, *, dry_run: bool, submit_for: SubmitFor, log_dir: Path,
+              now: float, began: float, warnings: list[str], other: str | None) -> dict[str, Any]:
+    """:func:`evaluate` once the autoscaler's lease is settled: ``other`` names another autoscaler holding it."""
+    from airflow_savepoints.jobs.workflows import lifecycle
+
     state = lifecycle.status(ctx)
     series = read_series(ctx.folder, warnings)
     history = read_decisions(ctx.folder, warnings)
     run_points = [p for p in series if p.run_id == series[-1].run_id] if series else []
     newest = run_points[-1] if run_points else None
     cores = next((p.cores for p in reversed(run_points) if p.cores), None) or policy.min_executors * policy.executor_cores
-    current = Current(cores=cores, partitions=newest.state_partitions if newest else None,
-                      running=state.state in ("starting", "running", "stopping"), in_flight=_in_flight(ctx, state))
+    partitions = newest.state_partitions if newest else None
+    skew, skew_from = state_skew(ctx, partitions, warnings)
+    current = Current(cores=cores, partitions=partitions, skew=skew, skew_from=skew_from,
+                      running=state.state in ("starting", "running", "stopping"),
+                      in_flight=other or _in_flight(ctx, state))
     decision = decide(policy, series, current, now, history)
     if decision.reason == "not_running":
         decision.message = f"the job is {state.state}: nothing to scale"
