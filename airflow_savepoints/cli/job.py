@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from airflow_savepoints.cli.options import (
     MaxAgeOption,
@@ -24,7 +23,7 @@ from airflow_savepoints.cli.options import (
     option_group,
     with_option_groups,
 )
-from airflow_savepoints.cli.output import command, emit, err
+from airflow_savepoints.cli.output import command, emit, err, escape
 from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
@@ -34,8 +33,10 @@ if TYPE_CHECKING:  # the job modules are imported by the commands that run (not 
     from airflow_savepoints.jobs.workflows.run import JobContext
     from airflow_savepoints.storage import Store
 
-app = typer.Typer(help="Start, stop (with a savepoint), cancel and watch streaming jobs from a jobs file.",
-                  no_args_is_help=True)
+# `airflow-savepoints job`: made when a command line names it (cli/main.py's LAZY_GROUPS), with the main
+# application's settings (plain help texts: "[savepoints]" is an Airflow config section, not markup)
+app = typer.Typer(name="job", help="Start, stop (with a savepoint), cancel and watch streaming jobs from a jobs file.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 JobArgument = Annotated[str, typer.Argument(help="The job's name in the jobs file.")]
 JobsFile = Annotated[str, typer.Option("--jobs-file", envvar="SAVEPOINTS_JOBS_FILE",
@@ -290,10 +291,11 @@ def status(
 ) -> None:
     """Show JOB's state (starting, running, stopping, stopped, failed, lost, unknown, not_started)."""
     def action():
-        from airflow_savepoints.jobs.workflows import lifecycle, watchdog
+        from airflow_savepoints.jobs.workflows import watchdog
+        from airflow_savepoints.jobs.workflows.run import Run
 
         ctx = target.context(job)
-        found = lifecycle.status(ctx)
+        found = Run.read(ctx).state()
         found.watchdog = watchdog.read_state(ctx).view()
         state = found.model_dump(mode="json")
         payload = {**{k: state[k] for k in STATUS_KEYS}, **state}

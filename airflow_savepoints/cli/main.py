@@ -19,9 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich import box
-from rich.markup import escape
-from rich.table import Table
 from typer.core import TyperGroup
 
 try:  # recent typer carries its own copy of click
@@ -30,7 +27,6 @@ except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import UsageError
 
 from airflow_savepoints import __version__, core
-from airflow_savepoints.cli.job import app as job_commands
 from airflow_savepoints.cli.options import (
     MaxAgeOption,
     SkipMissingInputOption,
@@ -40,17 +36,51 @@ from airflow_savepoints.cli.options import (
 )
 from airflow_savepoints.cli.output import command as _command
 from airflow_savepoints.cli.output import emit as _emit
-from airflow_savepoints.cli.output import err, out
+from airflow_savepoints.cli.output import err, escape, out
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.names import CATALOG_FILE
 from airflow_savepoints.errors import MissingBackendError
 from airflow_savepoints.sinks import KINDS
 
-# Each command imports what it uses (`core` on first use): `--version`, `--help` and `list` start fast.
+# Each command imports what it uses (`core` on first use, `job`'s commands when `job` is named, rich when text
+# is printed): a command pays for its own modules only. tests/unit/cli/test_import_budget.py holds each to it.
+
+# Command groups made when first named (cli/job.py and what it imports are not every command's start): the
+# module whose ``app`` it is, and the command it is listed after in ``--help``.
+LAZY_GROUPS = {"job": ("airflow_savepoints.cli.job", "catalog")}
 
 
 class JsonAwareGroup(TyperGroup):
-    """With ``--json`` anywhere on the command line, a usage error is a JSON document too (exit 2)."""
+    """With ``--json`` anywhere on the command line, a usage error is a JSON document too (exit 2).
+    The groups of LAZY_GROUPS are made with the group (``app`` has every command), or, in the console
+    script's group (``lazy_groups``), when a command line names them."""
+
+    lazy_groups = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.lazy_groups:
+            for name in LAZY_GROUPS:
+                self.get_command(None, name)
+
+    def get_command(self, ctx, cmd_name):
+        if cmd_name in LAZY_GROUPS and cmd_name not in self.commands:
+            import importlib
+
+            module, after = LAZY_GROUPS[cmd_name]
+            group = typer.main.get_group(importlib.import_module(module).app)
+            names = list(self.commands)  # listed where it was registered: after ``after``
+            at = names.index(after) + 1 if after in names else len(names)
+            self.commands = {**{n: self.commands[n] for n in names[:at]}, cmd_name: group,
+                             **{n: self.commands[n] for n in names[at:]}}
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx):
+        names = super().list_commands(ctx)
+        for name, (_, after) in LAZY_GROUPS.items():
+            if name not in names:
+                names.insert(names.index(after) + 1 if after in names else len(names), name)
+        return names
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         argv = list(sys.argv[1:] if args is None else args)
@@ -67,6 +97,12 @@ class JsonAwareGroup(TyperGroup):
         except typer.Abort:
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+class ConsoleGroup(JsonAwareGroup):
+    """The console script's group: a lazy group is imported when named (``only_the_command_named``)."""
+
+    lazy_groups = True
 
 
 app = typer.Typer(
@@ -93,6 +129,12 @@ ConnOption = Annotated[
 ]
 
 
+def Table(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - rich's Table, imported when a table is printed
+    from rich.table import Table as RichTable
+
+    return RichTable(*args, **kwargs)
+
+
 def validate_job_name(name: str) -> str:
     """The core's check, imported when a command runs (pydantic's models are not needed to start)."""
     from airflow_savepoints.core.models import validate_job_name as validate
@@ -116,7 +158,7 @@ def progress_bar(action: str, *, enabled: bool):
 
     columns = (TextColumn(action), BarColumn(), DownloadColumn(), TextColumn("{task.fields[files]} files"),
                TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=out, transient=True) as progress:
+    with Progress(*columns, console=out.rich, transient=True) as progress:
         task = progress.add_task(action, total=None, files="")
         counted = {"done": 0, "total": 0}
         lock = threading.Lock()  # files finish on the copying threads
@@ -219,6 +261,8 @@ def list_(
     if not rows:
         out.print(f"no savepoints of job '{job}' in {root.url}")
         return
+    from rich import box
+
     # fits an 80-column terminal: narrow, the ids lose their common "savepoint-" prefix, type and state are cut,
     # the reason takes what is left; --json has every value in full
     narrow = out.width < 100
@@ -252,7 +296,7 @@ def show(
     as_json: JsonFlag = False,
 ) -> None:
     """Show a savepoint's manifest."""
-    from airflow_savepoints.core.pointer import resolve_savepoint
+    from airflow_savepoints.core.manifest import resolve_savepoint
 
     location, manifest = resolve_savepoint(pointer, storage_options(conn_id))
     if as_json:
@@ -462,7 +506,7 @@ def status(
 ) -> None:
     """Show whether the job's recorded run is alive, its application id and its last committed batch."""
     from airflow_savepoints.jobs.description.record import read_run
-    from airflow_savepoints.jobs.workflows.lifecycle import job_status
+    from airflow_savepoints.jobs.workflows.run import job_status
 
     job_folder = open_root(conn_id, savepoint_dir).child(validate_job_name(job))
     state = job_status(job, job_folder).model_dump(mode="json")
@@ -557,9 +601,6 @@ def catalog(
                             f"{states}, {len(document.pins)} pins")
 
 
-app.add_typer(job_commands, name="job")
-
-
 @app.command()
 def version(as_json: JsonFlag = False) -> None:
     """Print the version."""
@@ -640,11 +681,29 @@ def dags_install(
           + "\nedit jobs.yaml to describe your streaming jobs")
 
 
+def only_the_command_named(argv: list[str]) -> typer.Typer:
+    """``app`` for the console script: with only the command ``argv`` names (its first word that is not an
+    option), since a process runs one command and typer builds every registered command's options before it
+    parses; every command when none is named (``--help``, ``--version``, a typo: the full list answers). Its
+    group is a ``ConsoleGroup``: ``job`` (cli/job.py and what it imports) is made only when named."""
+    import copy
+
+    name = next((word for word in argv if not word.startswith("-")), None)
+    commands = [c for c in app.registered_commands
+                if (c.name or typer.main.get_command_name(c.callback.__name__)) == name]
+    groups = [g for g in app.registered_groups if g.name == name]
+    console, console.info = copy.copy(app), copy.copy(app.info)
+    console.info.cls = ConsoleGroup
+    if name in LAZY_GROUPS or commands or groups:
+        console.registered_commands, console.registered_groups = commands, groups
+    return console
+
+
 def main() -> None:  # console script entry point
     from airflow_savepoints.cli import storage
 
     storage.freeze_after_open = True
-    app()
+    only_the_command_named(sys.argv[1:])()
 
 
 if __name__ == "__main__":

@@ -15,13 +15,36 @@ from collections.abc import Iterator
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from airflow_savepoints.errors import InterruptedBySignalError, SavepointError, UnexpectedError
 
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # pipes and CI logs: no truncation
+
+class LazyConsole:
+    """A rich ``Console`` made on first use: a command that answers in JSON never imports rich (its import is
+    a tenth of a command's start). ``rich`` is the console itself, for what must be given one (a progress bar)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+
+    @functools.cached_property
+    def rich(self):  # noqa: ANN201 - rich.console.Console, imported here
+        from rich.console import Console
+
+        return Console(**self._options)
+
+    def __getattr__(self, name: str) -> Any:  # what the proxy does not have: the console's
+        return getattr(self.rich, name)
+
+
+def escape(text: str) -> str:
+    """rich's markup escape (rich imported when text is printed)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+err = LazyConsole(stderr=True, highlight=False)
+out = LazyConsole(highlight=False, width=None if sys.stdout.isatty() else 160)  # pipes and CI logs: no truncation
 
 
 def emit(as_json: bool, payload: Any, text: str | None = None) -> None:

@@ -12,16 +12,18 @@ from airflow_savepoints._lazy import lazy_names
 
 if TYPE_CHECKING:
     from airflow_savepoints.core.dispose import dispose_savepoint
+    from airflow_savepoints.core.manifest import resolve_pointer
     from airflow_savepoints.core.models import SavepointInfo, SavepointManifest, SavepointSummary, SavepointType
-    from airflow_savepoints.core.pointer import list_savepoints, resolve_pointer
-    from airflow_savepoints.core.restore import RestoreRequest, restore_savepoint, verify_savepoint
+    from airflow_savepoints.core.pointer import list_savepoints
+    from airflow_savepoints.core.restore import RestoreRequest, restore_savepoint
     from airflow_savepoints.core.savepoint import SavepointRequest, run_savepoint, take_savepoint
+    from airflow_savepoints.core.verify import verify_savepoint
 
 _MODULE_OF = {
     "dispose_savepoint": "dispose",
     "SavepointInfo": "models", "SavepointManifest": "models", "SavepointSummary": "models", "SavepointType": "models",
-    "list_savepoints": "pointer", "resolve_pointer": "pointer",
-    "RestoreRequest": "restore", "restore_savepoint": "restore", "verify_savepoint": "restore",
+    "list_savepoints": "pointer", "resolve_pointer": "manifest",
+    "RestoreRequest": "restore", "restore_savepoint": "restore", "verify_savepoint": "verify",
     "SavepointRequest": "savepoint", "run_savepoint": "savepoint", "take_savepoint": "savepoint",
 }
 __getattr__, __dir__ = lazy_names(__name__, _MODULE_OF)

@@ -31,18 +31,29 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import Annotated, NamedTuple, TypeVar
+
+from pydantic import AfterValidator
 
 from airflow_savepoints.core import checksums
 from airflow_savepoints.core.checksums import CRC32C, CRC64
-from airflow_savepoints.errors import SourceChangedError
+from airflow_savepoints.errors import InvalidInputError, SourceChangedError
 from airflow_savepoints.storage import LINK, SERVER_COPY, STREAM, FileStat, Store
 
 T, R = TypeVar("T"), TypeVar("R")
 CHUNK = 1024 * 1024  # one chunk at a time per thread: 1 MiB stays in cache and keeps memory flat
 MODES = ("auto", "stream")
 
-__all__ = ["CHUNK", "LINK", "MODES", "PREVIOUS", "READ", "SERVER_COPY", "STORE", "STREAM", "CopiedFile",
+
+def known_copy_mode(value: str) -> str:
+    if value not in MODES:
+        raise InvalidInputError(f"unknown copy mode {value!r}", "use one of: " + ", ".join(MODES))
+    return value
+
+
+CopyMode = Annotated[str, AfterValidator(known_copy_mode)]  # auto | stream: a request's field (savepoint, restore)
+
+__all__ = ["CHUNK", "LINK", "MODES", "CopyMode", "PREVIOUS", "READ", "SERVER_COPY", "STORE", "STREAM", "CopiedFile",
            "KnownChecksum", "bounded_map", "checksum_of", "copy_file", "copy_many", "default_parallelism",
            "workers_for"]
 

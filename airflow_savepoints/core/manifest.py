@@ -1,6 +1,8 @@
-"""Savepoint manifests (``_metadata``): folder names, parsing and reading, each fault its own error.
+"""Savepoint manifests (``_metadata``): folder names, parsing and reading, each fault its own error, and
+pointer resolution (a savepoint directory or its ``_metadata``, like Flink's).
 
-The catalog and the pointer functions both read manifests through this module.
+The catalog and the pointer functions both read manifests through this module. It imports no catalog, lease
+or copy code: what ``show``, ``verify`` and ``offsets`` need, and no more (tests/unit/cli/test_import_budget.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from airflow_savepoints.errors import (
     ManifestUnreadableError,
     ManifestVersionError,
     MissingBackendError,
+    SavepointNotFoundError,
     StorageError,
+    SymlinkError,
     UnknownSchemeError,
     UnsafeFileError,
 )
@@ -103,3 +107,52 @@ def read_manifest(location: Store) -> SavepointManifest:
 
 def savepoint_info(location: Store, manifest: SavepointManifest) -> SavepointInfo:
     return SavepointInfo(pointer=location.url, manifest=manifest)
+
+
+def resolve_pointer(pointer: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, SavepointManifest]:
+    """A savepoint directory or its ``_metadata`` file -> (the directory's store, its manifest)."""
+    store = Store(pointer, storage_options)
+    if store.name == MANIFEST_FILE:
+        store = store.parent()
+    if not store.is_local:  # on an object store the manifest is read first: each check below costs requests
+        try:
+            return store, read_manifest(store)
+        except (IncompleteSavepointError, ManifestUnreadableError):
+            _refuse_no_savepoint(store)
+            raise
+    _refuse_no_savepoint(store)
+    return store, read_manifest(store)
+
+
+def resolve_savepoint(pointer: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, SavepointManifest]:
+    """``resolve_pointer`` for a command that reads inside the savepoint (``show``, ``inspect``,
+    ``offsets``): links refused as ``restore`` and ``verify`` refuse them (``symlink_refused``), so
+    nothing outside the savepoint is read as its own (a linked ``state/``, ``sources/0/*`` or ``_metadata``)."""
+    location, manifest = resolve_pointer(pointer, storage_options)
+    refuse_symlinks(location, "savepoint")
+    return location, manifest
+
+
+def _refuse_no_savepoint(store: Store) -> None:
+    """Nothing at ``store``, or a file: no savepoint there."""
+    if not store.exists():
+        raise SavepointNotFoundError(
+            f"no savepoint at {store.url}: nothing exists there", "check the pointer (list the job's savepoints)"
+        )
+    if store.isfile():
+        raise SavepointNotFoundError(
+            f"{store.url} is a file, not a savepoint directory or its {MANIFEST_FILE}",
+            "point at the savepoint-<id>-<random> directory or its _metadata file",
+        )
+
+
+def refuse_symlinks(store: Store, what: str, links: list[str] | None = None) -> None:
+    """A savepoint is self-contained: no symbolic link goes into one, none comes out of one. ``links``:
+    those a listing of ``store`` met (``Store.list_files_lazily``), else ``store`` is walked for them."""
+    links = store.symlinks() if links is None else sorted(links)
+    if links:
+        named = ", ".join(store.url_of(link) for link in links[:5])
+        raise SymlinkError(
+            f"the {what} {store.url} contains symbolic links, which are refused: {named}",
+            "savepoints hold only regular files; replace each link by the file itself (or remove it) and retry",
+        )

@@ -1,4 +1,4 @@
-"""Savepoint locations: pointer resolution (like Flink's) and listing a job's savepoints."""
+"""Savepoint locations: listing a job's savepoints (pointer resolution, like Flink's, is core/manifest.py's)."""
 
 from __future__ import annotations
 
@@ -11,67 +11,15 @@ from airflow_savepoints.core.manifest import (  # noqa: F401 - re-exported: wher
     new_savepoint_id,
     parse_manifest,
     read_manifest,
+    refuse_symlinks,
+    resolve_pointer,
+    resolve_savepoint,
     savepoint_info,
 )
 from airflow_savepoints.core.models import JOB_NAME, SavepointInfo, SavepointManifest, validate_job_name
 from airflow_savepoints.core.names import MANIFEST_FILE
-from airflow_savepoints.errors import (
-    IncompleteSavepointError,
-    ManifestUnreadableError,
-    SavepointNotFoundError,
-    SavepointRootMissingError,
-    SymlinkError,
-)
+from airflow_savepoints.errors import IncompleteSavepointError, SavepointNotFoundError, SavepointRootMissingError
 from airflow_savepoints.storage import Store
-
-
-def resolve_pointer(pointer: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, SavepointManifest]:
-    """A savepoint directory or its ``_metadata`` file -> (the directory's store, its manifest)."""
-    store = Store(pointer, storage_options)
-    if store.name == MANIFEST_FILE:
-        store = store.parent()
-    if not store.is_local:  # on an object store the manifest is read first: each check below costs requests
-        try:
-            return store, read_manifest(store)
-        except (IncompleteSavepointError, ManifestUnreadableError):
-            _refuse_no_savepoint(store)
-            raise
-    _refuse_no_savepoint(store)
-    return store, read_manifest(store)
-
-
-def resolve_savepoint(pointer: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, SavepointManifest]:
-    """``resolve_pointer`` for a command that reads inside the savepoint (``show``, ``inspect``,
-    ``offsets``): links refused as ``restore`` and ``verify`` refuse them (``symlink_refused``), so
-    nothing outside the savepoint is read as its own (a linked ``state/``, ``sources/0/*`` or ``_metadata``)."""
-    location, manifest = resolve_pointer(pointer, storage_options)
-    refuse_symlinks(location, "savepoint")
-    return location, manifest
-
-
-def _refuse_no_savepoint(store: Store) -> None:
-    """Nothing at ``store``, or a file: no savepoint there."""
-    if not store.exists():
-        raise SavepointNotFoundError(
-            f"no savepoint at {store.url}: nothing exists there", "check the pointer (list the job's savepoints)"
-        )
-    if store.isfile():
-        raise SavepointNotFoundError(
-            f"{store.url} is a file, not a savepoint directory or its {MANIFEST_FILE}",
-            "point at the savepoint-<id>-<random> directory or its _metadata file",
-        )
-
-
-def refuse_symlinks(store: Store, what: str, links: list[str] | None = None) -> None:
-    """A savepoint is self-contained: no symbolic link goes into one, none comes out of one. ``links``:
-    those a listing of ``store`` met (``Store.list_files_lazily``), else ``store`` is walked for them."""
-    links = store.symlinks() if links is None else sorted(links)
-    if links:
-        named = ", ".join(store.url_of(link) for link in links[:5])
-        raise SymlinkError(
-            f"the {what} {store.url} contains symbolic links, which are refused: {named}",
-            "savepoints hold only regular files; replace each link by the file itself (or remove it) and retry",
-        )
 
 
 def list_savepoints(root: Store, job: str, states: set[SavepointState] | None = None) -> list[SavepointRecord]:

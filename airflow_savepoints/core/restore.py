@@ -1,4 +1,4 @@
-"""Verify savepoints and restore them into fresh checkpoint locations.
+"""Restore savepoints into fresh checkpoint locations (``verify_savepoint``: core/verify.py).
 
 Restore copies every file into the new checkpoint location the way a savepoint does (a hard link on
 one local filesystem, a server-side copy on S3, else streamed; ``core/copier.py``) and checks each
@@ -25,12 +25,11 @@ import google_crc32c
 from pydantic import Field
 
 from airflow_savepoints.checkpoint import formats
-from airflow_savepoints.core import checksums
 from airflow_savepoints.core.catalog import Catalog, pinned_savepoint
-from airflow_savepoints.core.copier import CopyOptions, bounded_map, checksum_of, copy_many, workers_for
+from airflow_savepoints.core.copier import CopyMode, CopyOptions, copy_many
 from airflow_savepoints.core.input_check import check_input
 from airflow_savepoints.core.lease import Lease
-from airflow_savepoints.core.manifest import parse_manifest
+from airflow_savepoints.core.manifest import parse_manifest, refuse_symlinks, resolve_pointer
 from airflow_savepoints.core.models import FileEntry, Request, RestoreResult, SavepointManifest
 from airflow_savepoints.core.names import (
     CHECKPOINT_METADATA,
@@ -39,10 +38,11 @@ from airflow_savepoints.core.names import (
     MANIFEST_FILE,
     RESTORE_CLAIM,
 )
-from airflow_savepoints.core.pointer import refuse_symlinks, resolve_pointer
 from airflow_savepoints.core.rescale import RescalePlan, plan_rescale, repartition
-from airflow_savepoints.core.savepoint import CopyMode
 from airflow_savepoints.core.settings import parse_duration
+from airflow_savepoints.core.verify import bytes_mismatch as _bytes_mismatch
+from airflow_savepoints.core.verify import mismatch as _mismatch
+from airflow_savepoints.core.verify import verify_savepoint  # noqa: F401 - imported from here too
 from airflow_savepoints.errors import (
     InvalidInputError,
     SavepointTooOldError,
@@ -60,54 +60,6 @@ from airflow_savepoints.storage.store import SourceChangedError
 OPERATOR_METADATA_V2 = "/_metadata/v2/"
 log = logging.getLogger(__name__)
 Notify = Callable[[str, dict[str, Any]], None]
-
-
-def _mismatch(entry: FileEntry, size: int, crc: int) -> str | None:
-    """What is wrong with a file of ``size`` bytes whose checksum (by the entry's algorithm) is ``crc``."""
-    if size != entry.size:
-        return f"{entry.path}: {size} bytes, the manifest says {entry.size} (truncated or extended)"
-    got = checksums.as_hex(entry.algorithm, crc)
-    if got != entry.checksum:
-        return f"{entry.path}: {entry.algorithm} checksum {got}, the manifest says {entry.checksum} (content changed)"
-    return None
-
-
-def _bytes_mismatch(entry: FileEntry, data: bytes) -> str | None:
-    return _mismatch(entry, len(data), checksums.of_bytes(entry.algorithm, data))
-
-
-def verify_savepoint(pointer: str, storage_options: dict[str, Any] | None = None,
-                     parallelism: int | None = None, on_event: Notify | None = None
-                     ) -> tuple[Store, SavepointManifest]:
-    """Check every file of the savepoint against its manifest; raise naming the bad files.
-
-    ``on_event("planned", {files, bytes})`` then ``on_event("file_done", {path, bytes})`` per file report progress,
-    and ``on_event("rescaling", {partitions})`` when Spark's rewrite starts. Interrupted (SIGTERM, SIGINT, a
-    failure inside Spark), the target is emptied and its claim given back."""
-    location, manifest = resolve_pointer(pointer, storage_options)
-    refuse_symlinks(location, "savepoint")
-    listing = location.list_files()
-    problems = [f"{e.path}: missing" for e in manifest.files if e.path not in listing]
-    present = [e for e in manifest.files if e.path in listing]
-    notify = on_event or (lambda event, data: None)
-    notify("planned", {"files": len(present), "bytes": sum(e.size for e in present)})
-
-    def check(entry: FileEntry) -> str | None:
-        try:
-            size, crc = checksum_of(location, entry.path, entry.algorithm)
-        except FileNotFoundError:
-            return f"{entry.path}: missing (removed while it was verified)"
-        notify("file_done", {"path": entry.path, "bytes": size})
-        return _mismatch(entry, size, crc)
-
-    problems += [p for p in bounded_map(check, present, workers_for((location,), parallelism, len(present))) if p]
-    if problems:
-        raise VerificationError(
-            f"savepoint {location.url} is damaged: " + "; ".join(problems[:10])
-            + (f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""),
-            "do not restore it; use another savepoint of the job",
-        )
-    return location, manifest
 
 
 def check_sink(manifest: SavepointManifest, sink_path: str, storage_options: dict[str, Any] | None,

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import AfterValidator, field_validator, model_validator
+from pydantic import field_validator, model_validator
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from airflow_savepoints import __version__
@@ -27,18 +27,19 @@ from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.checkpoint.planner import CheckpointPlan, KnownSnapshot, plan_checkpoint
 from airflow_savepoints.core.catalog import Catalog, Change, PinHold
 from airflow_savepoints.core.checksums import CRC32C, HEX_FORMAT
-from airflow_savepoints.core.copier import (
-    MODES,
+from airflow_savepoints.core.copier import (  # noqa: F401 - CopyMode, known_copy_mode: imported from here too
     CopiedFile,
+    CopyMode,
     CopyOptions,
     KnownChecksum,
     checksum_of,
     copy_many,
     default_parallelism,
+    known_copy_mode,
 )
 from airflow_savepoints.core.dispose import discard_incomplete
 from airflow_savepoints.core.lease import InflightHolder, JobLock
-from airflow_savepoints.core.manifest import new_savepoint_id, savepoint_info
+from airflow_savepoints.core.manifest import new_savepoint_id, refuse_symlinks, savepoint_info
 from airflow_savepoints.core.models import (
     MANIFEST_VERSION,
     PLAIN_MANIFEST_VERSION,
@@ -50,7 +51,6 @@ from airflow_savepoints.core.models import (
     validate_job_name,
 )
 from airflow_savepoints.core.names import CATALOG_FILE, MANIFEST_FILE
-from airflow_savepoints.core.pointer import refuse_symlinks
 from airflow_savepoints.core.settings import resolve_savepoint_dir
 from airflow_savepoints.errors import (
     CheckpointNotFoundError,
@@ -87,15 +87,6 @@ def check_apart(checkpoint: Store, root: Store) -> None:
             f"the savepoint directory {root.url} and the checkpoint {checkpoint.url} overlap",
             "keep savepoints in their own directory, outside the query's checkpointLocation",
         )
-
-
-def known_copy_mode(value: str) -> str:
-    if value not in MODES:
-        raise InvalidInputError(f"unknown copy mode {value!r}", "use one of: " + ", ".join(MODES))
-    return value
-
-
-CopyMode = Annotated[str, AfterValidator(known_copy_mode)]  # auto | stream
 
 
 class SavepointRequest(Request):

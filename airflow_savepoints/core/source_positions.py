@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.input_check import logged_input_files
-from airflow_savepoints.core.pointer import resolve_savepoint
+from airflow_savepoints.core.manifest import resolve_savepoint
 from airflow_savepoints.storage import Store
 
 

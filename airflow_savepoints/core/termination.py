@@ -24,7 +24,6 @@ from typing import Any, Literal
 from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.models import SavepointInfo, SavepointType
 from airflow_savepoints.core.names import CHECKPOINT_METADATA
-from airflow_savepoints.core.savepoint import check_apart, take_savepoint
 from airflow_savepoints.errors import InvalidInputError, NoCommittedBatchError, NotACheckpointError
 from airflow_savepoints.storage import Store
 
@@ -70,6 +69,8 @@ def apply_checkpoint_retention(
     kept checkpoint with no commit past it is not registered (``retained_savepoint`` None, ``note``).
     ``written_by``: what the run that wrote the checkpoint ran (``spark_version``, the driver's;
     ``job_version``), for the retained checkpoint's manifest."""
+    from airflow_savepoints.core.savepoint import check_apart, take_savepoint  # here: reading a run's state needs none
+
     policy = parse_policy(policy)
     source = checkpoint if isinstance(checkpoint, Store) else Store(checkpoint, storage_options)
     root = savepoint_dir if isinstance(savepoint_dir, Store) else Store(savepoint_dir, storage_options)

@@ -35,8 +35,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
 from airflow_savepoints.core.lease import JobLock
@@ -69,7 +67,15 @@ from airflow_savepoints.jobs.launch.runners import (
     runner_for,
 )
 from airflow_savepoints.jobs.workflows.rescale import rescale_on_the_job
-from airflow_savepoints.jobs.workflows.run import LIVE_STATES, JobContext, JobState, Run, State  # noqa: F401 - imported from here
+from airflow_savepoints.jobs.workflows.run import (  # noqa: F401 - imported from here
+    LIVE_STATES,
+    JobContext,
+    JobState,
+    JobStatus,
+    Run,
+    State,
+    job_status,
+)
 from airflow_savepoints.storage import Store
 
 
@@ -508,28 +514,3 @@ def submit_conf(job: StreamingJob, savepoint_dir: Store | str, *, checkpoint: st
     return {**run_conf(root.child(job.name).url, checkpoint=checkpoint or job.checkpoint,
                        heartbeat_interval=heartbeat_interval, lease_timeout=lease_timeout),
             **({SKIP_MISSING_INPUT_CONF: "true"} if skip_missing_input else {})}
-
-
-class JobStatus(BaseModel):
-    """A short status of the job's current run (see :func:`status`)."""
-
-    job: str
-    state: str
-    running: bool
-    pid: int | None
-    application_id: str | None = None  # what the driver announced, or its log said (local-…, app-…)
-    last_committed_batch: int | None
-    last_progress_at: datetime | None
-
-
-def job_status(job: str, job_folder: Store) -> JobStatus:
-    """Whether the job's current run is alive (by its heartbeats, else its runner), its application
-    id, and its checkpoint's progress."""
-    run = read_run(job_folder)
-    placeholder = StreamingJob.model_construct(name=job, application="", checkpoint=run.checkpoint if run else "",
-                                               master="local[2]", master_ui=None)  # no jobs.yaml: no runner address
-    state = status(JobContext(placeholder, job_folder.parent()))
-    batch, at = checkpoint_progress(Store(state.checkpoint)) if state.checkpoint else (None, None)
-    return JobStatus(job=job, state=state.state, running=state.state in ("starting", "running", "stopping"),
-                     pid=state.pid, application_id=state.application_id, last_committed_batch=batch,
-                     last_progress_at=at)

@@ -457,3 +457,26 @@ def _latest_beating_run(ctx: JobContext) -> tuple[str, float] | None:
     return max(beats, key=lambda beat: beat[1]) if beats else None
 
 
+class JobStatus(BaseModel):
+    """A short status of the job's current run (see :func:`job_status`)."""
+
+    job: str
+    state: str
+    running: bool
+    pid: int | None
+    application_id: str | None = None  # what the driver announced, or its log said (local-…, app-…)
+    last_committed_batch: int | None
+    last_progress_at: datetime | None
+
+
+def job_status(job: str, job_folder: Store) -> JobStatus:
+    """Whether the job's current run is alive (by its heartbeats, else its runner), its application
+    id, and its checkpoint's progress."""
+    run = read_run(job_folder)
+    placeholder = StreamingJob.model_construct(name=job, application="", checkpoint=run.checkpoint if run else "",
+                                               master="local[2]", master_ui=None)  # no jobs.yaml: no runner address
+    state = Run.read(JobContext(placeholder, job_folder.parent())).state()
+    batch, at = checkpoint_progress(Store(state.checkpoint)) if state.checkpoint else (None, None)
+    return JobStatus(job=job, state=state.state, running=state.state in ("starting", "running", "stopping"),
+                     pid=state.pid, application_id=state.application_id, last_committed_batch=batch,
+                     last_progress_at=at)

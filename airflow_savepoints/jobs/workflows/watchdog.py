@@ -36,9 +36,7 @@ from airflow_savepoints.core.lease import store_now
 from airflow_savepoints.core.names import WATCHDOG_FILE
 from airflow_savepoints.core.settings import parse_duration
 from airflow_savepoints.errors import SavepointError
-from airflow_savepoints.jobs.workflows import lifecycle
 from airflow_savepoints.jobs.workflows.run import JobContext, JobState
-from airflow_savepoints.jobs.workflows.upgrade import checkpoint_problem
 
 HISTORY = 20  # decisions kept in the file
 Action = Literal["healthy", "stalled", "not_running", "down", "restarted", "restart_failed", "backoff", "gave_up"]
@@ -136,6 +134,8 @@ def _backoff(ctx: JobContext, restarts: int) -> float:
 def supervise(ctx: JobContext, *, submit_command: Callable[[str, dict[str, str]], list[str]], log_dir: Path,
               wait_timeout: float = 300) -> Decision:
     """Look at one job and act: restart it, wait (backoff), give up, or report; return the decision."""
+    from airflow_savepoints.jobs.workflows import lifecycle  # here: `job status` reads read_state alone
+
     state = lifecycle.status(ctx)
     memory = read_state(ctx)
     now = store_now(ctx.folder)
@@ -167,6 +167,9 @@ def _restart(ctx: JobContext, memory: WatchdogState, state: JobState, facts: dic
              wait_timeout: float) -> Decision:
     """Restart a failed or lost job: last-state when its checkpoint passes the checks, else from the
     newest savepoint. The attempt is recorded first (write-ahead), then made."""
+    from airflow_savepoints.jobs.workflows import lifecycle
+    from airflow_savepoints.jobs.workflows.upgrade import checkpoint_problem
+
     problem = "restart.last_state is off" if not ctx.job.restart.last_state else checkpoint_problem(ctx, state.checkpoint)
     mode = "savepoint" if problem else "last-state"
     memory.restarts.append(facts["at"])
