@@ -36,7 +36,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.object_store import (  # noqa: E402
-    KEYS, PEER_ENV, Moto, Proxy, _s5cmd_savepoint, keep_only_planned, log, our_parallelism, peer_tools,
+    KEYS,
+    PEER_ENV,
+    Moto,
+    Proxy,
+    _s5cmd_savepoint,
+    keep_only_planned,
+    log,
+    our_parallelism,
+    peer_tools,
     write_checkpoint,
 )
 
