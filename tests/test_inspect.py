@@ -27,8 +27,8 @@ from airflow_savepoints.core.source_positions import source_positions
 from airflow_savepoints.core.state_reader import inspect_savepoint
 from airflow_savepoints.core.state_summary import StateSummary, read_summary, record_summary
 from airflow_savepoints.storage import Store
-from tests.support.spark_shapes import DEFAULT_CONF, ROCKSDB, run_to_end
 from tests.conftest import ROOT
+from tests.support.spark_shapes import DEFAULT_CONF, ROCKSDB, run_to_end
 from tests.support.synthetic import write_checkpoint
 from tests.test_cli import cli
 
