@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from airflow_savepoints.core.source_positions import source_positions
 from airflow_savepoints.core.state_reader import inspect_savepoint
 from airflow_savepoints.core.state_summary import StateSummary, read_summary, record_summary
 from airflow_savepoints.storage import Store
+from tests.conftest import ROOT
 from tests.support.spark_shapes import DEFAULT_CONF, ROCKSDB, run_to_end
 from tests.support.synthetic import write_checkpoint
 from tests.test_cli import cli
@@ -263,4 +267,24 @@ def test_damaged_state_is_an_error_with_sparks_own_class_and_progress_goes_to_st
     assert "An error occurred while calling" not in answer["error"]["cause"]
     assert answer["error"]["cause"].startswith("["), answer  # Spark's error class, e.g. [CANNOT_LOAD_STATE_STORE...]
     steps = result.stderr.splitlines()
-    assert any("state's metadata" in line for line in steps) and any("counting rows" in line for line in steps), steps
+    assert any("operators' metadata" in line for line in steps) and any("counting rows" in line for line in steps), steps
+
+
+def test_a_cold_inspect_says_each_phase_with_its_seconds_and_nothing_of_sparks(made, tmp_path):
+    """Issue 43: ``inspect`` in a new process (its own local Spark, started cold) puts one line per phase on
+    stderr, each with the seconds since the command began (opening the store, starting Spark, Spark started,
+    reading state), and nothing else: not the JVM's module notice, not Spark's log-level banner, no warning."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AIRFLOW_HOME": str(tmp_path / "airflow-home")}
+    env.pop("JAVA_TOOL_OPTIONS", None)  # the test bed's (conftest): every JVM would say "Picked up ..." on stderr
+    done = subprocess.run([sys.executable, "-m", "airflow_savepoints.cli.main", "inspect", made["agg"].pointer, "--json",
+                           "--conn-id", ""], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["total_rows"] == len({r["key"] for r in made["written"]})
+    lines = done.stderr.splitlines()
+    progress = [re.fullmatch(r" *(\d+\.\d)s (.+)", line) for line in lines]
+    assert lines and all(progress), lines  # every line a progress line: nothing of the JVM's or Spark's
+    seconds, phases = [float(m.group(1)) for m in progress], [m.group(2) for m in progress]
+    assert seconds == sorted(seconds) and seconds[0] > 0, lines  # counted from the process's start
+    assert phases[0] == f"opening the store: {made['agg'].pointer}", phases
+    assert phases[1].startswith("starting Spark") and re.fullmatch(r"Spark \d+\.\d+\.\d+ started", phases[2]), phases
+    assert all(p.startswith("reading state: ") for p in phases[3:]) and len(phases) > 3, phases

@@ -420,13 +420,16 @@ def inspect_(
 ) -> None:
     """Read a savepoint's state with Spark's state sources (needs the [spark] extra); nothing is written into it.
     A store Spark cannot read is an error (``state_unreadable``, Spark's error class and message as its cause)."""
+    import psutil
+
     from airflow_savepoints.core.state_reader import inspect_savepoint
 
-    started = time.monotonic()
+    # seconds since this process started (Python's own start and the imports included): the time a user waits
+    started = time.monotonic() - max(time.time() - psutil.Process().create_time(), 0.0)
 
     def progress(line: str) -> None:  # on stderr: stdout keeps the answer alone
         if not quiet:
-            err.print(f"[dim]{time.monotonic() - started:5.1f}s[/] {escape(line)}", highlight=False)
+            err.print(f"[dim]{time.monotonic() - started:5.1f}s[/] {escape(line)}", highlight=False, soft_wrap=True)
 
     summary = inspect_savepoint(pointer, operator=operator, sample=sample, storage_options=storage_options(conn_id),
                                 read_via=read_via.value.replace("-", "_"), progress=progress, verbose=verbose, strict=True)

@@ -29,6 +29,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -63,13 +64,45 @@ QUIET_LOG4J = os.path.join(os.path.dirname(__file__), "log4j2-quiet.properties")
 SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
+# What the JVM prints on stderr at every start whatever the log level: Spark 4's launcher adds
+# --add-modules=jdk.incubator.vector and the JVM announces it; Spark's logging, started as a shell's (pyspark's
+# gateway is one), announces the shell's level. Dropped from a quiet session's stderr; everything else passes.
+JVM_NOTICES = (b"WARNING: Using incubator modules", b'Setting default log level to "',
+               b"To adjust logging level use sc.setLogLevel(")
+
+
 def _quiet_java_options() -> str:
     return f"-Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
 
 
+def _forward_stderr(read_fd: int) -> None:
+    """Copy the JVM's stderr to ours, line by line, without the notices no log level silences."""
+    with os.fdopen(read_fd, "rb", buffering=0) as pipe, contextlib.suppress(OSError, ValueError):
+        for line in iter(pipe.readline, b""):
+            if not line.startswith(JVM_NOTICES):
+                os.write(2, line)
+
+
+def _quiet_gateway(conf: Any) -> Any:
+    """Spark's py4j gateway (its JVM started as pyspark starts it), with the JVM's stderr going through
+    :func:`_forward_stderr` (a daemon thread; the JVM ends with this process, as pyspark's own does)."""
+    from pyspark.java_gateway import launch_gateway
+
+    read_fd, write_fd = os.pipe()
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": write_fd})
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    threading.Thread(target=_forward_stderr, args=(read_fd,), name="spark-stderr", daemon=True).start()
+    return gateway
+
+
 def spark_session(verbose: bool = False):
     """The active Spark session, else a local one (the CLI's in-process Spark), whose JVM logs only errors
-    unless ``verbose``."""
+    unless ``verbose`` (and whose stderr drops the JVM's module notice: :data:`JVM_NOTICES`)."""
     try:
         import pyspark
         from pyspark.sql import SparkSession
@@ -83,11 +116,17 @@ def spark_session(verbose: bool = False):
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    builder = (SparkSession.builder.master("local[*]").appName("airflow-savepoints-inspect")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC"))
+    from pyspark import SparkConf, SparkContext
+
     java_options = SHORT_LIVED_JVM_OPTIONS if verbose else f"{SHORT_LIVED_JVM_OPTIONS} {_quiet_java_options()}"
-    session = builder.config("spark.driver.extraJavaOptions", java_options).getOrCreate()
+    # one shuffle partition: each count is grouped by state partition, a handful of rows after the map side
+    conf = (SparkConf().setMaster("local[*]").setAppName("airflow-savepoints-inspect")
+            .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+            .set("spark.sql.session.timeZone", "UTC").set("spark.sql.shuffle.partitions", "1")
+            .set("spark.driver.extraJavaOptions", java_options))
+    if not verbose and SparkContext._gateway is None:
+        SparkContext(conf=conf, gateway=_quiet_gateway(conf))
+    session = SparkSession.builder.config(conf=conf).getOrCreate()
     session.sparkContext.setLogLevel("INFO" if verbose else "ERROR")
     return session
 
@@ -106,6 +145,7 @@ def inspect_savepoint(pointer: str, *, operator: int | None = None, sample: int 
         raise InvalidInputError(f"invalid operator id {operator!r}", "pass an operator id (0, 1, ...) as inspect lists them")
     if read_via not in ("auto", "in_place", "copy"):
         raise InvalidInputError(f"invalid read_via {read_via!r}", "pass auto, in_place or copy")
+    say(f"opening the store: {pointer}")
     location, manifest = resolve_savepoint(pointer, storage_options)
     files = state_files(manifest)
     if operator is not None and str(operator) not in files:
@@ -114,8 +154,10 @@ def inspect_savepoint(pointer: str, *, operator: int | None = None, sample: int 
             f"(its operators: {', '.join(files) or 'none, a stateless query'})",
             "pass one of its operator ids, or leave --operator out")
     if files:
-        say("starting Spark" if spark is None else "using the given Spark session")
+        say("starting Spark (a local JVM: most of a cold run)" if spark is None else "using the given Spark session")
     session = (spark or spark_session(verbose)) if files else None
+    if session is not None and spark is None:
+        say(f"Spark {session.version} started")
     with pinned_savepoint(location, manifest, "inspect"), \
             _readable(location, manifest, read_via if files else "in_place") as (path, read_from):
         reader = _Reader(session, path, manifest.batch_id, sample, say) if session is not None else None
@@ -197,7 +239,7 @@ class _Reader:
 
     def operators(self, files: dict[str, dict[str, Any]], only: int | None) -> tuple[list[OperatorState], list[str]]:
         limits: list[str] = []
-        self.say("reading the state's metadata")
+        self.say("reading state: the operators' metadata")
         try:
             metadata = self.metadata()
         except Exception as exc:  # noqa: BLE001 - Spark's refusal is reported, the stores are still read
@@ -253,7 +295,7 @@ class _Reader:
             options["readRegisteredTimers"] = "true"
         elif store.store != "default":
             options["storeName"] = store.store
-        self.say(f"reading operator {operator_id} store {store.state_var or store.store}"
+        self.say(f"reading state: operator {operator_id} store {store.state_var or store.store}"
                  f"{' timers' if store.kind == 'timers' else ''}: counting rows per partition")
         try:
             frame = self.spark.read.format("statestore").options(**options).load(self.path)
