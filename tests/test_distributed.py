@@ -781,6 +781,9 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
         checks = [s for s in list_savepoints(story.savepoints(SCALED), SCALED) if s.reason == "upgrade check"]
         assert len(checks) == 3, checks  # each attempt checked first
 
+        def history_of(answer: dict) -> dict:  # the history's record of a CLI answer (it adds the end, at_epoch)
+            return next(d for d in history if d["at"] == answer["at"] and d["outcome"] == answer["outcome"])
+
         stops = {r.pointer: r.created_at.timestamp() for r in list_savepoints(story.savepoints(SCALED), SCALED)}
         actions = []
         for name, acted, before in (("scale_up", up, started["checkpoint"]),
@@ -800,7 +803,7 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
                         "processed_rows_per_s_2_cores": round(sum(old_rate) / len(old_rate), 1),
                         "processed_rows_per_s_4_cores": round(sum(new_rate[1:]) / len(new_rate[1:]), 1)},
             "step_down": {"to_recovered_backlog_s": round(recovered - stepped_down, 1),
-                          "to_scale_down_done_s": round(down["at_epoch"] - stepped_down, 1),
+                          "to_scale_down_done_s": round(history_of(down)["at_epoch"] - stepped_down, 1),
                           "to_settled_after_scale_down_s": round(settled_down - stepped_down, 1)},
             "phases_s": phases, "test_s": round(time.monotonic() - began, 1), "load_average": os.getloadavg(),
         }
