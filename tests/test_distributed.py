@@ -1,10 +1,11 @@
 """Streaming jobs across machines on the distributed test bed (tests/support/distributed.py):
 Airflow 3.3 with the CeleryExecutor on Postgres and Redis, Celery workers each on a "host" of its
 own (PID and UTS namespaces: worker-a, worker-b, later worker-c with its clock 5 minutes ahead), a
-Spark standalone cluster; checkpoints on a folder every host shares, savepoints on the S3 server
+Spark standalone cluster of two workers; checkpoints on a folder every host shares, savepoints on the S3 server
 and on that folder; one job reads a topic of the session's Kafka broker (tests/support/kafka.py).
 No worker can import pyspark (the first test checks it): every operator runs without it, and a
 restart rescales the events job's state through the job's own Spark application on the cluster.
+The last test scales a job through the autoscaler across both Spark workers under a load step (issue 42).
 One test bed serves every test of this module (in order: the scenarios build on each other) and is
 torn down even when a test fails. Every scenario asserts through storage
 and Airflow's REST API."""
@@ -29,7 +30,7 @@ from tests.support.spark_shapes import ROCKS_CHANGELOG
 pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(900)]
 
 HEARTBEAT_S, LEASE_TIMEOUT_S = 2.0, 12.0
-SPARK_CONF = {  # two jobs share the 2 cores of the Spark worker; executors call the driver on 127.0.0.1
+SPARK_CONF = {  # a core each (the Spark workers have 4 slots each); executors call the driver on 127.0.0.1
     "spark.cores.max": "1", "spark.executor.cores": "1", "spark.executor.memory": "512m",
     "spark.driver.memory": "512m", "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
     "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false", "spark.pyspark.python": sys.executable,
@@ -487,3 +488,329 @@ def test_c_host_loss_then_a_start_elsewhere_resumes_from_the_last_batch(story):
     assert restored["partitions_before"] == {"0": 3}, restored
     story.feed()
     story.wait_sink_complete()
+
+
+# ---- the autoscaler across the two Spark workers (issue 42) ------------------------------------------
+
+SCALED = "scaled"
+# rows per second: 2 cores keep up with the low rate, not the high one. A batch costs 1.5 to 3 s besides its rows
+# on this loaded 2-CPU machine, so the trigger is long enough that 4 cores at the low rate stay below half the
+# target utilization: the scale-down the policy sizes from the peak input then needs 2 cores, not 4
+TRIGGER_S, SLEEP_MS, MAX_FILES, LOW_RATE, HIGH_RATE = 8, 10, 12, 10, 200
+AUTOSCALE = {"min_executors": 1, "max_executors": 2, "executor_cores": 2, "min_partitions": 2, "max_partitions": 4,
+             "target_utilization": 0.8, "utilization_band": 0.15, "scale_up_after": 24, "scale_down_after": 24,
+             "cooldown": 30, "mode": "act"}
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+class LoadFeeder:
+    """An input file of ``rate`` new events a second every ``every`` seconds (ids never repeat), both changed
+    while it runs (a load step); a second thread samples the lag: events fed and not yet committed in the job's
+    file sink. The low rate comes as a file a trigger, so that the backlog (files beyond a batch's
+    maxFilesPerTrigger) drains at the job's pace, not at a file count's."""
+
+    def __init__(self, folder: Path, output: Path, rate: int, every: float) -> None:
+        import threading
+
+        self.folder, self.output, self.rate, self.every = folder, output, rate, every
+        self.ids: set[int] = set()
+        self.files = 0
+        self.samples: list[tuple[float, int, int]] = []  # (epoch, fed, committed)
+        self._counted: dict[str, int] = {}  # rows per sink log entry (an entry never changes once written)
+        self._done = threading.Event()
+        self._threads = [threading.Thread(target=self._feed, daemon=True), threading.Thread(target=self._watch, daemon=True)]
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def write(self) -> None:
+        first = len(self.ids)
+        ids = range(first, first + round(self.rate * self.every))
+        path, tmp = self.folder / f"events-{self.files:06d}.json", self.folder / f".events-{self.files:06d}.json.tmp"
+        tmp.write_text("\n".join(json.dumps({"id": i, "user": f"u{i % 7}", "ts": "2026-01-01T00:00:00"}) for i in ids))
+        os.utime(tmp, (1_700_000_000 + self.files, 1_700_000_000 + self.files))  # in order, never too old (maxFileAge)
+        tmp.rename(path)
+        self.ids.update(ids)
+        self.files += 1
+
+    def _feed(self) -> None:
+        while not self._done.wait(self.every):
+            self.write()
+
+    def step(self, rate: int, every: float) -> float:
+        """Change the load; when it changed (epoch)."""
+        self.rate, self.every = rate, every
+        return time.time()
+
+    def committed(self) -> int:
+        from airflow_savepoints.demo.app import sink_log_rows
+
+        log = self.output / "_spark_metadata"
+        names = [p.name for p in log.iterdir()] if log.exists() else []
+        compact = max((int(n.split(".")[0]) for n in names if n.endswith(".compact")), default=-1)
+        entries = ([f"{compact}.compact"] if compact >= 0 else []) + [n for n in names if n.isdigit() and int(n) > compact]
+        for entry in entries:
+            if entry not in self._counted:
+                self._counted[entry] = len(sink_log_rows(self.output, entry))
+        return sum(self._counted[entry] for entry in entries)
+
+    def _watch(self) -> None:
+        while not self._done.wait(2.0):
+            try:
+                fed = len(self.ids)
+                self.samples.append((time.time(), fed, self.committed()))
+            except OSError:  # a log entry compacted away meanwhile: the next sample
+                continue
+
+    def lag(self) -> int:
+        return self.samples[-1][1] - self.samples[-1][2] if self.samples else len(self.ids)
+
+    def recovered_at(self, after: float, limit: int, timeout: float) -> float:
+        """The first sample after ``after`` whose lag is at most ``limit`` rows (waits up to ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [t for t, fed, done in list(self.samples) if t >= after and fed - done <= limit]
+            if found:
+                return found[0]
+            assert time.monotonic() < deadline, f"lag still {self.lag()} rows (limit {limit}): {self.samples[-5:]}"
+            time.sleep(1)
+
+    def __enter__(self) -> LoadFeeder:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        for thread in self._threads:
+            thread.join()
+
+
+def _iso(epoch: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+def _commit_time(checkpoint: str, batch: int) -> float:
+    return Path(checkpoint.removeprefix("file://").removeprefix("file:"), "commits", str(batch)).stat().st_mtime
+
+
+@pytest.mark.timeout(1800)  # about 7 minutes on a quiet machine; a 2-core machine under other load takes twice that
+def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(story):
+    """Issue 42 on the standalone cluster's two workers: a job whose stateful stage waits 10 ms a row (bound by
+    waiting, so task slots are throughput) on 2 cores and 4 state partitions, fed 10 events a second, then 200
+    (a load step), then 10 again. Every decision comes from the job's own recorded metrics.
+    - low load: held (no action);
+    - the step up: a scale-up to 4 cores whose new configuration fails its check (the cluster allows 2 cores)
+      is recorded rolled_back, the running job untouched (the CLI on worker-b, exit 1); the
+      AutoscaleJobsOperator on worker-b is then held by the cooldown;
+    - the cluster fixed and the cooldown over: the operator scales up (checked first; the 4 state partitions do
+      not bind 4 cores, so they stay), the new run has 2 executors of 2 cores, one on each Spark worker, and
+      processes the high load's batches faster than 2 cores did;
+    - the load steps back down: the backlog built while it was behind and down drains; once spare for the
+      window, the CLI on worker-b scales down to 2 cores;
+    - every event is in the sink exactly once across the three attempts.
+    (State partitions changed by an action: tests/test_autoscale.py, on a local master; each rescale is a Spark
+    application of its own, three of them here would add minutes.)
+    Asserted from storage (the sink, the metric series, the decision history _autoscale.json, the savepoint
+    catalog) and Spark's master and workers. The time from each load step to a recovered backlog and each
+    action's downtime are printed and written to test-artifacts/autoscale-e2e.json."""
+    import urllib.request
+
+    from typer.testing import CliRunner
+
+    from airflow_savepoints.cli.main import app as cli_app
+    from airflow_savepoints.core import list_savepoints
+    from airflow_savepoints.demo.app import committed_event_ids
+    from airflow_savepoints.jobs.description.metrics import read_decisions, read_series
+    from airflow_savepoints.storage import Store
+
+    bed, began = story.bed, time.monotonic()
+    folder = story.shared / SCALED
+    allowed = folder / "cores-allowed"
+    story.savepoint_dirs[SCALED] = str(story.shared / "savepoints")
+    story.jobs.append({
+        "name": SCALED, "application": str(ROOT / "tests" / "support" / "autoscale_stream_app.py"),
+        "application_args": [str(folder / "input"), "{checkpoint}", str(folder / "output")],
+        "master": bed.spark.master_url, "master_ui": bed.spark.web_url, "app_name": "autoscale-test",
+        "spark_conf": {**EVENTS_CONF, "spark.cores.max": "2", "spark.executor.cores": "2", "spark.sql.shuffle.partitions": "4",
+                       "spark.savepoints.test.sleepMsPerRow": str(SLEEP_MS),
+                       "spark.savepoints.test.triggerMs": str(TRIGGER_S * 1000),
+                       "spark.savepoints.test.maxFilesPerTrigger": str(MAX_FILES),
+                       "spark.savepoints.test.coresAllowedFile": str(allowed)},
+        "checkpoint": str(folder / "checkpoint"), "sink": {"kind": "file", "path": str(folder / "output")},
+        "heartbeat_interval": HEARTBEAT_S, "lease_timeout": LEASE_TIMEOUT_S,
+        "savepoint_dir": story.savepoint_dirs[SCALED], "autoscale": AUTOSCALE,
+    })
+    story.write_jobs()
+    jobs_file = str(story.shared / "jobs.yaml")
+    job_folder = Store(story.savepoint_dirs[SCALED]).child(SCALED)
+    cli = str(Path(sys.executable).with_name("airflow-savepoints"))
+    logs = str(story.shared / "autoscale-logs")
+    bed.wait_for_dags("autoscale_on_worker_b")
+
+    def decide() -> dict:  # a dry run from the test's host: recorded as recommended or held
+        done = CliRunner().invoke(cli_app, ["job", "autoscale", SCALED, "--jobs-file", jobs_file, "--dry-run", "--json"])
+        assert done.exit_code == 0, done.output
+        return json.loads(done.stdout)
+
+    def wait_for(wanted: Any, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while not wanted(decided := decide()):
+            assert time.monotonic() < deadline, decided
+            time.sleep(2)
+        return decided
+
+    def on_worker_b(dry_run: bool = False) -> tuple[int, dict]:  # the CLI on worker-b, as an operator types it
+        done = bed.in_worker("worker-b", [cli, "job", "autoscale", SCALED, "--jobs-file", jobs_file, "--json",
+                                          "--log-dir", logs, *(["--dry-run"] if dry_run else [])],
+                             timeout=600, check=False)
+        return done.returncode, json.loads(done.stdout)
+
+    def operator(expect: str = "success") -> str:
+        return bed.run("autoscale_on_worker_b", {"job": SCALED}, timeout=600, expect=expect)
+
+    def new_run_points(run_id: str, cores: int, partitions: int, timeout: float = 120) -> list:
+        deadline = time.monotonic() + timeout
+        while not (found := [p for p in read_series(job_folder) if p.run_id == run_id and p.cores == cores
+                             and p.state_partitions == partitions]):
+            assert time.monotonic() < deadline, read_series(job_folder)[-3:]
+            time.sleep(1)
+        return found
+
+    figures: dict[str, Any] = {"load": {"trigger_s": TRIGGER_S, "sleep_ms_per_row": SLEEP_MS, "low_rows_per_s": LOW_RATE,
+                                        "high_rows_per_s": HIGH_RATE}, "policy": AUTOSCALE}
+    phases: dict[str, float] = {}  # seconds since the test began at the end of each step (printed even on failure)
+
+    def mark(step: str) -> None:
+        phases[step] = round(time.monotonic() - began, 1)
+
+    feeder = LoadFeeder(folder / "input", folder / "output", LOW_RATE, TRIGGER_S)
+    feeder.write()
+    try:
+        with feeder:
+            _, started = story.run("start", "worker-b", job=SCALED, fresh=True)
+            mark("started")
+            # low load: held at its minimum (2 cores: spare, but already at min_executors)
+            low = wait_for(lambda d: d["reason"] not in ("catching_up", "no_metrics"), 120)
+            assert (low["action"], low["current"]) == ("hold", {"executors": 1, "cores": 2, "partitions": 4}), low
+            assert low["reason"] in ("at_min", "within_band"), low
+            mark("held_at_low_load")
+
+            # the load steps up; a scale-up whose configuration the cluster refuses fails its check: rolled back
+            allowed.write_text("2")
+            stepped_up = feeder.step(HIGH_RATE, 1.0)
+            wanted = wait_for(lambda d: d["action"] == "scale_up", 180)
+            assert wanted["target"] == {"executors": 2, "cores": 4, "partitions": 4}, wanted  # 4 partitions: no bind
+            mark("scale_up_decided")
+            code, failed = on_worker_b()
+            mark("rolled_back")
+            assert (code, failed["outcome"], failed["error"]["code"]) == (1, "rolled_back", "autoscale_rolled_back"), failed
+            assert "failed its check" in failed["error"]["message"], failed["error"]
+            assert "exited before it checked a batch" in failed["error"]["message"], failed["error"]
+            state = story.status(SCALED)
+            assert (state.state, state.run_id) == ("running", started["run_id"]), state  # nothing was stopped
+            rolled = read_decisions(job_folder)[-1]
+            assert rolled["outcome"] == "rolled_back" and rolled["target"]["cores"] == 4, rolled
+            # the operator (a DAG on worker-b) waits out the cooldown, counted from the rolled-back attempt
+            operator()
+            mark("operator_held")
+            held = read_decisions(job_folder)[-1]
+            assert (held["outcome"], held["reason"]) == ("held", "cooldown"), held
+            assert held["evidence"]["last_action_at"] == _iso(rolled["at_epoch"]), held
+
+            # the cluster fixed, the cooldown over: the operator scales up, checked first
+            allowed.unlink()
+            wait_for(lambda d: d["action"] == "scale_up", 180)
+            mark("scale_up_decided_again")
+            operator()
+            mark("scaled_up")
+            up = read_decisions(job_folder)[-1]
+            assert (up["outcome"], up["action"], up["error"]) == ("acted", "scale_up", None), up
+            after = decide()  # the cooldown counts from the action too
+            assert (after["outcome"], after["reason"]) == ("held", "cooldown"), after
+            assert after["evidence"]["last_action_at"] == _iso(up["at_epoch"]), after
+            assert up["target"] == {"executors": 2, "cores": 4, "partitions": 4}, up
+            assert up["spark_conf"] == {"spark.cores.max": "4", "spark.executor.cores": "2"}, up
+            assert (up["upgrade"]["state_partitions"], up["upgrade"]["mode"]) == (None, "savepoint"), up
+            assert story.status(SCALED).run_id == up["upgrade"]["run_id"]
+            assert new_run_points(up["upgrade"]["run_id"], cores=4, partitions=4)[-1].executors == 2
+            # more slots process more: the new run's full batches (past its catch-up's first) against the old run's
+            old_rate = [p.processed_rate for p in read_series(job_folder)
+                        if p.run_id == started["run_id"] and (p.input_rows or 0) >= MAX_FILES * HIGH_RATE // 2]
+            deadline = time.monotonic() + 180
+            while len(new_rate := [p.processed_rate for p in read_series(job_folder) if p.run_id == up["upgrade"]["run_id"]
+                                   and (p.input_rows or 0) >= MAX_FILES * HIGH_RATE // 2]) < 3:
+                assert time.monotonic() < deadline, read_series(job_folder)[-4:]
+                time.sleep(2)
+            speedup = (sum(new_rate[1:]) / len(new_rate[1:])) / (sum(old_rate) / len(old_rate))
+            assert speedup > 1.3, (new_rate, old_rate)
+            # its two executors of 2 cores, one on each Spark worker (their own pages list what they run)
+            app_id = story.status(SCALED).application_id
+            hosting = []
+            for worker in bed.spark.state()["workers"]:
+                with urllib.request.urlopen(f"{worker['webuiaddress']}/json/", timeout=10) as answer:
+                    hosting.append(sum(e["appid"] == app_id for e in json.load(answer)["executors"]))
+            assert hosting == [1, 1], (app_id, hosting)
+            mark("faster")
+
+            # the load steps down: the backlog built while it was behind and down drains; once spare for the
+            # window, the CLI on worker-b scales down
+            stepped_down = feeder.step(LOW_RATE, TRIGGER_S)
+            peak = max(fed - done for _, fed, done in feeder.samples)
+            assert peak > 3 * HIGH_RATE * TRIGGER_S, peak  # it really was behind
+            recovered = feeder.recovered_at(stepped_down, 3 * LOW_RATE * TRIGGER_S, timeout=300)
+            mark("backlog_recovered")
+            wait_for(lambda d: d["action"] == "scale_down", 180)
+            mark("scale_down_decided")
+            code, down = on_worker_b()
+            mark("scaled_down")
+            assert (code, down["outcome"], down["action"], down["error"]) == (0, "acted", "scale_down", None), down
+            assert down["target"] == {"executors": 1, "cores": 2, "partitions": 4}, down
+            assert down["upgrade"]["state_partitions"] is None, down  # a scale-down never rescales the state
+            new_run_points(down["upgrade"]["run_id"], cores=2, partitions=4)
+            settled_down = feeder.recovered_at(time.time(), 3 * LOW_RATE * TRIGGER_S, timeout=120)
+        # every event exactly once across the three actions
+        deadline = time.monotonic() + 120
+        while set(ids := committed_event_ids(folder / "output")) != feeder.ids:
+            assert time.monotonic() < deadline, f"sink misses {sorted(feeder.ids - set(ids))[:20]} ({len(ids)} of {len(feeder.ids)})"
+            time.sleep(1)
+        assert len(ids) == len(feeder.ids), "duplicates in the sink"
+        history = read_decisions(job_folder)
+        assert [d["outcome"] for d in history if d["outcome"] not in ("recommended", "held")] == \
+            ["rolled_back", "acted", "acted"], history
+        checks = [s for s in list_savepoints(story.savepoints(SCALED), SCALED) if s.reason == "upgrade check"]
+        assert len(checks) == 3, checks  # each attempt checked first
+
+        def history_of(answer: dict) -> dict:  # the history's record of a CLI answer (it adds the end, at_epoch)
+            return next(d for d in history if d["at"] == answer["at"] and d["outcome"] == answer["outcome"])
+
+        stops = {r.pointer: r.created_at.timestamp() for r in list_savepoints(story.savepoints(SCALED), SCALED)}
+        actions = []
+        for name, acted, before in (("scale_up", up, started["checkpoint"]),
+                                    ("scale_down", down, up["upgrade"]["checkpoint"])):
+            done = acted["upgrade"]
+            first = _commit_time(done["checkpoint"], done["first_batch"])
+            actions.append({"action": name, "cores": f"{acted['current']['cores']} -> {acted['target']['cores']}",
+                            "partitions": f"{acted['current']['partitions']} -> {acted['target']['partitions']}",
+                            "check_s": done["check_duration_s"],
+                            "downtime_s": round(first - stops[done["stop_savepoint"]], 1),  # stop savepoint -> first batch
+                            "no_commit_s": round(first - _commit_time(before, done["stop_batch"]), 1)})
+        figures |= {
+            "actions": actions,
+            "step_up": {"to_scale_up_done_s": round(up["at_epoch"] - stepped_up, 1), "peak_lag_rows": peak,
+                        "high_load_s": round(stepped_down - stepped_up, 1),
+                        "to_recovered_backlog_s": round(recovered - stepped_up, 1),
+                        "processed_rows_per_s_2_cores": round(sum(old_rate) / len(old_rate), 1),
+                        "processed_rows_per_s_4_cores": round(sum(new_rate[1:]) / len(new_rate[1:]), 1)},
+            "step_down": {"to_recovered_backlog_s": round(recovered - stepped_down, 1),
+                          "to_scale_down_done_s": round(history_of(down)["at_epoch"] - stepped_down, 1),
+                          "to_settled_after_scale_down_s": round(settled_down - stepped_down, 1)},
+            "phases_s": phases, "test_s": round(time.monotonic() - began, 1), "load_average": os.getloadavg(),
+        }
+        print(f"\nautoscale end to end: {json.dumps(figures, indent=1)}")
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "autoscale-e2e.json").write_text(json.dumps(figures, indent=1))
+    finally:
+        print(f"\nautoscale end to end, steps (s since the test began): {phases}")
+        if story.status(SCALED).state == "running":
+            story.run("stop", "worker-b", job=SCALED)

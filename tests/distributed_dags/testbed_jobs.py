@@ -4,6 +4,8 @@ worker ("host") that runs it: ``job_<action>_on_<worker>`` with the job's name i
 The jobs live in ``$TESTBED_SHARED/jobs.yaml`` (written by the test); savepoints go through the
 ``savepoints_default`` connection's storage options (the S3 server). ``params.state_partitions`` makes
 a start rescale the restored state (the job's own Spark application, on the job's master).
+``autoscale_on_<worker>`` runs the autoscaler (``AutoscaleJobsOperator``) for the job ``params.job``: it decides
+and, with the job's ``mode: act``, carries the decision out.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param, task
 
+from airflow_savepoints.operators.autoscale import AutoscaleJobsOperator
 from airflow_savepoints.operators.job import (
     CancelJobOperator,
     CheckJobOperator,
@@ -68,3 +71,5 @@ for worker in WORKERS:
         task(task_id="status")(job_status)(job="{{ params.job }}")
     with DAG(dag_id=f"job_savepoint_on_{slug}", **common):
         TriggerSavepointOperator(task_id="savepoint", job="{{ params.job }}", savepoint_dir="{{ params.savepoint_dir }}")
+    with DAG(dag_id=f"autoscale_on_{slug}", **common):
+        AutoscaleJobsOperator(task_id="autoscale", jobs=["{{ params.job }}"], jobs_file=JOBS_FILE)

@@ -14,7 +14,9 @@ Every part listens on 127.0.0.1 on a free port and is stopped at exit, also when
   namespace pid 1 kills everything in it: an honest host loss.
 - Workers serve no logs (``--skip-serve-logs``): the API server reads task logs from the shared
   files. The Execution API URL points at the API server.
-- ``tests/support/spark_cluster.py`` runs a Spark standalone master and worker.
+- ``tests/support/spark_cluster.py`` runs a Spark standalone master and two workers of 4 cores and 2 GiB
+  each (started together): an application can spread its executors over two machines' worth of slots
+  (the autoscaler's test scales a job across them).
 
 No worker can import pyspark, as on an Airflow host without it: ``tests/support/no_pyspark/sitecustomize.py``
 on its PYTHONPATH blocks the import in the worker and the task processes it forks; what they execute
@@ -54,6 +56,7 @@ FAKETIME_LIBRARY = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 NO_PYSPARK = Path(__file__).resolve().parent / "no_pyspark"  # its sitecustomize.py: a worker without pyspark
 TERMINAL = ("success", "failed")
 CELERY_EXECUTOR = "airflow.providers.celery.executors.celery_executor.CeleryExecutor"
+SPARK_WORKERS, SPARK_CORES = 2, 4  # task slots, not CPUs: the jobs that need many wait rather than compute
 
 
 def postgres_bin() -> Path | None:
@@ -360,7 +363,8 @@ def distributed_testbed(work: Path, s3_endpoint: str, workers: tuple[str, ...] =
             broker_url = stack.enter_context(redis_server(work / "redis"))
         # the Spark cluster starts in a thread while Airflow migrates its database and starts
         spark_port, spark_web = free_port(), free_port()
-        spark_start = standalone_cluster(work / "spark", port=spark_port, web_port=spark_web)
+        spark_start = standalone_cluster(work / "spark", port=spark_port, web_port=spark_web, cores=SPARK_CORES,
+                                         memory="2g", workers=SPARK_WORKERS)
         pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="spark-start"))
         spark_started = pool.submit(timed_call, timings, "spark", spark_start.__enter__)
 

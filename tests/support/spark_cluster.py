@@ -1,7 +1,7 @@
-"""A real Spark standalone cluster (one master, one worker) started from pyspark's own jars.
+"""A real Spark standalone cluster (one master, one worker or more) started from pyspark's own jars.
 
-``standalone_cluster`` starts one for its caller (the distributed test bed, on ports it names);
-``spark_standalone`` is the session's: one master and worker shared by the tests that only need a
+``standalone_cluster`` starts one for its caller (the distributed test bed, on ports it names, two
+workers); ``spark_standalone`` is the session's: one master and worker shared by the tests that only need a
 cluster to run a job on (tests/test_job_control.py, tests/test_lifecycle.py). Two JVMs and their
 registration took 28 s at load 6 per start; each test tells its own application by its id."""
 
@@ -65,22 +65,24 @@ def _wait_for(predicate, timeout: float, what: str, cluster: StandaloneCluster) 
 
 @contextlib.contextmanager
 def standalone_cluster(work: Path, cores: int = 2, memory: str = "1g", port: int | None = None,
-                       web_port: int | None = None) -> Iterator[StandaloneCluster]:
-    """Start a master (on ``port`` and ``web_port``, free ports by default) and a worker bound to
-    127.0.0.1; stop both (their process groups) at exit."""
+                       web_port: int | None = None, workers: int = 1) -> Iterator[StandaloneCluster]:
+    """Start a master (on ``port`` and ``web_port``, free ports by default) and ``workers`` workers (each
+    with ``cores`` and ``memory``, started together) bound to 127.0.0.1; stop them all (their process
+    groups) at exit."""
     home = _spark_home()
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1",
            "SPARK_WORKER_DIR": str(work / "worker")}
-    port, web, worker_web = port or _free_port(), web_port or _free_port(), _free_port()
+    port, web = port or _free_port(), web_port or _free_port()
     cluster = StandaloneCluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web}", work)
     spark_class = str(home / "bin" / "spark-class")
     commands = {
         "master": [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
                    "--webui-port", str(web)],
-        "worker": [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url, "--host", "127.0.0.1",
-                   "--cores", str(cores), "--memory", memory, "--webui-port", str(worker_web),
-                   "--work-dir", str(work / "worker")],
+        **{name: [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url, "--host", "127.0.0.1",
+                  "--cores", str(cores), "--memory", memory, "--webui-port", str(_free_port()),
+                  "--work-dir", str(work / name)]
+           for name in ["worker", *(f"worker{n}" for n in range(2, workers + 1))]},
     }
     processes: list[subprocess.Popen] = []
     try:
@@ -90,8 +92,8 @@ def standalone_cluster(work: Path, cores: int = 2, memory: str = "1g", port: int
                                                   stdin=subprocess.DEVNULL, start_new_session=True))
             if name == "master":
                 _wait_for(lambda: cluster.state()["status"] == "ALIVE", 90, "the master did not come up", cluster)
-        _wait_for(lambda: any(w["state"] == "ALIVE" for w in cluster.state()["workers"]), 90,
-                  "the worker did not register", cluster)
+        _wait_for(lambda: sum(w["state"] == "ALIVE" for w in cluster.state()["workers"]) >= workers, 90,
+                  f"not all {workers} worker(s) registered", cluster)
         yield cluster
     finally:
         for process in reversed(processes):
