@@ -36,7 +36,16 @@ from airflow_savepoints.errors import (
 from airflow_savepoints.storage import Store
 from tests.data.make_spark35_checkpoints import INPUT as INPUT35
 from tests.data.make_spark35_checkpoints import write_input as write_input35
-from tests.support.spark_shapes import DEFAULT_CONF, ROCKS_CHANGELOG, SHAPES, Shape, _stream, run_to_end, wait_for_batch
+from tests.support.spark_shapes import (
+    DEFAULT_CONF,
+    ROCKS_CHANGELOG,
+    SHAPES,
+    Shape,
+    _stream,
+    run_to_end,
+    session_conf,
+    wait_for_batch,
+)
 
 pytestmark = pytest.mark.slow
 ALL_FILES = 6
@@ -390,17 +399,11 @@ def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
     savepoint_dir: {tmp_path}/savepoints
     sink: {{kind: file, path: {tmp_path}/output}}
 """)
-    conf = {**ROCKS_CHANGELOG, "spark.sql.shuffle.partitions": "2"}
-    previous = {key: spark.conf.get(key, None) for key in conf}
-    try:  # the job's first run, in-process (the session is shared): its state in RocksDB, 2 partitions
-        for key, value in conf.items():
-            spark.conf.set(key, value)
+    # the job's first run, in-process (the session is shared): its state in RocksDB, 2 partitions
+    with session_conf(spark, {**ROCKS_CHANGELOG, "spark.sql.shuffle.partitions": "2"}):
         query = demo.build_query(spark, str(tmp_path / "input"), str(tmp_path / "checkpoint"), str(tmp_path / "output"))
         run_to_end(query)
         query.stop()
-    finally:
-        for key, value in previous.items():
-            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
     info = take_savepoint(str(tmp_path / "checkpoint"), "demo-rescale", savepoint_dir=str(tmp_path / "savepoints"))
     assert info.manifest.state_partitions() == {"0": 2}
 

@@ -11,7 +11,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,6 +257,19 @@ def wait_for_batch(query, batch_id: int, timeout: float = 120) -> int:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"streaming query {query.name} did not commit batch {batch_id} within {timeout}s")
         time.sleep(0.1)
+
+
+@contextmanager
+def session_conf(spark, conf: dict[str, str]) -> Iterator[None]:
+    """``conf`` set on the shared session for the block, each key's previous value (or none) put back after."""
+    previous = {key: spark.conf.get(key, None) for key in conf}
+    try:
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        yield
+    finally:
+        for key, value in previous.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
 
 
 def run_to_end(query, timeout: float = 180) -> None:

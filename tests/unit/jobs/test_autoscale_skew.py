@@ -24,7 +24,7 @@ from airflow_savepoints.jobs.description.model import AutoscaleSettings
 from airflow_savepoints.jobs.workflows.autoscale import evaluate
 from airflow_savepoints.jobs.workflows.run import JobContext
 from airflow_savepoints.storage import Store
-from tests.support.spark_shapes import DEFAULT_CONF, run_to_end
+from tests.support.spark_shapes import DEFAULT_CONF, run_to_end, session_conf
 from tests.unit.jobs.test_autoscale import batches
 from tests.unit.jobs.test_autoscale_act import Submitted
 
@@ -43,18 +43,12 @@ def skewed(spark, tmp_path_factory):
     keys = [r.key for r in candidates if r.p == 0][:6] + [next(r.key for r in candidates if r.p == p) for p in (1, 2, 3)]
     (base / "input").mkdir()
     (base / "input" / "part-0.json").write_text("\n".join(json.dumps({"key": k, "value": i}) for i, k in enumerate(keys)))
-    before = {key: spark.conf.get(key, None) for key in [*DEFAULT_CONF, "spark.sql.shuffle.partitions"]}
-    for key, value in {**DEFAULT_CONF, "spark.sql.shuffle.partitions": str(PARTITIONS)}.items():
-        spark.conf.set(key, value)
-    try:
+    with session_conf(spark, {**DEFAULT_CONF, "spark.sql.shuffle.partitions": str(PARTITIONS)}):
         query = (spark.readStream.schema("key string, value long").json(str(base / "input")).groupBy("key")
                  .agg(F.count("*").alias("n")).writeStream.outputMode("update").format("noop")
                  .option("checkpointLocation", str(base / "checkpoint")).start())
         run_to_end(query)
         query.stop()
-    finally:
-        for key, value in before.items():
-            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
     savepoint = take_savepoint(str(base / "checkpoint"), "orders", savepoint_dir=str(base / "sp"))
     summary = inspect_savepoint(savepoint.pointer, spark=spark)
     assert [op.rows_per_partition for op in summary.operators] == [[6, 1, 1, 1]]  # what Spark read: the skew is real
