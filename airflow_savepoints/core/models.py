@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -22,6 +23,9 @@ from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.names import MANIFEST_FILE
 from airflow_savepoints.errors import InvalidInputError, InvalidJobNameError
 from airflow_savepoints.sinks import SinkReport
+
+# A progress callback of a savepoint, restore or verify: on_event(event, data), e.g. ("file_done", {path, bytes})
+Notify = Callable[[str, dict[str, Any]], None]
 
 MANIFEST_FORMAT = "airflow-savepoints/savepoint"
 MANIFEST_VERSION = 2  # the newest this release reads and writes: 2 when a file names its own checksum kind

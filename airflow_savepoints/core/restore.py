@@ -17,7 +17,7 @@ import logging
 import posixpath
 import re
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -30,7 +30,7 @@ from airflow_savepoints.core.copier import CopyMode, CopyOptions, copy_many
 from airflow_savepoints.core.input_check import check_input
 from airflow_savepoints.core.lease import Lease
 from airflow_savepoints.core.manifest import parse_manifest, refuse_symlinks, resolve_pointer
-from airflow_savepoints.core.models import FileEntry, Request, RestoreResult, SavepointManifest
+from airflow_savepoints.core.models import FileEntry, Notify, Request, RestoreResult, SavepointManifest
 from airflow_savepoints.core.names import (
     CHECKPOINT_METADATA,
     CLOCK_PROBE_PREFIX,
@@ -59,7 +59,6 @@ from airflow_savepoints.storage.store import SourceChangedError
 
 OPERATOR_METADATA_V2 = "/_metadata/v2/"
 log = logging.getLogger(__name__)
-Notify = Callable[[str, dict[str, Any]], None]
 
 
 def check_sink(manifest: SavepointManifest, sink_path: str, storage_options: dict[str, Any] | None,

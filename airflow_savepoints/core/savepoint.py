@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +43,7 @@ from airflow_savepoints.core.manifest import new_savepoint_id, refuse_symlinks, 
 from airflow_savepoints.core.models import (
     MANIFEST_VERSION,
     PLAIN_MANIFEST_VERSION,
+    Notify,
     Request,
     SavepointInfo,
     SavepointManifest,
@@ -69,7 +70,6 @@ log = logging.getLogger(__name__)
 # A Spark checkpoint does not record the Spark version that wrote it, and the worker's pyspark need not be the
 # job's: the manifest leaves it out (null) unless the caller knows (spark_version=).
 
-Notify = Callable[[str, dict[str, Any]], None]
 _NOT_TRIED = object()  # no try for the job's lease made yet
 Listed = tuple[CheckpointPlan, Mapping[str, FileStat]]
 

@@ -7,17 +7,14 @@ the checksums; tests/unit/cli/test_import_budget.py holds the CLI's ``verify`` t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from airflow_savepoints.core import checksums
 from airflow_savepoints.core.copier import bounded_map, checksum_of, workers_for
 from airflow_savepoints.core.manifest import refuse_symlinks, resolve_pointer
-from airflow_savepoints.core.models import FileEntry, SavepointManifest
+from airflow_savepoints.core.models import FileEntry, Notify, SavepointManifest
 from airflow_savepoints.errors import VerificationError
 from airflow_savepoints.storage import Store
-
-Notify = Callable[[str, dict[str, Any]], None]
 
 
 def mismatch(entry: FileEntry, size: int, crc: int) -> str | None:
