@@ -81,6 +81,14 @@ def pytest_configure(config):
     skipped_parts()  # an unknown name stops the run before anything starts
 
 
+def pytest_collection_finish(session):
+    """Tests beyond the unit tree start Spark drivers: give them the class-data archive (built once)."""
+    if any("tests/unit/" not in item.nodeid for item in session.items):
+        from tests.support.jvm_archive import use_for_drivers
+
+        use_for_drivers()
+
+
 def pytest_terminal_summary(terminalreporter):
     names = skipped_parts()
     if not names:
