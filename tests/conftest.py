@@ -82,11 +82,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_finish(session):
-    """Tests beyond the unit tree start Spark drivers: give them the class-data archive (built once)."""
+    """Tests beyond the unit tree start Spark's JVMs: give them the class-data archive (built once)."""
     if any("tests/unit/" not in item.nodeid for item in session.items):
-        from tests.support.jvm_archive import use_for_drivers
+        from tests.support.jvm_archive import use_for_spark_jvms
 
-        use_for_drivers()
+        use_for_spark_jvms()
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -6,10 +6,10 @@ machine's 2 cores is that. JDK 13+ records the classes a JVM loaded into an arch
 (``-XX:SharedArchiveFile``): about 13,000 of a driver's classes then come from the archive.
 
 Built once per JDK and Spark install (the key names both) into ``.tools/jvm/`` by running
-``jvm_warmup_app.py`` under ``spark-submit``, and handed to drivers through ``SPARK_SUBMIT_OPTS``, which Spark's
-launcher gives the ``spark-submit`` JVM only: not the launcher's own JVM, executors or daemons, whose class
-paths differ. A driver whose class path does not match (another Spark home, YARN's conf folders) runs as
-before; ``-Xlog:cds*=off`` keeps its JVM from saying so on stdout. A failed build leaves drivers as they were.
+``jvm_warmup_app.py`` under ``spark-submit``, and handed to every JVM through ``JAVA_TOOL_OPTIONS``. Drivers,
+standalone executors and daemons have the class path it was recorded with and use it; any other JVM (Spark's
+launcher, a broker, Hadoop's daemons, another Spark home) keeps the JDK's own archive only, and
+``-Xlog:cds*=off`` keeps it from saying so on stdout. A failed build leaves every JVM as it was.
 """
 
 from __future__ import annotations
@@ -75,11 +75,12 @@ def driver_archive() -> Path | None:
     return archive if archive.exists() else None
 
 
-def use_for_drivers() -> None:
-    """Point every ``spark-submit`` this process starts (and its children start) at the archive. A user's
-    own ``SPARK_SUBMIT_OPTS`` wins."""
-    if "SPARK_SUBMIT_OPTS" in os.environ:
+def use_for_spark_jvms() -> None:
+    """Point every JVM this process starts (and its children start) at the archive, unless its
+    ``JAVA_TOOL_OPTIONS`` already names one."""
+    options = os.environ.get("JAVA_TOOL_OPTIONS", "")
+    if "SharedArchiveFile" in options:
         return
     archive = driver_archive()
     if archive is not None:
-        os.environ["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={archive} {QUIET}"
+        os.environ["JAVA_TOOL_OPTIONS"] = f"{options} -XX:SharedArchiveFile={archive} {QUIET}".strip()
