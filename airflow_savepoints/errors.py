@@ -26,6 +26,19 @@ class SavepointError(Exception):
         return found if self.cause is None else {**found, "cause": self.cause}
 
 
+def reported(error: dict, default: type[SavepointError]) -> SavepointError:
+    """The typed error another process reported as its ``to_dict()`` (``default``'s type for an unknown code)."""
+    def subclasses(kind: type[SavepointError]):
+        for sub in kind.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    kind = next((k for k in subclasses(SavepointError) if k.code == error.get("code")), default)
+    cause = error.get("cause")
+    return kind(str(error.get("message") or f"{default.code} without a message"), error.get("hint"),
+                cause=str(cause) if cause is not None else None)
+
+
 # --- bad input -------------------------------------------------------------------------------------
 class InvalidInputError(SavepointError):
     code = "invalid_input"

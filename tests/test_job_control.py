@@ -246,6 +246,19 @@ def test_a_job_on_a_standalone_cluster_restarts_from_its_stop_savepoint(spark_st
             time.sleep(0.5)
         assert app_id in cluster.app_ids("completedapps")
 
+        # the stop savepoint's state, counted on the cluster by an application of the job (issue 43 item 3): one
+        # deduplication key per distinct id the sink holds; stdout is the answer alone, progress on stderr
+        in_sink = {row["id"] for row in demo.committed_rows(tmp_path / "output")}
+        inspected = CliRunner().invoke(cli_app, ["job", "inspect", "demo", "--jobs-file", jobs, "--json"])
+        assert inspected.exit_code == 0, inspected.output[-3000:]
+        summary = json.loads(inspected.stdout)
+        assert summary["pointer"].rstrip("/").endswith(stopped["pointer"].rstrip("/").split("/")[-1]), summary
+        assert summary["batch_id"] == stopped["batch_id"] and summary["total_rows"] == len(in_sink) > 0, summary
+        assert summary["application"]["application_id"] in cluster.app_ids("completedapps"), summary["application"]
+        assert "as a Spark application of job demo (master spark://" in inspected.stderr
+        assert not (tmp_path / "savepoints" / "demo" / "_inspect").exists() or \
+            not any((tmp_path / "savepoints" / "demo" / "_inspect").iterdir())
+
         for index in range(4, 6):
             sent.update(demo.write_events(tmp_path / "input", index))
         restarted = RestoreJobOperator(task_id="restore", job="demo", jobs_file=jobs, wait_timeout=240).execute({})

@@ -23,7 +23,7 @@ from airflow_savepoints.cli.options import (
     option_group,
     with_option_groups,
 )
-from airflow_savepoints.cli.output import command, emit, err, escape
+from airflow_savepoints.cli.output import command, emit, err, escape, print_state_summary
 from airflow_savepoints.cli.storage import open_root
 from airflow_savepoints.cli.storage import storage_options as connection_storage_options
 from airflow_savepoints.errors import InvalidInputError
@@ -425,6 +425,37 @@ def check_job(
                         f"{result['restored_batch']}); run {result['run_id']} untouched")
 
     _report(as_json, action)
+
+
+@app.command("inspect")
+@with_option_groups
+def inspect_job(
+    job: JobArgument,
+    *,
+    pointer: Annotated[str | None, typer.Option("--from", help="A savepoint of the job (default: its newest).")] = None,
+    operator: Annotated[int | None, typer.Option("--operator", min=0, help="Only this operator id.")] = None,
+    sample: Annotated[int, typer.Option("--sample", min=0, max=1000, help="Rows of each store to show.")] = 0,
+    timeout: Annotated[float, typer.Option(help="Seconds the application may take.", callback=_finite_positive)] = 3600,
+    log_dir: LogDir = None,
+    target: JobTarget,
+    as_json: JsonFlag = False,
+) -> None:
+    """Read a savepoint of JOB with Spark's state sources on the job's own cluster: a Spark application of the
+    job (its master, conf and store connector) counts the state; this machine needs no pyspark."""
+    @command
+    def run(as_json: bool = False) -> None:
+        from airflow_savepoints.jobs.workflows.inspect import inspect_on_the_job
+
+        ctx = target.context(job)
+        summary, facts = inspect_on_the_job(ctx, _submit_command(ctx), _log_dir(log_dir), pointer=pointer,
+                                            operator=operator, sample=sample, timeout=timeout,
+                                            progress=lambda line: err.print(line, markup=False, soft_wrap=True))
+        if as_json:
+            emit(True, {**summary.as_json(), "application": facts})
+            return
+        print_state_summary(summary)
+
+    run(as_json=as_json)
 
 
 @app.command("autoscale")

@@ -36,7 +36,7 @@ from airflow_savepoints.cli.options import (
 )
 from airflow_savepoints.cli.output import command as _command
 from airflow_savepoints.cli.output import emit as _emit
-from airflow_savepoints.cli.output import err, escape, out
+from airflow_savepoints.cli.output import err, escape, human_size, out, print_state_summary
 from airflow_savepoints.cli.storage import open_root, storage_options
 from airflow_savepoints.core.names import CATALOG_FILE
 from airflow_savepoints.errors import MissingBackendError
@@ -175,15 +175,6 @@ def progress_bar(action: str, *, enabled: bool):
         yield on_event
 
 
-def _human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
 def _human_age(created: datetime) -> str:
     seconds = int((datetime.now(UTC) - created).total_seconds())
     for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -240,7 +231,7 @@ def trigger(
         )
     s = info.summary()
     _emit(as_json, s, f"[green]savepoint completed[/]: {s['pointer']}\n"
-                      f"  batch {s['batch_id']}, {s['files']} files, {_human_size(s['bytes'])}, query {s['query_id']}")
+                      f"  batch {s['batch_id']}, {s['files']} files, {human_size(s['bytes'])}, query {s['query_id']}")
 
 
 @app.command(name="list")
@@ -283,7 +274,7 @@ def list_(
         version = (record.job_version_hash or "",) if versions else ()
         table.add_row(record.savepoint_id.removeprefix("savepoint-") if narrow else record.savepoint_id,
                       record.type.value, record.state.value, "" if record.batch_id is None else str(record.batch_id),
-                      "" if record.bytes is None else _human_size(record.bytes), _human_age(record.created_at),
+                      "" if record.bytes is None else human_size(record.bytes), _human_age(record.created_at),
                       record.reason or "", *version)
     out.print(table)
 
@@ -303,7 +294,7 @@ def show(
         _emit(True, {"pointer": location.url, "manifest": manifest.model_dump(mode="json")})
         return
     summary = core.SavepointInfo(pointer=location.url, manifest=manifest).summary()
-    humane = {"bytes": f"{summary['bytes']} ({_human_size(summary['bytes'])})",
+    humane = {"bytes": f"{summary['bytes']} ({human_size(summary['bytes'])})",
               "created_at": f"{summary['created_at']} ({_human_age(manifest.created_at)} ago)"}
     for key, value in summary.items():
         if key != "conflict":  # the catalog's finding; `list` shows it
@@ -324,7 +315,7 @@ def verify(
     with progress_bar("verify", enabled=not (quiet or as_json)) as on_event:
         location, manifest = core.verify_savepoint(pointer, storage_options(conn_id), on_event=on_event)
     _emit(as_json, {"pointer": location.url, "ok": True, "files": len(manifest.files), "bytes": manifest.total_bytes},
-          f"[green]ok[/]: {location.url}: {len(manifest.files)} files, {_human_size(manifest.total_bytes)} verified")
+          f"[green]ok[/]: {location.url}: {len(manifest.files)} files, {human_size(manifest.total_bytes)} verified")
 
 
 SinkKind = StrEnum("SinkKind", {k: k for k in KINDS})
@@ -377,7 +368,7 @@ def restore(
             if quiet or (bar is not None and event == "planned"):
                 return
             if event == "planned":  # one line per step on stderr (stdout keeps the answer alone)
-                err.print(f"restore: copying {data['files']} files ({_human_size(data['bytes'])})", highlight=False)
+                err.print(f"restore: copying {data['files']} files ({human_size(data['bytes'])})", highlight=False)
             elif event == "rescaling":
                 err.print(f"restore: Spark rewrites the state into {data['partitions']} partitions", highlight=False)
 
@@ -436,25 +427,7 @@ def inspect_(
     if as_json:
         _emit(True, summary.as_json())
         return
-    table = Table(title=f"state of {summary.savepoint_id} (batch {summary.batch_id}, {summary.job})")
-    for column in ("operator", "name", "store", "rows", "per partition", "skew", "size", "schema"):
-        table.add_column(column, overflow="fold")
-    for op in summary.operators:
-        table.add_row(str(op.operator_id), op.name or "unknown", "", "" if op.rows is None else str(op.rows),
-                      "", "" if op.skew is None else f"{op.skew:.2f}", _human_size(op.bytes), "")
-        for store in op.stores:
-            shown = " ".join(f"{k}: {v}" for k, v in store.schema_.items())
-            table.add_row("", "", escape(store.state_var or store.kind or store.store) if store.store == "default"
-                          else escape(store.store), "" if store.rows is None else str(store.rows),
-                          " ".join(map(str, store.rows_per_partition)), "", "" if store.bytes is None else _human_size(store.bytes),
-                          f"[red]{escape(store.error)}[/]" if store.error else escape(shown))
-    out.print(table)
-    for op in summary.operators:
-        for store in op.stores:
-            for row in store.samples:
-                out.print(f"{op.operator_id}/{escape(store.state_var or store.store)}: {escape(json.dumps(row, default=str))}")
-    for limit in summary.limits:
-        err.print(f"[yellow]cannot show:[/] {escape(limit)}")
+    print_state_summary(summary)
 
 
 @app.command()

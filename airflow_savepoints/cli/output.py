@@ -47,6 +47,41 @@ err = LazyConsole(stderr=True, highlight=False)
 out = LazyConsole(highlight=False, width=None if sys.stdout.isatty() else 160)  # pipes and CI logs: no truncation
 
 
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def print_state_summary(summary: Any) -> None:
+    """A state summary (``inspect``, ``job inspect``) as a table of operators and stores, then the sampled rows;
+    what Spark's sources could not show, on stderr."""
+    from rich.table import Table
+
+    table = Table(title=f"state of {summary.savepoint_id} (batch {summary.batch_id}, {summary.job})")
+    for column in ("operator", "name", "store", "rows", "per partition", "skew", "size", "schema"):
+        table.add_column(column, overflow="fold")
+    for op in summary.operators:
+        table.add_row(str(op.operator_id), op.name or "unknown", "", "" if op.rows is None else str(op.rows),
+                      "", "" if op.skew is None else f"{op.skew:.2f}", human_size(op.bytes), "")
+        for store in op.stores:
+            shown = " ".join(f"{k}: {v}" for k, v in store.schema_.items())
+            table.add_row("", "", escape(store.state_var or store.kind or store.store) if store.store == "default"
+                          else escape(store.store), "" if store.rows is None else str(store.rows),
+                          " ".join(map(str, store.rows_per_partition)), "", "" if store.bytes is None else human_size(store.bytes),
+                          f"[red]{escape(store.error)}[/]" if store.error else escape(shown))
+    out.print(table)
+    for op in summary.operators:
+        for store in op.stores:
+            for row in store.samples:
+                out.print(f"{op.operator_id}/{escape(store.state_var or store.store)}: {escape(json.dumps(row, default=str))}")
+    for limit in summary.limits:
+        err.print(f"[yellow]cannot show:[/] {escape(limit)}")
+
+
 def emit(as_json: bool, payload: Any, text: str | None = None) -> None:
     if as_json:
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")

@@ -12,6 +12,7 @@ Layout of a savepoint directory::
         _control/<run id>/*.json         a run's control folder
         _state_summaries/<id>.json       a savepoint's state summary (InspectSavepointOperator)
         _check/<check id>/               an upgrade check's scratch copy and result, removed after the check
+        _rescale/<id>/ _inspect/<id>/    a rescale's or an inspection's result, removed once read
         savepoint-<id6>-<random>/_metadata  a savepoint, complete once _metadata exists
 """
 
@@ -45,6 +46,7 @@ FENCED_FILE = "fenced.json"
 CHECK_FOLDER = "_check"  # <job>/_check/<check id>/: an upgrade check's scratch (jobs/workflows/check.py)
 CHECK_RESULT_FILE = "result.json"  # what the checked version's driver found, beside its scratch checkpoint
 RESCALE_FOLDER = "_rescale"  # <job>/_rescale/<id>/: the result of a job's rescale application (jobs/workflows/rescale.py)
+INSPECT_FOLDER = "_inspect"  # <job>/_inspect/<id>/: the summary a job's inspection application read (jobs/workflows/inspect.py)
 
 LEASE_BREAK_SUFFIX = ".break"  # ``<lease>.break``: held while a stale lease is broken
 CLOCK_PROBE_PREFIX = "._clock."  # ``._clock.<hex>.tmp``: a probe of the store's clock

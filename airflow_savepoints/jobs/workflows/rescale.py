@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,8 +37,6 @@ from airflow_savepoints.jobs.launch.runners import kill_own_child
 from airflow_savepoints.storage import Store
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from airflow_savepoints.jobs.workflows.run import JobContext, JobState
 
 RESCALE_TIMEOUT = 3600.0  # seconds the rescale application may take (it reads and writes all the state)
@@ -102,20 +101,27 @@ class JobRescaler:
         return batch, {str(op): int(count) for op, count in (result.get("partitions") or {}).items()}
 
     def _run(self, command: list[str]) -> str:
-        """Run the submit command to its end (its own process group, ended on a timeout); its log file."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_file = self.log_dir / f"{self.ctx.job.name}-rescale-{datetime.now(UTC):%Y%m%dT%H%M%S%f}.log"
-        process = spawn_submit(command, log_file)
-        try:
-            process.wait(self.timeout)
-        except subprocess.TimeoutExpired as exc:
-            kill_own_child(process)
-            raise RescaleFailedError(f"the rescale application of job '{self.ctx.job.name}' did not end within "
-                                     f"{self.timeout:.0f}s: ended", f"see {log_file}; nothing was restored") from exc
-        except BaseException:
-            kill_own_child(process)  # interrupted: nothing may go on writing into the target
-            raise
-        return str(log_file)
+        return run_to_end(command, self.log_dir, f"{self.ctx.job.name}-rescale", self.timeout, lambda log_file: RescaleFailedError(
+            f"the rescale application of job '{self.ctx.job.name}' did not end within {self.timeout:.0f}s: ended",
+            f"see {log_file}; nothing was restored"))
+
+
+def run_to_end(command: list[str], log_dir: Path, name: str, timeout: float,
+               timed_out: Callable[[Path], Exception]) -> str:
+    """Run a job application's submit command to its end (its own process group; ended, and
+    ``timed_out(log file)`` raised, after ``timeout`` s or when interrupted); its log file."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_file = log_dir / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}.log"
+    process = spawn_submit(command, log_file)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired as exc:
+        kill_own_child(process)
+        raise timed_out(log_file) from exc
+    except BaseException:
+        kill_own_child(process)  # interrupted: nothing may go on writing
+        raise
+    return str(log_file)
 
 
 def read_result(scratch: Store) -> dict[str, Any] | None:
