@@ -1,6 +1,7 @@
 """What runs inside a streaming job's Spark driver: the in-job helper (``control``: import
-:func:`run_until_stopped` from here in a job), an upgrade check's sink swap (``check_sink``) and
-the rescale application (``rescale_app``). Imports only the run's description, the core and pyspark;
+:func:`run_until_stopped` from here in a job), an upgrade check's sink swap (``check_sink``), and
+the job's one-off applications, the rescale (``rescale_app``) and the inspection (``inspect_app``),
+with the result they leave (``app_result``). Imports only the run's description, the core and pyspark;
 never Airflow."""
 
 from __future__ import annotations

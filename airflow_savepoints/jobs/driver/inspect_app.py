@@ -11,18 +11,15 @@ with the job's store connector and credentials), OPERATOR only when not ``-``, S
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from datetime import UTC, datetime
 
 if __name__ == "__main__":  # run as a file: this folder's modules are no top-level modules
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-from airflow_savepoints.core.names import CHECK_RESULT_FILE as RESULT_FILE  # noqa: E402
-from airflow_savepoints.errors import SavepointError, StateUnreadableError  # noqa: E402
-from airflow_savepoints.storage import Store  # noqa: E402
+from airflow_savepoints.errors import StateUnreadableError  # noqa: E402
+from airflow_savepoints.jobs.driver.app_result import run_and_report  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -33,27 +30,18 @@ def main(argv: list[str]) -> int:
     pointer, result_folder, operator, sample = argv[1:5]
     started = time.monotonic()
     spark = SparkSession.builder.appName("airflow-savepoints-inspect").getOrCreate()
-    facts = {"application_id": spark.sparkContext.applicationId, "spark_version": spark.version}
 
     def say(line: str) -> None:  # into the application's log: the caller shows its own progress
         print(f"{time.monotonic() - started:6.1f}s {line}", file=sys.stderr, flush=True)
 
-    try:
+    def inspect() -> dict:
         summary = inspect_savepoint(pointer, spark=spark, operator=None if operator == "-" else int(operator),
                                     sample=int(sample), read_via="in_place", progress=say, strict=True)
-        result = {"outcome": "inspected", "summary": summary.as_json()}
-    except SavepointError as exc:
-        result = {"outcome": "failed", "error": exc.to_dict()}
-    except Exception as exc:  # noqa: BLE001 - anything else is reported as an unreadable state, with its words
-        result = {"outcome": "failed", "error": StateUnreadableError(
-            f"the inspection of {pointer} failed: {type(exc).__name__}: {str(exc)[:2000]}",
-            "see the application's log; the savepoint was not changed").to_dict()}
-    finally:
-        spark.stop()
-    result = {**result, **facts, "read_s": round(time.monotonic() - started, 1),
-              "finished_at": datetime.now(UTC).isoformat()}
-    Store(result_folder).write_bytes_atomic(RESULT_FILE, json.dumps(result, indent=1).encode())
-    return 0 if result["outcome"] == "inspected" else 1
+        return {"outcome": "inspected", "summary": summary.as_json(), "read_s": round(time.monotonic() - started, 1)}
+
+    return run_and_report(spark, result_folder, inspect, lambda exc: StateUnreadableError(
+        f"the inspection of {pointer} failed: {type(exc).__name__}: {str(exc)[:2000]}",
+        "see the application's log; the savepoint was not changed"))
 
 
 if __name__ == "__main__":

@@ -13,16 +13,14 @@ Imports pyspark and the package's core; no Airflow.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from datetime import UTC, datetime
 
 if __name__ == "__main__":  # run as a file: this folder's modules are no top-level modules
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-from airflow_savepoints.core.names import CHECK_RESULT_FILE as RESULT_FILE  # noqa: E402
-from airflow_savepoints.errors import RescaleFailedError, SavepointError  # noqa: E402
+from airflow_savepoints.errors import RescaleFailedError  # noqa: E402
+from airflow_savepoints.jobs.driver.app_result import run_and_report  # noqa: E402
 from airflow_savepoints.storage import Store  # noqa: E402
 
 
@@ -33,22 +31,15 @@ def main(argv: list[str]) -> int:
 
     checkpoint, partitions, batch, result_folder, *sink = argv[1:]
     spark = SparkSession.builder.appName("airflow-savepoints-rescale").getOrCreate()
-    facts = {"application_id": spark.sparkContext.applicationId, "spark_version": spark.version}
     destination = Store(checkpoint)
-    try:
+
+    def rescale() -> dict:
         after = rewrite(spark, destination, int(partitions), int(batch), Store(sink[0]) if sink and sink[0] else None)
-        result = {"outcome": "rescaled", "batch_id": int(batch), "partitions": after}
-    except SavepointError as exc:
-        result = {"outcome": "failed", "error": exc.to_dict()}
-    except Exception as exc:  # noqa: BLE001 - anything else is reported as a failed rewrite, with its words
-        result = {"outcome": "failed", "error": RescaleFailedError(
-            f"the rescale of {destination.url} failed: {type(exc).__name__}: {str(exc)[:2000]}",
-            "nothing was restored; fix the cause and retry into a new, empty checkpoint location").to_dict()}
-    finally:
-        spark.stop()
-    result = {**result, **facts, "finished_at": datetime.now(UTC).isoformat()}
-    Store(result_folder).write_bytes_atomic(RESULT_FILE, json.dumps(result, indent=1).encode())
-    return 0 if result["outcome"] == "rescaled" else 1
+        return {"outcome": "rescaled", "batch_id": int(batch), "partitions": after}
+
+    return run_and_report(spark, result_folder, rescale, lambda exc: RescaleFailedError(
+        f"the rescale of {destination.url} failed: {type(exc).__name__}: {str(exc)[:2000]}",
+        "nothing was restored; fix the cause and retry into a new, empty checkpoint location"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""What a job's one-off Spark application (the rescale, the inspection) leaves for its caller: ``result.json``
+in a folder the caller gave, read back by :func:`airflow_savepoints.jobs.workflows.rescale.read_result`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow_savepoints.core.names import CHECK_RESULT_FILE as RESULT_FILE
+from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.storage import Store
+
+
+def run_and_report(spark: Any, result_folder: str, work: Callable[[], dict[str, Any]],
+                   unexpected: Callable[[Exception], SavepointError]) -> int:
+    """``work()``'s result (its ``outcome`` and figures), or ``{"outcome": "failed", "error": ...}`` for a typed
+    error (``unexpected(exc)`` for any other), with the application's id and Spark version, written to
+    ``result_folder``; Spark stopped. The exit status: 0 unless failed."""
+    facts = {"application_id": spark.sparkContext.applicationId, "spark_version": spark.version}
+    try:
+        result = work()
+    except SavepointError as exc:
+        result = {"outcome": "failed", "error": exc.to_dict()}
+    except Exception as exc:  # noqa: BLE001 - anything else is reported with its words, as the caller's error type
+        result = {"outcome": "failed", "error": unexpected(exc).to_dict()}
+    finally:
+        spark.stop()
+    result = {**result, **facts, "finished_at": datetime.now(UTC).isoformat()}
+    Store(result_folder).write_bytes_atomic(RESULT_FILE, json.dumps(result, indent=1).encode())
+    return 1 if result["outcome"] == "failed" else 0
