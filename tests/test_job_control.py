@@ -21,13 +21,14 @@ import airflow_savepoints.demo.app as demo
 from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.cli.main import app as cli_app
 from airflow_savepoints.core import list_savepoints
+from airflow_savepoints.core.state_summary import read_summary
 from airflow_savepoints.jobs.description.metrics import read_series
 from airflow_savepoints.jobs.description.record import read_run
 from airflow_savepoints.jobs.driver.control import _stop_between_batches
 from airflow_savepoints.jobs.launch.launcher import process_alive, start_detached, wait_for_commit
 from airflow_savepoints.jobs.workflows.lifecycle import job_status
 from airflow_savepoints.jobs.workflows.run import stop_process
-from airflow_savepoints.operators.job import RestoreJobOperator, StopJobWithSavepointOperator
+from airflow_savepoints.operators.job import InspectJobOperator, RestoreJobOperator, StopJobWithSavepointOperator
 from airflow_savepoints.storage import Store
 from airflow_savepoints.triggers.savepoint import BatchCommittedTrigger
 
@@ -258,6 +259,11 @@ def test_a_job_on_a_standalone_cluster_restarts_from_its_stop_savepoint(spark_st
         assert "as a Spark application of job demo (master spark://" in inspected.stderr
         assert not (tmp_path / "savepoints" / "demo" / "_inspect").exists() or \
             not any((tmp_path / "savepoints" / "demo" / "_inspect").iterdir())
+        # the operator's way: the same application, and the summary recorded beside the savepoint for the console
+        recorded = InspectJobOperator(task_id="inspect", job="demo", jobs_file=jobs, operator_id=0).execute({})
+        assert recorded["application"]["application_id"] in cluster.app_ids("completedapps"), recorded["application"]
+        assert recorded["application"]["application_id"] != summary["application"]["application_id"]
+        assert read_summary(job_folder, recorded["savepoint_id"]).total_rows == len(in_sink)
 
         for index in range(4, 6):
             sent.update(demo.write_events(tmp_path / "input", index))

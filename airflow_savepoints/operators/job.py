@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["CancelJobOperator", "CheckJobOperator", "NoSavepointError", "RestoreJobOperator",
+__all__ = ["CancelJobOperator", "CheckJobOperator", "InspectJobOperator", "NoSavepointError", "RestoreJobOperator",
            "StopJobWithSavepointOperator"]
 
 
@@ -243,3 +243,38 @@ class CheckJobOperator(_JobOperator):
             raise AirflowSkipException(f"job {state.job} was {state.ended or 'stopped'} ({state.detail}); restart it "
                                        "with restore_from_savepoint")
         return state.model_dump(mode="json")
+
+
+class InspectJobOperator(_JobOperator):
+    """Read a savepoint of a job on the job's own cluster, as ``airflow-savepoints job inspect`` does (a Spark
+    application of the job counts the state: the worker needs no pyspark), and record its summary beside it,
+    as :class:`~airflow_savepoints.operators.inspect.InspectSavepointOperator` does. Returns the summary and
+    ``application`` (its id, Spark version, seconds).
+
+    :param pointer: a savepoint of the job (templated); default: its newest completed one
+    :param operator_id: only this stateful operator
+    :param sample: rows of each store in the returned summary (0-1000; never recorded)
+    :param timeout: seconds the application may take
+    """
+
+    template_fields: Sequence[str] = savepoints_template_fields("job", "pointer")
+
+    def __init__(self, *, pointer: str | None = None, operator_id: int | None = None, sample: int = 0,
+                 timeout: float = 3600, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pointer = pointer
+        self.operator_id = operator_id
+        self.sample = sample
+        self.timeout = timeout
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_savepoints.core.state_summary import record_beside
+        from airflow_savepoints.jobs.workflows.inspect import inspect_on_the_job
+
+        ctx = self.job_context()
+        summary, application = inspect_on_the_job(
+            ctx, SparkStreamingJobHook(ctx.job).submit_command, self.log_dir(), pointer=self.pointer or None,
+            operator=self.operator_id, sample=self.sample, progress=self.log.info, timeout=self.timeout)
+        recorded = record_beside(summary, ctx.root.storage_options)
+        self.log.info("state summary of %s (%s rows) recorded at %s", summary.pointer, summary.total_rows, recorded)
+        return {**summary.as_json(), "application": application, "recorded": recorded}
