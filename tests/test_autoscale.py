@@ -47,7 +47,7 @@ from tests.support.spark_shapes import ROCKS_CHANGELOG
 
 pytestmark = pytest.mark.slow
 JOB = "demo-autoscale"
-APP_CONF = {app.SLEEP_CONF: "0", app.TRIGGER_CONF: "500", app.MAX_FILES_CONF: "1"}
+APP_CONF = {app.SLEEP_CONF: "0", app.TRIGGER_CONF: "500", app.MAX_FILES_CONF: "10"}
 
 
 def write_jobs(home: Path) -> Path:
