@@ -501,7 +501,9 @@ def evaluate(ctx: JobContext, *, dry_run: bool, submit_for: SubmitFor, log_dir: 
     """The job's decision now from what its storage holds (status, metric series, decision history); with
     ``mode: act`` and not ``dry_run``, a change carried out (:func:`scale_request`). Recorded in its bounded
     decision history as ``recommended``, ``held``, ``acted``, ``rolled_back`` or ``failed``; what ``job
-    autoscale`` prints. An action that was rolled back or failed is returned with its ``error``, not raised.
+    autoscale`` prints. An action that was rolled back or failed is returned with its ``error``, not raised; one
+    rolled back after its restart with its ``rollback`` (``rolled_back_on``: the new run's progress, a ``rollback``
+    savepoint and its batch, or the stop savepoint).
 
     One acting autoscaler per job at a time: with ``mode: act`` and not ``dry_run``, the job's autoscaler lease
     (``_autoscale.lease``, :class:`~airflow_savepoints.core.lease.Lease`: one conditional create, renewed while it

@@ -281,13 +281,17 @@ def _roll_back(old_ctx: JobContext, new_ctx: JobContext, request: UpgradeRequest
         back = _start_healthy(old_ctx, kwargs, request, submit_for, log_dir, None)
     except SavepointError as exc:
         raise _rollback_failed(name, new_hash, error, exc, summary, progress, why_not) from exc
+    if progress is not None:
+        on: dict[str, Any] = {"from": "progress", **progress}
+    elif mode == "savepoint":
+        on = {"from": "stop_savepoint", "pointer": summary["stop_savepoint"], "batch_id": summary["stop_batch"]}
+    else:
+        on = {"from": "checkpoint", "checkpoint": ended["checkpoint"]}
     raise UpgradeRolledBackError(
         f"upgrade of job '{name}' to version {new_hash} failed: {error}\nrolled back: version "
         f"{old_ctx.job.version().hash} runs again as run {back['run_id']} ({mode}, {how})",
         "fix the new version, then upgrade again",
-        rolled_back_on={"from": "progress" if progress else ("stop_savepoint" if mode == "savepoint" else "checkpoint"),
-                        **(progress or {"pointer": summary["stop_savepoint"], "batch_id": summary["stop_batch"]}),
-                        "run_id": back["run_id"], "first_batch": back["first_batch"]})
+        rolled_back_on={**on, "run_id": back["run_id"], "first_batch": back["first_batch"]})
 
 
 def _progress_savepoint(ctx: JobContext, summary: dict[str, Any], failed: lifecycle.JobState,
