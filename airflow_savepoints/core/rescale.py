@@ -15,7 +15,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,9 +185,30 @@ def rewrite(session: Any, destination: Store, partitions: int, batch: int, file_
     if f"commits/{batch}" not in listing:
         raise RescaleFailedError(f"Spark's repartition of {destination.url} returned without committing batch {batch}",
                                  "nothing was restored; retry into a new, empty checkpoint location")
+    _drop_partitions_past(destination, listing, partitions, batch)
     if file_sink is not None:
         _record_in_sink(session, file_sink, batch)
     return formats.state_partitions(listing, version=batch + 1)
+
+
+def _drop_partitions_past(destination: Store, listing: Iterable[str], partitions: int, batch: int) -> list[str]:
+    """After a rescale into fewer partitions, remove from the restored copy the folders of the partitions at or
+    past ``partitions`` that hold no state of the repartition ``batch``: the old state only, which Spark never opens
+    again, but which every later reader counts (a savepoint of the running job planned the stale partitions and
+    failed on their missing versions). The copy's own files only (links or copies): the savepoint is untouched."""
+    stale, current = set(), set()
+    for path in formats.visible_paths(listing):
+        parts = path.split("/")
+        if len(parts) >= 4 and parts[0] == "state" and parts[1].isdigit() and parts[2].isdigit() \
+                and int(parts[2]) >= partitions:
+            folder = "/".join(parts[:3])
+            (current if formats.state_file_version(path) == batch + 1 else stale).add(folder)
+    for folder in sorted(stale - current):
+        destination.remove_tree(folder)
+    if stale - current:
+        log.info("rescaled %s into %d partitions: removed the old state of %s", destination.url, partitions,
+                 ", ".join(sorted(stale - current)))
+    return sorted(stale - current)
 
 
 def _interruptible(session: Any, call: Callable[[], Any], grace: float = 120.0) -> Any:

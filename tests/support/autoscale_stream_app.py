@@ -9,7 +9,10 @@ Its Spark conf: ``spark.savepoints.test.sleepMsPerRow`` (10), ``spark.savepoints
 ``spark.savepoints.test.maxFilesPerTrigger`` (20: files waiting beyond a batch's are the backlog), and
 ``spark.savepoints.test.coresAllowedFile``: a file holding a number of cores; while it exists, an application
 asking for more (``spark.cores.max``) fails at its start, before its query: a configuration the cluster
-refuses (an upgrade check of it fails; the running application is untouched).
+refuses (an upgrade check of it fails; the running application is untouched). And
+``spark.savepoints.test.partitionsAllowedFile``: a file holding a number of state partitions; while it exists,
+a row of the stateful stage in a partition at or past that number fails its task: a configuration with more
+state partitions that passes a check run before the file appears, then fails on its first batch after it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ SLEEP_CONF = "spark.savepoints.test.sleepMsPerRow"
 TRIGGER_CONF = "spark.savepoints.test.triggerMs"
 MAX_FILES_CONF = "spark.savepoints.test.maxFilesPerTrigger"
 CORES_ALLOWED_CONF = "spark.savepoints.test.coresAllowedFile"
+PARTITIONS_ALLOWED_CONF = "spark.savepoints.test.partitionsAllowedFile"
 SCHEMA = "id long, user string, ts timestamp"
 
 
@@ -42,9 +46,19 @@ def build_query(spark, input_dir: str, checkpoint: str, output: str):
     from pyspark.sql import functions as F
 
     sleep_s = float(spark.conf.get(SLEEP_CONF, "10")) / 1000
+    partitions_allowed = spark.conf.get(PARTITIONS_ALLOWED_CONF, "")
 
     def wait_then_pass(value):
-        time.sleep(sleep_s)
+        if sleep_s:
+            time.sleep(sleep_s)
+        if partitions_allowed and os.path.exists(partitions_allowed):
+            from pyspark import TaskContext
+
+            with open(partitions_allowed) as f:
+                allowed = int(f.read().strip())
+            if TaskContext.get().partitionId() >= allowed:
+                raise RuntimeError(f"autoscale test app: state partition {TaskContext.get().partitionId()} of a run "
+                                   f"with more than {allowed} ({partitions_allowed})")
         return value
 
     slow = F.udf(wait_then_pass, "long").asNondeterministic()

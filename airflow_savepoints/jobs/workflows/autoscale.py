@@ -451,8 +451,11 @@ def _act(ctx: JobContext, state: JobState, decision: Decision, conf: dict[str, s
             f"(savepoint mode, checked first{f', state partitions {request.state_partitions}' if request.state_partitions else ''})")
     try:
         done = upgrade(ctx, request, submit_for=submit_for, log_dir=log_dir)
-    except (UpgradeCheckFailedError, UpgradeRolledBackError) as exc:
+    except UpgradeCheckFailedError as exc:
         return "rolled_back", None, exc
+    except UpgradeRolledBackError as exc:  # the restart was not healthy: where the previous configuration runs from
+        return "rolled_back", {"rolled_back_on": exc.rolled_back_on, "state_partitions": request.state_partitions,
+                               "spark_conf": conf}, exc
     except SavepointError as exc:
         return "failed", None, exc
     check, started = done.get("check") or {}, done["started"]
@@ -471,9 +474,12 @@ def _act_error(name: str, decision: Decision, outcome: str, cause: SavepointErro
     text = f"{cause.code}: {cause.message}"[:CAUSE_CHARS]
     wait = f"no decision before {until} (the cooldown)"
     if outcome == "rolled_back":
+        on = getattr(cause, "rolled_back_on", None) or {}
         where = ("failed its check on a copy of the state; the running configuration was not stopped"
                  if isinstance(cause, UpgradeCheckFailedError) else
-                 "was not healthy after the restart; the previous configuration runs again from the stop savepoint")
+                 "was not healthy after the restart; the previous configuration runs again "
+                 + (f"on the new run's progress (savepoint {on.get('savepoint_id')}, batch {on.get('batch_id')})"
+                    if on.get("from") == "progress" else "from the stop savepoint"))
         return AutoscaleRolledBackError(f"the {change} {where}: {text}", f"see the cause and its log; {wait}",
                                         cause=cause.cause)
     return AutoscaleActFailedError(f"the {change} failed: {text}", f"{cause.hint or 'see the cause'}; {wait}",
@@ -495,7 +501,9 @@ def evaluate(ctx: JobContext, *, dry_run: bool, submit_for: SubmitFor, log_dir: 
     """The job's decision now from what its storage holds (status, metric series, decision history); with
     ``mode: act`` and not ``dry_run``, a change carried out (:func:`scale_request`). Recorded in its bounded
     decision history as ``recommended``, ``held``, ``acted``, ``rolled_back`` or ``failed``; what ``job
-    autoscale`` prints. An action that was rolled back or failed is returned with its ``error``, not raised.
+    autoscale`` prints. An action that was rolled back or failed is returned with its ``error``, not raised; one
+    rolled back after its restart with its ``rollback`` (``rolled_back_on``: the new run's progress, a ``rollback``
+    savepoint and its batch, or the stop savepoint).
 
     One acting autoscaler per job at a time: with ``mode: act`` and not ``dry_run``, the job's autoscaler lease
     (``_autoscale.lease``, :class:`~airflow_savepoints.core.lease.Lease`: one conditional create, renewed while it
@@ -554,10 +562,12 @@ def _evaluate(ctx: JobContext, policy: AutoscaleSettings, *, dry_run: bool, subm
     if decision.reason == "not_running":
         decision.message = f"the job is {state.state}: nothing to scale"
     conf = spark_conf_for(ctx.master, decision, policy.executor_cores) if decision.changes else {}
-    outcome, done, error = ("recommended" if decision.changes else "held"), None, None
+    outcome, done, error, rollback = ("recommended" if decision.changes else "held"), None, None, None
     if decision.changes and policy.mode == "act" and not dry_run:
         if conf or decision.target_partitions != decision.current_partitions:
             outcome, done, error = _act(ctx, state, decision, conf, submit_for, log_dir)
+            if outcome == "rolled_back":  # the evidence of a rollback after the restart: what it started from
+                rollback, done = done, None
         else:
             warnings.append(f"master {ctx.master} gives the job its cores itself (local[N]) and the state partitions "
                             "stay: nothing to act on, recommended only; change the job's master for more cores")
@@ -570,7 +580,7 @@ def _evaluate(ctx: JobContext, policy: AutoscaleSettings, *, dry_run: bool, subm
         "target": {"executors": decision.target_executors, "cores": decision.target_cores,
                    "partitions": decision.target_partitions},
         "spark_conf": conf, "evidence": decision.evidence, "run_id": newest.run_id if newest else None,
-        "points": len(series), "upgrade": done,
+        "points": len(series), "upgrade": done, "rollback": rollback,
         "error": _act_error(ctx.job.name, decision, outcome, error, _iso(ended + policy.cooldown)).to_dict()
         if error is not None else None,
         "warnings": warnings,

@@ -23,7 +23,18 @@ not failed. Otherwise (with ``rollback``, the default) the new run is ended and 
 checkpoint left as it is, and the previous version starts again from the same stop savepoint (or,
 for last-state, on the same live checkpoint, where Spark re-runs an uncommitted batch with the same
 offsets): the sink gets every batch once. :class:`UpgradeFailedError` then carries the new
-version's error. No Airflow here: operators and the CLI call :func:`upgrade`.
+version's error.
+
+A change of resources only (:func:`same_code`: the same application and arguments, the Spark conf
+apart from :data:`RESOURCE_CONF` alike, ``state_partitions`` or not: the autoscaler's actions) rolls
+back on the new run's own progress instead: what it committed to the sink is what the previous
+configuration would have written, and a restart from the stop savepoint would be refused
+``sink_ahead`` by a file or Delta sink (a rescale writes its repartition batch into the file sink's
+log). A ``rollback`` savepoint of the failed run's checkpoint at its last committed batch, rescaled
+back to the previous state partitions when they changed, starts the previous configuration
+(:func:`_progress_savepoint`). A real version change keeps the restart from the stop savepoint: the
+new version's output cannot be trusted; a sink ahead of it leaves the job stopped, saying why. No
+Airflow here: operators and the CLI call :func:`upgrade`.
 """
 
 from __future__ import annotations
@@ -37,7 +48,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
-from airflow_savepoints.errors import SavepointError, UpgradeRefusedError
+from airflow_savepoints.core import SavepointType, take_savepoint
+from airflow_savepoints.core.pointer import resolve_pointer
+from airflow_savepoints.errors import SavepointError, SinkAheadError, UpgradeRefusedError
 from airflow_savepoints.jobs.description.model import JobVersion, StreamingJob
 from airflow_savepoints.jobs.workflows import lifecycle
 from airflow_savepoints.jobs.workflows.check import check_upgrade, rescale_options
@@ -46,6 +59,11 @@ from airflow_savepoints.jobs.workflows.run import JobContext
 
 SubmitFor = Callable[[StreamingJob], Callable[[str, dict[str, str]], list[str]]]
 UPGRADE_MODES = ("savepoint", "last-state", "stateless")
+# the Spark conf of a run's executors (what the autoscaler changes: autoscale.spark_conf_for): a version that
+# differs from the running one only there, and in its state partitions, runs the same code
+RESOURCE_CONF = frozenset({"spark.cores.max", "spark.executor.cores", "spark.executor.instances",
+                           "spark.executor.memory", "spark.dynamicAllocation.maxExecutors"})
+ROLLBACK_REASON = "rollback"  # the reason of the savepoint a rollback on the new run's progress takes
 
 
 class UpgradeFailedError(SavepointError):
@@ -55,7 +73,13 @@ class UpgradeFailedError(SavepointError):
 
 
 class UpgradeRolledBackError(UpgradeFailedError):
-    """The new version was not healthy; the previous version runs again from the state it was stopped with."""
+    """The new version was not healthy; the previous version runs again from the state it was stopped with, or
+    (a change of resources only) from the new run's own progress: ``rolled_back_on`` says which."""
+
+    def __init__(self, message: str, hint: str | None = None, cause: str | None = None,
+                 rolled_back_on: dict[str, Any] | None = None):
+        super().__init__(message, hint, cause)
+        self.rolled_back_on = rolled_back_on or {}
 
 
 class UpgradeRequest(BaseModel):
@@ -80,6 +104,17 @@ def new_version(job: StreamingJob, application: str | None = None, application_a
                 spark_conf: dict[str, str] | None = None) -> JobVersion:
     """The job's version with the given fields replaced (None or empty: keep the job's)."""
     return job.variant(application, application_args, spark_conf).version()
+
+
+def same_code(previous: JobVersion, new: JobVersion) -> bool:
+    """Whether ``new`` runs the code of ``previous``: the same application and arguments, and the same Spark
+    conf apart from the executors' (:data:`RESOURCE_CONF`). Its output is then the output ``previous`` would
+    have written, so a rollback may start ``previous`` on the new run's progress."""
+    def code_conf(version: JobVersion) -> dict[str, str]:
+        return {k: v for k, v in version.spark_conf.items() if k not in RESOURCE_CONF}
+
+    return (previous.application, previous.application_args, code_conf(previous)) == \
+        (new.application, new.application_args, code_conf(new))
 
 
 def running_version(ctx: JobContext, state: lifecycle.JobState) -> JobVersion:
@@ -200,7 +235,7 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
         kwargs.update(rescale_options(request.state_partitions))
     summary = {"job": ctx.job.name, "mode": mode, "from_version": previous.model_dump(),
                "to_version": request.version.model_dump(), "stop_savepoint": stopped["pointer"],
-               "stop_batch": stopped["batch_id"], "check": checked}
+               "stop_batch": stopped["batch_id"], "stopped_run": stopped["run_id"], "check": checked}
     try:
         started = _start_healthy(new_ctx, kwargs, request, submit_for, log_dir,
                                  None if mode == "stateless" else stopped["batch_id"])
@@ -214,23 +249,88 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
 
 def _roll_back(old_ctx: JobContext, new_ctx: JobContext, request: UpgradeRequest, error: SavepointError,
                summary: dict[str, Any], submit_for: SubmitFor, log_dir: Path) -> dict[str, Any]:
-    """End the new version's run and start the previous version from the state it was stopped with."""
+    """End the new version's run and start the previous version from the state it was stopped with, or (a
+    change of resources only) from the new run's progress (:func:`_progress_savepoint`)."""
     name, new_hash = new_ctx.job.name, new_ctx.job.version().hash
     reason = f"version {new_hash} was not healthy: {error}"
+    failed = lifecycle.status(new_ctx)  # before the end: the run, its Spark version
     ended = lifecycle.abandon(new_ctx, reason, grace=request.grace)
     if not request.rollback:
         raise UpgradeFailedError(f"upgrade of job '{name}' to version {new_hash} failed ({ended['method']}); the job "
                                  f"is down, not rolled back: {error}",
                                  f"start the previous version from {summary['stop_savepoint']}")
     mode = "last-state" if summary["mode"] == "last-state" else "savepoint"
-    kwargs = _start_kwargs(old_ctx, mode, {"checkpoint": ended["checkpoint"], "pointer": summary["stop_savepoint"]})
-    old_ctx.log(f"rolling job {name} back to version {old_ctx.job.version().hash} ({mode})")
+    progress, why_not = None, None
+    if mode == "savepoint" and same_code(old_ctx.job.version(), new_ctx.job.version()):
+        try:
+            progress = _progress_savepoint(old_ctx, summary, failed, ended.get("checkpoint"))
+        except SavepointError as exc:
+            why_not = f"no savepoint of the new run's checkpoint {ended.get('checkpoint')} ({exc.code}: {exc.message})"
+            old_ctx.log(f"{why_not}: rolling back from the stop savepoint")
+    if progress is not None:
+        kwargs = {"pointer": progress["pointer"], **rescale_options(progress.get("state_partitions"))}
+        how = (f"on the new run's progress: savepoint {progress['savepoint_id']} of batch {progress['batch_id']}"
+               + (f", rescaled back to {progress['state_partitions']} state partitions"
+                  if progress.get("state_partitions") else ""))
+    else:
+        kwargs = _start_kwargs(old_ctx, mode, {"checkpoint": ended["checkpoint"], "pointer": summary["stop_savepoint"]})
+        how = f"from the stop savepoint {summary['stop_savepoint']}" if mode == "savepoint" else \
+            f"on the live checkpoint {ended['checkpoint']}"
+    old_ctx.log(f"rolling job {name} back to version {old_ctx.job.version().hash} ({mode}, {how})")
     try:
         back = _start_healthy(old_ctx, kwargs, request, submit_for, log_dir, None)
     except SavepointError as exc:
-        raise UpgradeFailedError(f"upgrade of job '{name}' to version {new_hash} failed: {error}\nand the rollback "
-                                 f"failed too: {exc}", f"restart it from {summary['stop_savepoint']}") from exc
+        raise _rollback_failed(name, new_hash, error, exc, summary, progress, why_not) from exc
+    if progress is not None:
+        on: dict[str, Any] = {"from": "progress", **progress}
+    elif mode == "savepoint":
+        on = {"from": "stop_savepoint", "pointer": summary["stop_savepoint"], "batch_id": summary["stop_batch"]}
+    else:
+        on = {"from": "checkpoint", "checkpoint": ended["checkpoint"]}
     raise UpgradeRolledBackError(
         f"upgrade of job '{name}' to version {new_hash} failed: {error}\nrolled back: version "
-        f"{old_ctx.job.version().hash} runs again as run {back['run_id']} ({mode}, from {kwargs})",
-        "fix the new version, then upgrade again")
+        f"{old_ctx.job.version().hash} runs again as run {back['run_id']} ({mode}, {how})",
+        "fix the new version, then upgrade again",
+        rolled_back_on={**on, "run_id": back["run_id"], "first_batch": back["first_batch"]})
+
+
+def _progress_savepoint(ctx: JobContext, summary: dict[str, Any], failed: lifecycle.JobState,
+                        checkpoint: str | None) -> dict[str, Any] | None:
+    """A ``rollback`` savepoint of the failed new run's checkpoint at its last committed batch, for the previous
+    configuration of the same code to start from: its pointer, id and batch, and the state partitions to rescale
+    back to when the new run's differ from the stop savepoint's; None (the stop savepoint then) when the new run
+    never started. Raises what the savepoint raises (its checkpoint cannot be savepointed)."""
+    if not checkpoint or failed.run_id is None or failed.run_id == summary.get("stopped_run"):
+        return None  # the new run never started (its restore failed): nothing of it reached the sink
+    info = take_savepoint(ctx.checkpoint(checkpoint), ctx.job.name, savepoint_dir=ctx.root,
+                          savepoint_type=SavepointType.MANUAL, reason=ROLLBACK_REASON, spark_version=failed.spark_version,
+                          job_version=failed.version)
+    _, stop_manifest = resolve_pointer(summary["stop_savepoint"], ctx.root.storage_options)
+    before, now = set(stop_manifest.state_partitions().values()), set(info.manifest.state_partitions().values())
+    partitions = next(iter(before)) if len(before) == 1 and now != before else None
+    ctx.log(f"rollback savepoint {info.pointer} of the failed run {failed.run_id}'s batch {info.manifest.batch_id}")
+    return {"pointer": info.pointer, "savepoint_id": info.manifest.savepoint_id, "batch_id": info.manifest.batch_id,
+            "failed_run_id": failed.run_id, "checkpoint": checkpoint, "state_partitions": partitions}
+
+
+def _rollback_failed(name: str, new_hash: str, error: SavepointError, exc: SavepointError, summary: dict[str, Any],
+                     progress: dict[str, Any] | None, why_not: str | None) -> UpgradeFailedError:
+    """The job is left stopped: the new version failed and so did the rollback; why, and what to do."""
+    text = f"upgrade of job '{name}' to version {new_hash} failed: {error}\nand the rollback failed too: {exc}"
+    if progress is not None:
+        back = progress.get("state_partitions")
+        return UpgradeFailedError(
+            text + f" (from the new run's progress: savepoint {progress['pointer']} of batch {progress['batch_id']}"
+            + (f", rescaled back to {back} state partitions" if back else "") + "); the job is stopped",
+            f"start it from {progress['pointer']}" + (" (without --state-partitions if the rescale back is what "
+                                                      "failed: it then keeps the new run's partitions)" if back else ""))
+    if why_not:
+        text += f"\n(not rolled back on the new run's progress: {why_not})"
+    if isinstance(exc, SinkAheadError) and summary["mode"] == "savepoint":
+        return UpgradeFailedError(
+            text + f"; the new version wrote to the sink past the stop batch {summary['stop_batch']}"
+            + ("" if why_not else ", and a change of code is not rolled back on its progress (its output is not the "
+               "previous version's)") + "; the job is stopped",
+            f"remove the sink's output after batch {summary['stop_batch']} and start the previous version from "
+            f"{summary['stop_savepoint']}, or fix the new version and start it (`airflow-savepoints job start`)")
+    return UpgradeFailedError(text, f"restart it from {summary['stop_savepoint']}")

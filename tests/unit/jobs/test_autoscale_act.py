@@ -76,6 +76,21 @@ def test_a_decision_becomes_a_checked_savepoint_upgrade_to_the_running_version_w
     assert same.state_partitions is None and same.version.hash == running.hash  # partitions unchanged: not rescaled
 
 
+def test_a_decisions_upgrade_runs_the_same_code_so_a_rollback_may_use_its_progress_and_a_code_change_does_not():
+    from airflow_savepoints.jobs.workflows.upgrade import same_code
+
+    job = StreamingJob(name="orders", application="app.py", application_args=["x"], spark_conf={"a": "1"}, checkpoint="/cp")
+    state = JobState(job="orders", state="running", version=job.version().model_dump())
+    up = Decision(action="scale_up", reason="scale_up", message="", current_cores=2, target_cores=4,
+                  current_partitions=2, target_partitions=4)
+    request = scale_request(JobContext(job, Store("/sp")), state, up, {"spark.cores.max": "4", "spark.executor.cores": "2"})
+    assert same_code(job.version(), request.version) and request.version.hash != job.version().hash
+    for changed in ({"application": "v2.py"}, {"application_args": ["y"]}, {"spark_conf": {"a": "2"}},
+                    {"spark_conf": {"a": "1", "spark.sql.shuffle.partitions": "4"}}):
+        other = job.model_copy(update=changed).version()
+        assert not same_code(job.version(), other), changed  # a change of code: rolled back to the stop savepoint
+
+
 def test_a_scale_up_that_fails_its_check_is_rolled_back_recorded_and_the_next_decision_waits_out_the_cooldown(tmp_path):
     ctx, run = running_job(tmp_path)
     submitted = Submitted()
