@@ -396,6 +396,7 @@ class MetricsRecorder:
         self.points: list[MetricPoint] | None = None  # the series as written, read at the first flush
         self.pending: list[MetricPoint] = []
         self.rewrite = False  # a count of the file backlog came in for a point already written
+        self.last_backlog: tuple[int, int | None] = (-1, None)  # (batch id, files not yet read) of the newest count
         self.seen: tuple | None = None  # (batchId, timestamp) of the newest progress recorded
 
     def observe(self, query) -> None:
@@ -426,7 +427,8 @@ class MetricsRecorder:
         written again at this flush); a count for a batch no longer kept is dropped."""
         if self.file_backlog is None:
             return
-        for batch_id, (unread, read) in self.file_backlog.take().items():
+        counted = self.file_backlog.take()
+        for batch_id, (unread, read) in counted.items():
             for where in (self.pending, self.points or []):
                 found = next((i for i in range(len(where) - 1, -1, -1)
                               if where[i].batch_id == batch_id and where[i].run_id == self.run_id), None)
@@ -434,6 +436,12 @@ class MetricsRecorder:
                     where[found] = where[found].model_copy(update={"backlog_files": unread, "files_read": read})
                     self.rewrite = self.rewrite or where is not self.pending
                     break
+        if counted:
+            self.last_backlog = (max(counted), counted[max(counted)][0])
+        newest, unread = self.last_backlog
+        if unread is not None:  # a batch no count followed (one ran, or the last was recent): the last count
+            self.pending = [p.model_copy(update={"backlog_files": unread}) if p.backlog_files is None
+                            and p.batch_id > newest and p.run_id == self.run_id else p for p in self.pending]
 
     def flush(self) -> None:
         self._attach_file_backlog()

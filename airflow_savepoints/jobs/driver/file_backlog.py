@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -39,6 +40,7 @@ GLOB = re.compile(r"[*?\[\]{}]")
 TAIL_BYTES = 256 * 1024  # of a .compact source-log file: its last batch's entries are at its end
 BATCHES_BACK = 20  # source-log files read per count at most: after a longer gap, the newest ones only
 TIE_MS = 1  # modification times this close to the newest read one are told apart by name (and Java's rounding)
+COST_SHARE = 0.1  # counting may take at most this share of the run's time: after a count of d seconds, none for d/0.1
 
 
 def _log_offset(offset: Any) -> int:
@@ -123,8 +125,10 @@ def _entries(folder: Store, offset: int) -> tuple[list[dict[str, Any]], bool] | 
 class FileBacklog:
     """Counts the files not yet read of a query's file sources, one count at a time in a daemon thread.
 
-    :meth:`submit` a batch's progress (started only when no count runs); :meth:`take` the counts done since, by
-    batch id: ``(files not yet read, files the batch read)``, each None when unknown. Never raises."""
+    :meth:`submit` a batch's progress (started only when no count runs, and the last one's listing and reads were
+    at most :data:`COST_SHARE` of the time since it began: a folder of many files on an object store is listed
+    every few batches, not after each); :meth:`take` the counts done since, by batch id: ``(files not yet read,
+    files the batch read)``, each None when unknown. Never raises."""
 
     def __init__(self, checkpoint: Store | None) -> None:
         self.checkpoint = checkpoint
@@ -132,6 +136,8 @@ class FileBacklog:
         self.done: dict[int, tuple[int | None, int | None]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.last_count_s: float | None = None  # how long the last count took
+        self._next_at = 0.0  # (monotonic) no count starts before: the last one's cost over COST_SHARE
 
     @staticmethod
     def file_sources(progress: dict[str, Any]) -> list[tuple[int, str, int]]:
@@ -147,7 +153,7 @@ class FileBacklog:
         if self.checkpoint is None or not isinstance(progress, dict) or not isinstance(progress.get("batchId"), int):
             return False
         sources = self.file_sources(progress)
-        if not sources or (self._thread is not None and self._thread.is_alive()):
+        if not sources or (self._thread is not None and self._thread.is_alive()) or time.monotonic() < self._next_at:
             return False
         self._thread = threading.Thread(target=self._count, args=(progress["batchId"], sources),
                                         name="savepoints-file-backlog", daemon=True)
@@ -167,6 +173,7 @@ class FileBacklog:
     def _count(self, batch_id: int, sources: list[tuple[int, str, int]]) -> None:
         unread: int | None = 0
         read: int | None = 0
+        began = time.monotonic()
         try:
             for index, url, offset in sources:
                 files, batch_files = self.count(index, url, offset)
@@ -175,6 +182,8 @@ class FileBacklog:
         except Exception as exc:  # noqa: BLE001 - the backlog never fails a run: no count this time
             log.warning("could not count the file sources' backlog: %s: %s", type(exc).__name__, exc)
             unread = read = None
+        self.last_count_s = time.monotonic() - began
+        self._next_at = began + self.last_count_s / COST_SHARE
         with self._lock:
             self.done[batch_id] = (unread, read)
 

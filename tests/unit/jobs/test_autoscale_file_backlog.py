@@ -100,6 +100,32 @@ def test_a_failing_count_is_no_count_and_never_raises(tmp_path):
     assert backlog.take() == {}  # taken once
 
 
+def test_counting_takes_at_most_its_share_of_the_run_and_a_batch_between_counts_carries_the_last(tmp_path):
+    """A folder of many files: after a count of d seconds none starts for d / COST_SHARE; the points of the batches
+    meanwhile carry the last count (their own files read unknown)."""
+    from airflow_savepoints.jobs.description.metrics import MetricPoint
+    from airflow_savepoints.jobs.driver.file_backlog import COST_SHARE
+
+    source = tmp_path / "in"
+    source.mkdir()
+    write_files(source, range(600))
+    backlog = FileBacklog(Store(str(tmp_path / "cp")))
+    batch = {"batchId": 4, "sources": [{"description": f"FileStreamSource[file:{source}]", "endOffset": '{"logOffset": -1}'}]}
+    assert backlog.submit(batch) is True
+    backlog.wait(30)
+    assert backlog.take() == {4: (600, 0)}
+    assert backlog.submit({**batch, "batchId": 5}) is False  # within d / COST_SHARE of the last count's start
+    time.sleep(backlog.last_count_s / COST_SHARE + 0.05)
+    assert backlog.submit({**batch, "batchId": 6}) is True
+    backlog.wait(30)
+
+    recorder = MetricsRecorder(Store(str(tmp_path / "job")), "run-1", trigger_interval_ms=1000, file_backlog=backlog)
+    recorder.pending = [MetricPoint(batch_id=b, time=time.time(), run_id="run-1") for b in (6, 7)]
+    recorder.flush()
+    assert [(p.batch_id, p.backlog_files, p.files_read) for p in read_series(recorder.job_folder)] == \
+        [(6, 600, 0), (7, 600, None)]
+
+
 # --- the policy on a file source's backlog (recorded series, no Spark) -------------------------------------
 def file_series(backlogs: list[int], *, rate: float = 120, files_per_batch: int = 4):
     """A run at utilization 0.6 (2 cores, within the band) whose batches each read ``files_per_batch`` files, with
