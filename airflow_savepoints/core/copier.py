@@ -190,24 +190,38 @@ def _reuse_by_link(known: KnownChecksum, f: _File) -> str | None:
 def _reuse_all_by_link(dst: Store, paths: list[str], known: Mapping[str, KnownChecksum],
                        stats: Mapping[str, FileStat]) -> dict[str, CopiedFile]:
     """The files of ``paths`` with a ``known`` checksum, hard-linked from the savepoint holding each in one
-    tight loop (their folders exist), each linked inode stat'ed: reused where it has the recorded size.
-    The rest (no link possible, the file gone or of another size) are copied from the checkpoint."""
+    tight loop (their folders exist), each linked inode stat'ed: reused where it has the recorded size and
+    the listing's entry of the file is true. A measured entry (a stat of the live file) is; an entry the
+    listing only expects (``LazyLocalListing.expect``: the previous manifest's, for a name still holding that
+    inode, not stat'ed) is proven by this stat: the linked inode is the listed one, with the listed
+    modification time; else the live file is stat'ed now (``confirm``) and must match it.
+    The rest (no link possible, the file gone, of another size or another version) are copied from the checkpoint."""
     hinted = [(path, hint) for path in paths if (hint := known.get(path)) is not None]
     by_store: dict[Store, list[tuple[str, KnownChecksum]]] = {}  # by identity: a Store has no __eq__
     for path, hint in hinted:
         by_store.setdefault(hint.store, []).append((path, hint))
     reused: dict[str, CopiedFile] = {}
     get_stat = stats.get
+    is_expected = getattr(stats, "is_expected", None)
     for store, hints in by_store.items():
-        sizes = dst.link_sizes_from(store, [(hint.path, path) for path, hint in hints])
-        for (path, hint), size in zip(hints, sizes, strict=True):
-            if size == hint.size:  # the inode linked has the recorded size (else ``_linked_size_matches`` drops it)
-                stat = get_stat(path)
-                reused[path] = CopiedFile(path, size, hint.crc, LINK, PREVIOUS, stat.version if stat else None,
+        linked = dst.link_versions_from(store, [(hint.path, path) for path, hint in hints])
+        for (path, hint), got in zip(hints, linked, strict=True):
+            if got is None:
+                continue
+            stat = get_stat(path)
+            if got[0] == hint.size and (stat is None or got[1] == stat.version or is_expected is None
+                                        or not is_expected(path) or _confirmed(stats, path, stat)):
+                reused[path] = CopiedFile(path, hint.size, hint.crc, LINK, PREVIOUS, stat.version if stat else None,
                                           hint.savepoint_id, hint.algorithm)
-            elif size is not None:
-                _linked_size_matches(dst, path, size, hint)
+            else:  # another size, or an expected entry the live file does not match: copied from the checkpoint
+                dst.remove_file(path)
     return reused
+
+
+def _confirmed(stats: Mapping[str, FileStat], path: str, expected: FileStat) -> bool:
+    """Whether the live file, stat'ed now, is the version its expected entry says (``LazyLocalListing.confirm``)."""
+    now = stats.confirm(path)  # type: ignore[attr-defined]
+    return now is not None and now.version == expected.version and now.size == expected.size
 
 
 def _reuse_by_server_copy(known: KnownChecksum, f: _File) -> str | None:
