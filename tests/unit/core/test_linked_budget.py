@@ -17,7 +17,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+import google_crc32c
+
 from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.core.verify import verify_savepoint
 from airflow_savepoints.core.copier import LINK_INLINE_BYTES, bounded_map
 from benchmarks import object_store as bench
 
@@ -96,3 +99,64 @@ def test_an_incremental_linked_savepoint_walks_the_checkpoint_once_and_opens_no_
     assert not reused & hashed and hashed <= {e.path for e in files} | {n for n in hashed if n.startswith("._metadata.")}
     read = {os.path.relpath(p, checkpoint) for p in under(checkpoint, calls, "open")}
     assert all(PLAN_INPUT.fullmatch(name) for name in read), read  # the checkpoint: only what decides the plan
+
+
+def _counting_stats(monkeypatch) -> list[str]:
+    """Every path ``os.stat`` is called with while the test runs (the real call is made)."""
+    seen: list[str] = []
+    real = os.stat
+
+    def stat(path, *args, **kwargs):
+        seen.append(os.fsdecode(path) if isinstance(path, str | bytes) else str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    return seen
+
+
+def test_a_reused_file_is_stated_once_and_the_plan_stats_only_what_it_reads_or_the_previous_savepoint_lacks(
+        tmp_path, monkeypatch):
+    """The first attempt takes the previous manifest's entry of every name still holding the inode it
+    records (the scan's own inode numbers); the stat of the inode the copy links proves it: one stat per
+    reused file in all (two before: the plan's and the link's)."""
+    monkeypatch.setattr(bench, "PARTITIONS", 6)
+    checkpoint, root = tmp_path / "checkpoint", tmp_path / "savepoints"
+    newest = bench.write_checkpoint(checkpoint, 60)
+    take_savepoint(str(checkpoint), "job", savepoint_dir=str(root))
+    bench.next_batch(checkpoint, newest + 1)
+    seen = _counting_stats(monkeypatch)
+    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root))
+    monkeypatch.undo()
+    location, files = info.pointer, info.manifest.files
+    reused = [e.path for e in files if e.checksum_source == "previous"]
+    plain_reused = [p for p in reused if not p.endswith(".zip")]  # a zip is also confirmed: the plan may read it
+    assert len(plain_reused) >= len(files) // 2 and info.manifest.attempts == 1
+    for path in plain_reused:
+        stats = [s for s in seen if s in (f"{checkpoint}/{path}", f"{location}/{path}")]
+        assert stats == [f"{location}/{path}"], (path, stats)  # the linked inode only, never the live file as well
+
+
+def test_a_file_changed_in_place_since_the_previous_savepoint_is_hashed_again_not_reused(tmp_path, monkeypatch):
+    """A file rewritten in place (same inode, same size, new bytes and modification time; Spark never does
+    this, but nothing else must be trusted blindly) after the previous savepoint: its entry as the previous
+    manifest records it is expected by the plan (the inode is the same), the link's stat disproves it, and
+    the savepoint holds the file's checksum as read now, not the recorded one."""
+    monkeypatch.setattr(bench, "PARTITIONS", 6)
+    checkpoint, root = tmp_path / "checkpoint", tmp_path / "savepoints"
+    newest = bench.write_checkpoint(checkpoint, 60)
+    first = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root))
+    bench.next_batch(checkpoint, newest + 1)
+    changed = next(e for e in first.manifest.files if e.path.endswith(".sst"))
+    target = checkpoint / changed.path
+    inode, size = target.stat().st_ino, target.stat().st_size
+    with open(target, "r+b") as handle:  # in place: the same inode
+        flipped = bytes(b ^ 0xFF for b in handle.read())
+        handle.seek(0)
+        handle.write(flipped)
+    os.utime(target, ns=(target.stat().st_atime_ns, target.stat().st_mtime_ns + 5_000_000_000))
+    assert (target.stat().st_ino, target.stat().st_size) == (inode, size)
+    second = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root))
+    entry = next(e for e in second.manifest.files if e.path == changed.path)
+    now = google_crc32c.value(target.read_bytes())
+    assert entry.checksum == f"{now:08x}" != changed.checksum and entry.checksum_source == "read"
+    verify_savepoint(second.pointer)  # raises when a file does not match its recorded checksum
