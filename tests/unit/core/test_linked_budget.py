@@ -10,6 +10,7 @@ whose checksum the previous savepoint lends is opened. Its Python function calls
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import sys
@@ -18,9 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import google_crc32c
+import pytest
 
 from airflow_savepoints.core import take_savepoint
 from airflow_savepoints.core.verify import verify_savepoint
+from airflow_savepoints.errors import SavepointError
 from airflow_savepoints.core.copier import LINK_INLINE_BYTES, bounded_map
 from benchmarks import object_store as bench
 
@@ -160,3 +163,30 @@ def test_a_file_changed_in_place_since_the_previous_savepoint_is_hashed_again_no
     now = google_crc32c.value(target.read_bytes())
     assert entry.checksum == f"{now:08x}" != changed.checksum and entry.checksum_source == "read"
     verify_savepoint(second.pointer)  # raises when a file does not match its recorded checksum
+
+
+def test_the_cycle_collector_does_not_run_during_a_local_savepoint_and_runs_again_after(tmp_path, monkeypatch):
+    """A savepoint between local disks allocates tens of thousands of objects in tens of milliseconds: each
+    collection they would trigger walks every object of the process. The collector is paused for it (and
+    is on again after it, also after a failed one)."""
+    monkeypatch.setattr(bench, "PARTITIONS", 6)
+    checkpoint, root = tmp_path / "checkpoint", tmp_path / "savepoints"
+    newest = bench.write_checkpoint(checkpoint, 60)
+    take_savepoint(str(checkpoint), "job", savepoint_dir=str(root))
+    bench.next_batch(checkpoint, newest + 1)
+    collections: list[int] = []
+
+    def seen(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(seen)
+    try:
+        take_savepoint(str(checkpoint), "job", savepoint_dir=str(root))
+        assert collections == [] and gc.isenabled()
+        with pytest.raises(SavepointError):
+            take_savepoint(str(tmp_path / "nowhere"), "job", savepoint_dir=str(root))
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(seen)
