@@ -387,6 +387,21 @@ def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = C
     workers = workers_for((src, dst), parallelism, len(rest), dst=dst, methods=methods) if rest else 1
     if linking and sum(stat.size if (stat := stats.get(p)) else LINK_INLINE_BYTES for p in rest) < LINK_INLINE_BYTES:
         workers = 1  # a few small files to link and hash: less work than starting threads
+        linked = _link_and_hash_all(src, dst, rest, algorithms)
+        done.update(linked)
+        if on_file is not None:
+            for copied in linked.values():
+                on_file(copied)
+        rest = [path for path in rest if path not in linked]  # links refused: copied one by one below
     results = bounded_map(one, rest, workers) if workers > 1 else [one(path) for path in rest]
     done.update({r.path: r for r in results})
     return {p: done[p] for p in paths}
+
+
+def _link_and_hash_all(src: Store, dst: Store, paths: list[str], algorithms: Mapping[str, str]) -> dict[str, CopiedFile]:
+    """The CRC32C files of ``paths`` linked and hashed in this thread, in one tight loop (``Store.link_and_read_from``:
+    a link, then the linked inode opened, ``fstat``'ed and read once; the version token is the inode read)."""
+    crc32c = [path for path in paths if algorithms.get(path, CRC32C) == CRC32C]
+    found = dst.link_and_read_from(src, crc32c, checksums.EXTEND[CRC32C], CHUNK)
+    return {path: CopiedFile(path, got[0], got[1], LINK, READ, got[2])
+            for path, got in zip(crc32c, found, strict=True) if got is not None}

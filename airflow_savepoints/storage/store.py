@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any, NoReturn
 
 import fsspec
@@ -475,6 +475,24 @@ class Store:
             raise
         except OSError as exc:
             self._raise_translated(exc, exc.filename2 or self.url)
+
+    def link_and_read_from(self, other: Store, rels: list[str], extend: Callable[[int, bytes], int],
+                           chunk: int) -> list[tuple[int, int, str] | None]:
+        """Link each of ``rels`` of ``other`` as the same path here (the folders exist) and read each linked
+        inode once into ``extend`` (``LocalBackend.link_and_read``): (size, checksum, version token) each,
+        None where no link was made. Only between local disks reached without fsspec's wrappers; elsewhere
+        every entry is None. A missing source raises FileNotFoundError, an existing target FileExistsError."""
+        link_and_read = getattr(self.backend, "link_and_read", None)
+        if link_and_read is None or not (self.is_local_disk and other.is_local_disk) or \
+                LINK not in self.backend.copy_methods(other.backend):
+            return [None] * len(rels)
+        try:
+            pairs = list(zip(other.paths_of(rels), self.paths_of(rels), strict=True))
+            return link_and_read(pairs, extend, chunk)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except OSError as exc:
+            self._raise_translated(exc, exc.filename2 or exc.filename or self.url)
 
     def server_copy_from(self, other: Store, src_rel: str, rel: str, *, listed: FileStat | None = None,
                          size: int | None = None) -> ServerCopy | None:

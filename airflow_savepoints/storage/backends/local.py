@@ -13,7 +13,7 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, ClassVar
 
 from airflow_savepoints.storage.backends.base import LINK, STREAM, Backend, FileStat, OnError, TooLarge, WrongKind
@@ -215,6 +215,36 @@ class LocalBackend(Backend):
             else:
                 st = stat(target)
                 append((st.st_size, f"{st.st_ino}:{st.st_mtime}"))
+        return found
+
+    def link_and_read(self, pairs: list[tuple[str, str]], extend: Callable[[int, bytes], int],
+                      chunk: int) -> list[tuple[int, int, str] | None]:
+        """Hard-link each ``(source, target)`` (the targets' folders exist) and read the linked inode once,
+        ``chunk`` bytes at a time, into ``extend(value, bytes)`` (a checksum): its size, the checksum and the
+        version token of the inode read (``fstat``), in one tight loop. None where links are refused; a
+        missing source raises FileNotFoundError, an existing target FileExistsError."""
+        found: list[tuple[int, int, str] | None] = []
+        link, open_, fstat, read, close, append = os.link, os.open, os.fstat, os.read, os.close, found.append
+        flags = os.O_RDONLY | os.O_CLOEXEC
+        for source, target in pairs:
+            try:
+                link(source, target, follow_symlinks=False)
+            except (FileNotFoundError, FileExistsError):
+                raise
+            except OSError as exc:
+                if exc.errno not in NO_LINK_ERRNOS:
+                    raise
+                append(None)
+                continue
+            fd = open_(target, flags)
+            try:
+                st, value, size = fstat(fd), 0, 0
+                while data := read(fd, chunk):
+                    value = extend(value, data)
+                    size += len(data)
+            finally:
+                close(fd)
+            append((size, value, f"{st.st_ino}:{st.st_mtime}"))
         return found
 
     # --- deleting ----------------------------------------------------------------------------------

@@ -17,14 +17,15 @@ import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import google_crc32c
 import pytest
 
 from airflow_savepoints.core import take_savepoint
+from airflow_savepoints.core.copier import LINK_INLINE_BYTES, bounded_map
 from airflow_savepoints.core.verify import verify_savepoint
 from airflow_savepoints.errors import SavepointError
-from airflow_savepoints.core.copier import LINK_INLINE_BYTES, bounded_map
 from benchmarks import object_store as bench
 
 PLAN_INPUT = re.compile(r"metadata|offsets/\d+|commits/\d+|state/0/_metadata/.*|state/0/\d+/\d+\.zip")
@@ -190,3 +191,57 @@ def test_the_cycle_collector_does_not_run_during_a_local_savepoint_and_runs_agai
         assert gc.isenabled()
     finally:
         gc.callbacks.remove(seen)
+
+
+def _replace_by_rename(path, data: bytes) -> None:
+    """What Spark's createAtomic(overwrite) does: a temp file renamed over the name (another inode)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _second(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "PARTITIONS", 6)
+    checkpoint, root = tmp_path / "checkpoint", tmp_path / "savepoints"
+    newest = bench.write_checkpoint(checkpoint, 60)
+    first = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root))
+    new = bench.next_batch(checkpoint, newest + 1)
+    return checkpoint, root, first, new
+
+
+def test_a_new_file_replaced_between_the_plan_and_its_link_is_caught_and_the_copy_retried(tmp_path, monkeypatch):
+    checkpoint, root, _, new = _second(tmp_path, monkeypatch)
+    victim_rel = next(p for p in new if p.endswith(".changelog"))
+    victim, faults = checkpoint / victim_rel, []
+
+    def replace_once(event, data):
+        if event == "planned" and not faults:
+            _replace_by_rename(victim, bytes(b ^ 0xFF for b in victim.read_bytes()))  # same size, other bytes
+            faults.append(data["attempt"])
+
+    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root), on_event=replace_once)
+    assert faults == [1] and info.manifest.attempts == 2
+    entry = next(e for e in info.manifest.files if e.path == victim_rel)
+    assert entry.checksum == f"{google_crc32c.value(victim.read_bytes()):08x}"
+    verify_savepoint(info.pointer)
+
+
+def test_a_reused_file_replaced_after_the_plan_keeps_the_listed_bytes_without_a_retry(tmp_path, monkeypatch):
+    """The plan expected the file as the previous savepoint holds it (the same inode, not stat'ed); Spark
+    replacing the name afterwards does not matter: the link's stat proves the inode taken is the listed one."""
+    checkpoint, root, first, _ = _second(tmp_path, monkeypatch)
+    recorded = next(e for e in first.manifest.files if e.path.endswith(".sst"))
+    victim = checkpoint / recorded.path
+    listed, replaced = victim.read_bytes(), []
+
+    def replace_once(event, data):
+        if event == "planned" and not replaced:
+            _replace_by_rename(victim, b"x" * len(listed))  # same size, other bytes, another inode
+            replaced.append(data["attempt"])
+
+    info = take_savepoint(str(checkpoint), "job", savepoint_dir=str(root), on_event=replace_once)
+    entry = next(e for e in info.manifest.files if e.path == recorded.path)
+    assert replaced == [1] and info.manifest.attempts == 1
+    assert (entry.checksum, entry.checksum_source) == (recorded.checksum, "previous")
+    assert (Path(info.pointer) / recorded.path).read_bytes() == listed
+    verify_savepoint(info.pointer)
