@@ -204,12 +204,12 @@ def _reuse_all_by_link(dst: Store, paths: list[str], known: Mapping[str, KnownCh
     get_stat = stats.get
     is_expected = getattr(stats, "is_expected", None)
     for store, hints in by_store.items():
-        linked = dst.link_versions_from(store, [(hint.path, path) for path, hint in hints])
-        for (path, hint), got in zip(hints, linked, strict=True):
+        listed = [get_stat(path) for path, _ in hints]
+        linked = dst.link_checked_from(store, [(hint.path, path) for path, hint in hints], listed)
+        for (path, hint), stat, got in zip(hints, listed, linked, strict=True):
             if got is None:
                 continue
-            stat = get_stat(path)
-            if got[0] == hint.size and (stat is None or got[1] == stat.version or is_expected is None
+            if got[0] == hint.size and (stat is None or got[1] or is_expected is None
                                         or not is_expected(path) or _confirmed(stats, path, stat)):
                 reused[path] = CopiedFile(path, hint.size, hint.crc, LINK, PREVIOUS, stat.version if stat else None,
                                           hint.savepoint_id, hint.algorithm)

@@ -462,15 +462,16 @@ class Store:
         except OSError as exc:
             self._raise_translated(exc, self.url_of(rel))
 
-    def link_versions_from(self, other: Store, pairs: list[tuple[str, str]]) -> list[tuple[int, str] | None]:
-        """``link_from`` for many ``(src_rel, rel)`` whose folders exist here (``make_parents``): the size and
-        version token of each linked file (a stat of the linked inode), None where no link was made (no link
-        possible, or the source missing). An existing target raises FileExistsError."""
+    def link_checked_from(self, other: Store, pairs: list[tuple[str, str]],
+                          listed: list[FileStat | None]) -> list[tuple[int, bool] | None]:
+        """``link_from`` for many ``(src_rel, rel)`` whose folders exist here (``make_parents``): the size of each
+        linked file (a stat of the linked inode) and whether it is the version ``listed`` for it, None where no
+        link was made (no link possible, or the source missing). An existing target raises FileExistsError."""
         if LINK not in self.backend.copy_methods(other.backend):
             return [None] * len(pairs)
         try:
             sources, targets = other.paths_of([src for src, _ in pairs]), self.paths_of([rel for _, rel in pairs])
-            return self.backend.link_versions(list(zip(sources, targets, strict=True)))
+            return self.backend.link_checked(list(zip(sources, targets, strict=True)), listed)
         except FileExistsError:
             raise
         except OSError as exc:
