@@ -355,7 +355,8 @@ def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = C
     Where files are linked, the folders are made first, and files whose checksum is known are linked
     from the previous savepoint in this thread, in one loop (a link is one system call; a thread pool would
     cost more than the work); each worker then links (or, across filesystems, streams) and hashes the rest,
-    or this thread does when they hold under ``LINK_INLINE_BYTES`` in all."""
+    or this thread does when they hold under ``LINK_INLINE_BYTES`` in all (in one loop when no ``on_file``
+    is told of each file as it is done)."""
     if not paths:
         return {}
     stats, known = stats or {}, known or {}
@@ -387,12 +388,9 @@ def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = C
     workers = workers_for((src, dst), parallelism, len(rest), dst=dst, methods=methods) if rest else 1
     if linking and sum(stat.size if (stat := stats.get(p)) else LINK_INLINE_BYTES for p in rest) < LINK_INLINE_BYTES:
         workers = 1  # a few small files to link and hash: less work than starting threads
-        linked = _link_and_hash_all(src, dst, rest, algorithms)
-        done.update(linked)
-        if on_file is not None:
-            for copied in linked.values():
-                on_file(copied)
-        rest = [path for path in rest if path not in linked]  # links refused: copied one by one below
+        if on_file is None:  # no one to tell of each file as it is done: one loop for all
+            done.update(linked := _link_and_hash_all(src, dst, rest, algorithms))
+            rest = [path for path in rest if path not in linked]  # links refused: copied one by one below
     results = bounded_map(one, rest, workers) if workers > 1 else [one(path) for path in rest]
     done.update({r.path: r for r in results})
     return {p: done[p] for p in paths}
