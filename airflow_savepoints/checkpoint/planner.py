@@ -128,6 +128,7 @@ class _VisibleFiles(Mapping[str, FileStat]):
 
     def __init__(self, listing: Mapping[str, FileStat]):
         self._listing = listing
+        self._confirm = getattr(listing, "confirm", listing.get)  # a local listing's entry as stat'ed, not expected
         listed_folders: dict[str, list[str]] | None = getattr(listing, "folders", None)
         self.folders: dict[str, list[str]] = {}
         folders = self.folders
@@ -153,6 +154,10 @@ class _VisibleFiles(Mapping[str, FileStat]):
         """The listed entry of each of ``paths`` (all visible), None for a file gone since it was listed."""
         stats_of = getattr(self._listing, "stats_of", None)
         return stats_of(paths) if stats_of is not None else list(map(self._listing.get, paths))
+
+    def confirm(self, path: str) -> FileStat | None:
+        """The listed entry of ``path`` as measured (``LazyLocalListing.confirm``), for a file read next."""
+        return self._confirm(path) if path in self._paths else None
 
     def __getitem__(self, path: str) -> FileStat:
         if path not in self._paths:
@@ -194,10 +199,10 @@ def _collector(listing: _VisibleFiles, into: dict[str, _Pending], purpose: str):
     is taken with all the others (``_planned_files``: a file gone by then is a race too), or ``now``, for
     a file the planner reads next."""
 
-    names, get = listing.names, listing.get
+    names, confirm = listing.names, listing.confirm
 
     def add(path: str, group: int, expected_size: int | None = None, *, now: bool = False) -> None:
-        if path not in names or (now and get(path) is None):
+        if path not in names or (now and confirm(path) is None):
             raise CheckpointRaceError(f"{purpose}: '{path}' is not there")
         into[path] = (group, None, expected_size)
 

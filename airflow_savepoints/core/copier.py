@@ -190,24 +190,38 @@ def _reuse_by_link(known: KnownChecksum, f: _File) -> str | None:
 def _reuse_all_by_link(dst: Store, paths: list[str], known: Mapping[str, KnownChecksum],
                        stats: Mapping[str, FileStat]) -> dict[str, CopiedFile]:
     """The files of ``paths`` with a ``known`` checksum, hard-linked from the savepoint holding each in one
-    tight loop (their folders exist), each linked inode stat'ed: reused where it has the recorded size.
-    The rest (no link possible, the file gone or of another size) are copied from the checkpoint."""
+    tight loop (their folders exist), each linked inode stat'ed: reused where it has the recorded size and
+    the listing's entry of the file is true. A measured entry (a stat of the live file) is; an entry the
+    listing only expects (``LazyLocalListing.expect``: the previous manifest's, for a name still holding that
+    inode, not stat'ed) is proven by this stat: the linked inode is the listed one, with the listed
+    modification time; else the live file is stat'ed now (``confirm``) and must match it.
+    The rest (no link possible, the file gone, of another size or another version) are copied from the checkpoint."""
     hinted = [(path, hint) for path in paths if (hint := known.get(path)) is not None]
     by_store: dict[Store, list[tuple[str, KnownChecksum]]] = {}  # by identity: a Store has no __eq__
     for path, hint in hinted:
         by_store.setdefault(hint.store, []).append((path, hint))
     reused: dict[str, CopiedFile] = {}
     get_stat = stats.get
+    is_expected = getattr(stats, "is_expected", None)
     for store, hints in by_store.items():
-        sizes = dst.link_sizes_from(store, [(hint.path, path) for path, hint in hints])
-        for (path, hint), size in zip(hints, sizes, strict=True):
-            if size == hint.size:  # the inode linked has the recorded size (else ``_linked_size_matches`` drops it)
-                stat = get_stat(path)
-                reused[path] = CopiedFile(path, size, hint.crc, LINK, PREVIOUS, stat.version if stat else None,
+        listed = [get_stat(path) for path, _ in hints]
+        linked = dst.link_checked_from(store, [(hint.path, path) for path, hint in hints], listed)
+        for (path, hint), stat, got in zip(hints, listed, linked, strict=True):
+            if got is None:
+                continue
+            if got[0] == hint.size and (stat is None or got[1] or is_expected is None
+                                        or not is_expected(path) or _confirmed(stats, path, stat)):
+                reused[path] = CopiedFile(path, hint.size, hint.crc, LINK, PREVIOUS, stat.version if stat else None,
                                           hint.savepoint_id, hint.algorithm)
-            elif size is not None:
-                _linked_size_matches(dst, path, size, hint)
+            else:  # another size, or an expected entry the live file does not match: copied from the checkpoint
+                dst.remove_file(path)
     return reused
+
+
+def _confirmed(stats: Mapping[str, FileStat], path: str, expected: FileStat) -> bool:
+    """Whether the live file, stat'ed now, is the version its expected entry says (``LazyLocalListing.confirm``)."""
+    now = stats.confirm(path)  # type: ignore[attr-defined]
+    return now is not None and now.version == expected.version and now.size == expected.size
 
 
 def _reuse_by_server_copy(known: KnownChecksum, f: _File) -> str | None:
@@ -341,7 +355,8 @@ def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = C
     Where files are linked, the folders are made first, and files whose checksum is known are linked
     from the previous savepoint in this thread, in one loop (a link is one system call; a thread pool would
     cost more than the work); each worker then links (or, across filesystems, streams) and hashes the rest,
-    or this thread does when they hold under ``LINK_INLINE_BYTES`` in all."""
+    or this thread does when they hold under ``LINK_INLINE_BYTES`` in all (in one loop when no ``on_file``
+    is told of each file as it is done)."""
     if not paths:
         return {}
     stats, known = stats or {}, known or {}
@@ -373,6 +388,18 @@ def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = C
     workers = workers_for((src, dst), parallelism, len(rest), dst=dst, methods=methods) if rest else 1
     if linking and sum(stat.size if (stat := stats.get(p)) else LINK_INLINE_BYTES for p in rest) < LINK_INLINE_BYTES:
         workers = 1  # a few small files to link and hash: less work than starting threads
+        if on_file is None:  # no one to tell of each file as it is done: one loop for all
+            done.update(linked := _link_and_hash_all(src, dst, rest, algorithms))
+            rest = [path for path in rest if path not in linked]  # links refused: copied one by one below
     results = bounded_map(one, rest, workers) if workers > 1 else [one(path) for path in rest]
     done.update({r.path: r for r in results})
     return {p: done[p] for p in paths}
+
+
+def _link_and_hash_all(src: Store, dst: Store, paths: list[str], algorithms: Mapping[str, str]) -> dict[str, CopiedFile]:
+    """The CRC32C files of ``paths`` linked and hashed in this thread, in one tight loop (``Store.link_and_read_from``:
+    a link, then the linked inode opened, ``fstat``'ed and read once; the version token is the inode read)."""
+    crc32c = [path for path in paths if algorithms.get(path, CRC32C) == CRC32C]
+    found = dst.link_and_read_from(src, crc32c, checksums.EXTEND[CRC32C], CHUNK)
+    return {path: CopiedFile(path, got[0], got[1], LINK, READ, got[2])
+            for path, got in zip(crc32c, found, strict=True) if got is not None}

@@ -12,6 +12,7 @@ Spark raced the copy: the attempt is retried on a newer N. Any failure discards 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -166,17 +167,23 @@ class PreviousSavepoint:
 
 
 def plan_listed(source: Store, parallelism: int | None = None, previous: PreviousSavepoint | None = None, *,
-                listing: Mapping[str, FileStat] | None = None, pending: Mapping[str, Future[bytes]] | None = None) -> Listed:
+                listing: Mapping[str, FileStat] | None = None, pending: Mapping[str, Future[bytes]] | None = None,
+                expect: bool = False) -> Listed:
     """The plan and the one listing it was made from (on a local disk, only planned files are stat'ed).
     On an object store the snapshot zips are read ``parallelism`` at a time (one request each); on a
     local disk planning is Python work on cached pages, which threads only slow down: one at a time.
     A zip ``previous`` holds unchanged is planned from its manifest, not read. ``listing`` and
-    ``pending`` (reads under way, by path): what the caller fetched already."""
+    ``pending`` (reads under way, by path): what the caller fetched already. With ``expect``, a local
+    listing takes ``previous``'s entry (size, version token) of each name that still holds the inode it
+    records, without a stat (``LazyLocalListing.expect``): the copy proves each with the stat of the inode
+    it links (``copier._reuse_all_by_link``), or a check of what it copied (``check_copied``)."""
     listing = source.list_files_lazily() if listing is None else listing
     if not listing and not source.exists():
         raise CheckpointNotFoundError(
             f"checkpoint {source.url} does not exist", "point at the query's checkpointLocation"
         )
+    if expect and previous is not None and (take := getattr(listing, "expect", None)) is not None:
+        take([(path, entry.size, entry.source_version) for path, entry in previous.entries.items()])
     workers = 1 if source.is_local else parallelism or default_parallelism()  # reads: no upload buffer
     known = previous.snapshots() if previous is not None else None
     return plan_checkpoint(listing, source.read_bytes, where=source.url, parallelism=workers,
@@ -232,7 +239,10 @@ class SavepointRun:
         if self.source.is_local and self.root.is_local:
             self._latest = self._latest_of_checkpoint()
             listing, self._listing = self._listing, None
-            self._first_plan = plan_listed(self.source, self.request.parallelism, self._lender(), listing=listing)
+            # the first attempt takes the previous savepoint's entries of unchanged names (no stat each); a retry
+            # (a race, or an entry the copy could not prove) stats every planned file
+            self._first_plan = plan_listed(self.source, self.request.parallelism, self._lender(), listing=listing,
+                                           expect=True)
             self.lease.set_savepoint(new_savepoint_id(self._first_plan[0].query_id))  # named as the lease is taken
             return
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="savepoint-start") as pool:
@@ -524,8 +534,27 @@ class SavepointRun:
 
 
 def run_savepoint(request: SavepointRequest, on_event: Notify | None = None) -> SavepointInfo:
-    """Carry out ``request`` (see :func:`take_savepoint`); a failure after the plan is kept in the job's history."""
-    run, triggered_at = SavepointRun(request, on_event), datetime.now(UTC)
+    """Carry out ``request`` (see :func:`take_savepoint`); a failure after the plan is kept in the job's history.
+
+    Between local disks, Python's cycle collector is paused meanwhile: such a savepoint allocates tens of
+    thousands of objects in tens of milliseconds, none of them in a cycle it leaves behind, and each
+    collection they would trigger walks every object of the process (in a scheduler's or worker's process,
+    more work than the savepoint's own). Reference counting still frees everything; the collector is on
+    again when the savepoint ends (left off if it was off)."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        run, triggered_at = SavepointRun(request, on_event), datetime.now(UTC)
+        if paused and not (run.source.is_local and run.root.is_local):
+            gc.enable()  # an object store's savepoint waits on the network: no reason to pause it
+            paused = False
+        return _run(run, triggered_at)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _run(run: SavepointRun, triggered_at: datetime) -> SavepointInfo:
     done = run.already_taken()
     if done is not None:
         run.notify("reused", {"pointer": done.pointer})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any, NoReturn
 
 import fsspec
@@ -462,19 +462,38 @@ class Store:
         except OSError as exc:
             self._raise_translated(exc, self.url_of(rel))
 
-    def link_sizes_from(self, other: Store, pairs: list[tuple[str, str]]) -> list[int | None]:
-        """``link_from`` for many ``(src_rel, rel)`` whose folders exist here (``make_parents``): the size of
-        each linked file (a stat of the linked inode), None where no link was made (no link possible, or
-        the source missing). An existing target raises FileExistsError."""
+    def link_checked_from(self, other: Store, pairs: list[tuple[str, str]],
+                          listed: list[FileStat | None]) -> list[tuple[int, bool] | None]:
+        """``link_from`` for many ``(src_rel, rel)`` whose folders exist here (``make_parents``): the size of each
+        linked file (a stat of the linked inode) and whether it is the version ``listed`` for it, None where no
+        link was made (no link possible, or the source missing). An existing target raises FileExistsError."""
         if LINK not in self.backend.copy_methods(other.backend):
             return [None] * len(pairs)
         try:
             sources, targets = other.paths_of([src for src, _ in pairs]), self.paths_of([rel for _, rel in pairs])
-            return self.backend.link_sizes(list(zip(sources, targets, strict=True)))
+            return self.backend.link_checked(list(zip(sources, targets, strict=True)), listed)
         except FileExistsError:
             raise
         except OSError as exc:
             self._raise_translated(exc, exc.filename2 or self.url)
+
+    def link_and_read_from(self, other: Store, rels: list[str], extend: Callable[[int, bytes], int],
+                           chunk: int) -> list[tuple[int, int, str] | None]:
+        """Link each of ``rels`` of ``other`` as the same path here (the folders exist) and read each linked
+        inode once into ``extend`` (``LocalBackend.link_and_read``): (size, checksum, version token) each,
+        None where no link was made. Only between local disks reached without fsspec's wrappers; elsewhere
+        every entry is None. A missing source raises FileNotFoundError, an existing target FileExistsError."""
+        link_and_read = getattr(self.backend, "link_and_read", None)
+        if link_and_read is None or not (self.is_local_disk and other.is_local_disk) or \
+                LINK not in self.backend.copy_methods(other.backend):
+            return [None] * len(rels)
+        try:
+            pairs = list(zip(other.paths_of(rels), self.paths_of(rels), strict=True))
+            return link_and_read(pairs, extend, chunk)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except OSError as exc:
+            self._raise_translated(exc, exc.filename2 or exc.filename or self.url)
 
     def server_copy_from(self, other: Store, src_rel: str, rel: str, *, listed: FileStat | None = None,
                          size: int | None = None) -> ServerCopy | None:

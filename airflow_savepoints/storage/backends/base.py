@@ -290,9 +290,10 @@ class Backend:
         """Hard-link ``source`` as ``target``; the linked file's stat, or None if links are refused."""
         return None
 
-    def link_sizes(self, pairs: list[tuple[str, str]]) -> list[int | None]:
-        """Hard-link each ``(source, target)`` (the targets' folders exist) and stat each linked inode: the
-        sizes, None where no link was made (links refused, or the source missing); an existing target raises."""
+    def link_checked(self, pairs: list[tuple[str, str]], listed: list[FileStat | None]) -> list[tuple[int, bool] | None]:
+        """Hard-link each ``(source, target)`` (the targets' folders exist) and stat each linked inode: its
+        size and whether it is the version ``listed`` for the pair, None where no link was made (links refused,
+        or the source missing); an existing target raises."""
         return [None] * len(pairs)
 
     def server_copy(self, source: Backend, src_path: str, path: str, *, listed: FileStat | None,

@@ -13,7 +13,7 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, ClassVar
 
 from airflow_savepoints.storage.backends.base import LINK, STREAM, Backend, FileStat, OnError, TooLarge, WrongKind
@@ -71,7 +71,8 @@ class LocalBackend(Backend):
                 scan_names(base, links)
             return super().list_files(base)
         folders: dict[str, list[str]] = {}
-        return LazyLocalListing(base, scan_names(base, links, folders), on_error, folders)
+        inodes: dict[str, int] = {}
+        return LazyLocalListing(base, scan_names(base, links, folders, inodes), on_error, folders, inodes)
 
     def stat_files(self, base: str, paths: Iterable[str], on_error: OnError) -> dict[str, FileStat]:
         """One stat per file (cheaper than listing every version Spark keeps)."""
@@ -197,11 +198,13 @@ class LocalBackend(Backend):
             raise
         return local_file_stat(os.stat(target))
 
-    def link_sizes(self, pairs: list[tuple[str, str]]) -> list[int | None]:
-        """One tight loop (a savepoint links hundreds of files): a link and a stat of the linked inode each."""
-        sizes: list[int | None] = []
-        link, stat, append = os.link, os.stat, sizes.append
-        for source, target in pairs:
+    def link_checked(self, pairs: list[tuple[str, str]], listed: list[FileStat | None]) -> list[tuple[int, bool] | None]:
+        """One tight loop (a savepoint links hundreds of files): a link and a stat of the linked inode each, its
+        size and whether it is the version ``listed`` for the pair (the same inode and modification time as its
+        token, ``local_version``; compared as numbers: formatting a float is most of a token's cost)."""
+        found: list[tuple[int, bool] | None] = []
+        link, stat, append = os.link, os.stat, found.append
+        for (source, target), entry in zip(pairs, listed, strict=True):
             try:
                 link(source, target, follow_symlinks=False)
             except FileNotFoundError:
@@ -211,8 +214,40 @@ class LocalBackend(Backend):
                     raise
                 append(None)
             else:
-                append(stat(target).st_size)
-        return sizes
+                st = stat(target)
+                append((st.st_size, entry is not None and entry.modified == st.st_mtime
+                        and entry.version.startswith(f"{st.st_ino}:")))
+        return found
+
+    def link_and_read(self, pairs: list[tuple[str, str]], extend: Callable[[int, bytes], int],
+                      chunk: int) -> list[tuple[int, int, str] | None]:
+        """Hard-link each ``(source, target)`` (the targets' folders exist) and read the linked inode once,
+        ``chunk`` bytes at a time, into ``extend(value, bytes)`` (a checksum): its size, the checksum and the
+        version token of the inode read (``fstat``), in one tight loop. None where links are refused; a
+        missing source raises FileNotFoundError, an existing target FileExistsError."""
+        found: list[tuple[int, int, str] | None] = []
+        link, open_, fstat, read, close, append = os.link, os.open, os.fstat, os.read, os.close, found.append
+        flags = os.O_RDONLY | os.O_CLOEXEC
+        for source, target in pairs:
+            try:
+                link(source, target, follow_symlinks=False)
+            except (FileNotFoundError, FileExistsError):
+                raise
+            except OSError as exc:
+                if exc.errno not in NO_LINK_ERRNOS:
+                    raise
+                append(None)
+                continue
+            fd = open_(target, flags)
+            try:
+                st, value, size = fstat(fd), 0, 0
+                while data := read(fd, chunk):
+                    value = extend(value, data)
+                    size += len(data)
+            finally:
+                close(fd)
+            append((size, value, f"{st.st_ino}:{st.st_mtime}"))
+        return found
 
     # --- deleting ----------------------------------------------------------------------------------
     def remove_empty_folders(self, paths: Iterable[str]) -> None:
@@ -246,10 +281,13 @@ def _create_without_link(target: str, data: bytes) -> bool:
     return True
 
 
-def scan_names(base: str, links: list[str] | None = None, folders: dict[str, list[str]] | None = None) -> list[str]:
+def scan_names(base: str, links: list[str] | None = None, folders: dict[str, list[str]] | None = None,
+               inodes: dict[str, int] | None = None) -> list[str]:
     """The files of a local tree, relative to ``base``, with one ``scandir`` per folder (no stat).
-    A linked folder is never walked into; symbolic links are also added to ``links`` if given, and
-    each folder's files (folder -> its files' paths, ``""`` for ``base``) to ``folders`` if given."""
+    A linked folder is never walked into; symbolic links are also added to ``links`` if given,
+    each folder's files (folder -> its files' paths, ``""`` for ``base``) to ``folders`` if given, and
+    each file's inode number as the folder read gave it (``DirEntry.inode()``: no system call) to
+    ``inodes`` if given."""
     out: list[str] = []
     pending = [(base, "")]
     while pending:
@@ -262,7 +300,9 @@ def scan_names(base: str, links: list[str] | None = None, folders: dict[str, lis
         for entry in entries:
             try:  # one type test per file as a rule (the folder's entry says it is a plain file: no stat)
                 if entry.is_file(follow_symlinks=False):
-                    files.append(prefix + entry.name)
+                    files.append(name := prefix + entry.name)
+                    if inodes is not None:
+                        inodes[name] = entry.inode()
                     continue
                 is_dir = entry.is_dir(follow_symlinks=False)
             except FileNotFoundError:
@@ -284,13 +324,51 @@ class LazyLocalListing(Mapping[str, FileStat]):
     """Local file names below ``base``; a file's stat (the same entry and version token fsspec's
     ``find`` gives) is taken when first looked up. A file removed since the scan is missing; any
     other error of the stat goes to ``on_error(exc, path)`` (the store's error translation).
-    ``folders``: each folder's files, as the scan found them (``scan_names``), when it kept them."""
+    ``folders``: each folder's files, as the scan found them (``scan_names``), when it kept them;
+    ``inodes``: each file's inode number as the folder read gave it, when it kept them.
 
-    def __init__(self, base: str, names: list[str], on_error: OnError, folders: dict[str, list[str]] | None = None):
+    ``expect`` takes entries known from elsewhere (a previous savepoint's manifest) as the entries of
+    names still holding the same inode: such an entry is not stat'ed, but it is *expected*, not
+    measured, until ``confirm`` stats it. Whoever relies on an expected entry proves it (the copier
+    compares it with the stat of the inode it linked) or confirms it first."""
+
+    def __init__(self, base: str, names: list[str], on_error: OnError, folders: dict[str, list[str]] | None = None,
+                 inodes: dict[str, int] | None = None):
         self._base, self._names = base.rstrip("/") or "", dict.fromkeys(names)
         self._stats: dict[str, FileStat] = {}
+        self._expected: set[str] = set()  # names whose entry in ``_stats`` is expected, not yet stat'ed
         self._on_error = on_error
         self.folders = folders
+        self._inodes = inodes
+
+    def expect(self, entries: Iterable[tuple[str, int, str]]) -> int:
+        """Take each ``(name, size, version)`` (a local version token, ``<inode>:<mtime>``) as the entry of a
+        listed name not looked up yet whose inode, as the scan read it, is the token's; returns how many
+        were taken. Nothing is taken without the scan's inode numbers."""
+        inodes, stats, expected = self._inodes, self._stats, self._expected
+        if not inodes:
+            return 0
+        get_inode = inodes.get
+        for rel, size, version in entries:
+            inode, _, mtime = version.partition(":")
+            if rel not in stats and inode.isdigit() and get_inode(rel) == int(inode):
+                try:
+                    stats[rel] = FileStat(size, version, float(mtime))
+                except ValueError:  # not a local token
+                    continue
+                expected.add(rel)
+        return len(expected)
+
+    def is_expected(self, rel: str) -> bool:
+        """Whether ``rel``'s entry was taken by ``expect`` and not stat'ed since."""
+        return rel in self._expected
+
+    def confirm(self, rel: str) -> FileStat | None:
+        """``rel``'s entry as measured: an expected one is stat'ed now (and replaced by what the stat says)."""
+        if rel in self._expected:
+            self._expected.discard(rel)
+            del self._stats[rel]
+        return self.get(rel)
 
     def __getitem__(self, rel: str) -> FileStat:
         stat = self.get(rel)
