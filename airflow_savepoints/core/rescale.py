@@ -191,7 +191,7 @@ def rewrite(session: Any, destination: Store, partitions: int, batch: int, file_
     return formats.state_partitions(listing, version=batch + 1)
 
 
-def _drop_partitions_past(destination: Store, listing: Iterable[str], partitions: int, batch: int) -> list[str]:
+def _drop_partitions_past(destination: Store, listing: Iterable[str], partitions: int, batch: int) -> None:
     """After a rescale into fewer partitions, remove from the restored copy the folders of the partitions at or
     past ``partitions`` that hold no state of the repartition ``batch``: the old state only, which Spark never opens
     again, but which every later reader counts (a savepoint of the running job planned the stale partitions and
@@ -203,12 +203,12 @@ def _drop_partitions_past(destination: Store, listing: Iterable[str], partitions
                 and int(parts[2]) >= partitions:
             folder = "/".join(parts[:3])
             (current if formats.state_file_version(path) == batch + 1 else stale).add(folder)
-    for folder in sorted(stale - current):
+    gone = sorted(stale - current)
+    for folder in gone:
         destination.remove_tree(folder)
-    if stale - current:
+    if gone:
         log.info("rescaled %s into %d partitions: removed the old state of %s", destination.url, partitions,
-                 ", ".join(sorted(stale - current)))
-    return sorted(stale - current)
+                 ", ".join(gone))
 
 
 def _interruptible(session: Any, call: Callable[[], Any], grace: float = 120.0) -> Any:

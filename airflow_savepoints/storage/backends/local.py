@@ -246,7 +246,7 @@ class LocalBackend(Backend):
                     size += len(data)
             finally:
                 close(fd)
-            append((size, value, f"{st.st_ino}:{st.st_mtime}"))
+            append((size, value, local_version(st)))
         return found
 
     # --- deleting ----------------------------------------------------------------------------------
