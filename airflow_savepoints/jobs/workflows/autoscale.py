@@ -436,9 +436,13 @@ def scale_request(ctx: JobContext, state: JobState, decision: Decision, conf: di
     from airflow_savepoints.jobs.workflows.upgrade import UpgradeRequest, new_version, running_version
 
     running = ctx.job.with_version(running_version(ctx, state))
-    partitions = decision.target_partitions if decision.target_partitions != decision.current_partitions else None
     return UpgradeRequest(version=new_version(running, spark_conf=conf), mode="savepoint", check_first=True,
-                          rollback=True, state_partitions=partitions)
+                          rollback=True, state_partitions=changed_partitions(decision))
+
+
+def changed_partitions(decision: Decision) -> int | None:
+    """The state partitions an action asks for: the target's, only when they change."""
+    return decision.target_partitions if decision.target_partitions != decision.current_partitions else None
 
 
 def _act(ctx: JobContext, state: JobState, decision: Decision, conf: dict[str, str], submit_for: SubmitFor,
@@ -451,11 +455,8 @@ def _act(ctx: JobContext, state: JobState, decision: Decision, conf: dict[str, s
             f"(savepoint mode, checked first{f', state partitions {request.state_partitions}' if request.state_partitions else ''})")
     try:
         done = upgrade(ctx, request, submit_for=submit_for, log_dir=log_dir)
-    except UpgradeCheckFailedError as exc:
+    except (UpgradeCheckFailedError, UpgradeRolledBackError) as exc:
         return "rolled_back", None, exc
-    except UpgradeRolledBackError as exc:  # the restart was not healthy: where the previous configuration runs from
-        return "rolled_back", {"rolled_back_on": exc.rolled_back_on, "state_partitions": request.state_partitions,
-                               "spark_conf": conf}, exc
     except SavepointError as exc:
         return "failed", None, exc
     check, started = done.get("check") or {}, done["started"]
@@ -566,8 +567,8 @@ def _evaluate(ctx: JobContext, policy: AutoscaleSettings, *, dry_run: bool, subm
     if decision.changes and policy.mode == "act" and not dry_run:
         if conf or decision.target_partitions != decision.current_partitions:
             outcome, done, error = _act(ctx, state, decision, conf, submit_for, log_dir)
-            if outcome == "rolled_back":  # the evidence of a rollback after the restart: what it started from
-                rollback, done = done, None
+            if on := getattr(error, "rolled_back_on", None):  # rolled back after the restart: what it runs from
+                rollback = {"rolled_back_on": on, "state_partitions": changed_partitions(decision), "spark_conf": conf}
         else:
             warnings.append(f"master {ctx.master} gives the job its cores itself (local[N]) and the state partitions "
                             "stay: nothing to act on, recommended only; change the job's master for more cores")
