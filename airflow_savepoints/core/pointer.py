@@ -18,7 +18,12 @@ from airflow_savepoints.core.manifest import (  # noqa: F401 - re-exported: wher
 )
 from airflow_savepoints.core.models import JOB_NAME, SavepointInfo, SavepointManifest, validate_job_name
 from airflow_savepoints.core.names import MANIFEST_FILE
-from airflow_savepoints.errors import IncompleteSavepointError, SavepointNotFoundError, SavepointRootMissingError
+from airflow_savepoints.errors import (
+    IncompleteSavepointError,
+    NoSavepointError,
+    SavepointNotFoundError,
+    SavepointRootMissingError,
+)
 from airflow_savepoints.storage import Store
 
 
@@ -32,6 +37,15 @@ def latest_savepoint(root: Store, job: str,
     """The restore default of ``job``: its newest completed savepoint whose ``_metadata`` reads, never one
     taken of a checkpoint the job had left, and one ``accept`` takes if given; None if it has none."""
     return Catalog(root.child(validate_job_name(job)), job).latest(accept)
+
+
+def latest_pointer(root: Store, job: str, purpose: str, hint: str) -> str:
+    """The pointer of ``job``'s newest completed savepoint (:func:`latest_savepoint`); without one,
+    ``NoSavepointError`` saying it has none ``purpose`` (e.g. "to inspect"), with ``hint``."""
+    info = latest_savepoint(root, job)
+    if info is None:
+        raise NoSavepointError(f"job '{job}' has no completed savepoint {purpose}", hint)
+    return info.pointer
 
 
 def list_jobs(root: Store) -> list[str]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_savepoints.core.pointer import latest_savepoint
+from airflow_savepoints.core.pointer import latest_pointer
 from airflow_savepoints.core.state_reader import inspect_savepoint
 from airflow_savepoints.core.state_summary import record_beside
-from airflow_savepoints.errors import InvalidInputError, NoSavepointError
+from airflow_savepoints.errors import InvalidInputError
 from airflow_savepoints.operators.base import SavepointsBaseOperator, savepoints_template_fields
 from airflow_savepoints.operators.links import SavepointsPageLink
 
@@ -60,8 +60,5 @@ class InspectSavepointOperator(SavepointsBaseOperator):
     def _latest(self) -> str:
         if not self.job:
             raise InvalidInputError("InspectSavepointOperator needs pointer= or job=", "name the savepoint or its job")
-        info = latest_savepoint(self.savepoint_store(), self.job)
-        if info is None:
-            raise NoSavepointError(f"job '{self.job}' has no completed savepoint to inspect",
-                                   "take a savepoint first (TriggerSavepointOperator)")
-        return info.pointer
+        return latest_pointer(self.savepoint_store(), self.job, "to inspect",
+                              "take a savepoint first (TriggerSavepointOperator)")

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_savepoints.core.names import INSPECT_FOLDER
-from airflow_savepoints.core.pointer import latest_savepoint
+from airflow_savepoints.core.pointer import latest_pointer
 from airflow_savepoints.core.state_summary import StateSummary
-from airflow_savepoints.errors import NoSavepointError, StateUnreadableError, reported
+from airflow_savepoints.errors import StateUnreadableError, reported
 from airflow_savepoints.jobs.description.channel import new_run_id
 from airflow_savepoints.jobs.driver import inspect_app
 from airflow_savepoints.jobs.launch.launcher import log_tail
@@ -38,12 +38,8 @@ def inspect_on_the_job(ctx: JobContext, submit_command: Callable[[str, dict[str,
     """The state summary of ``pointer`` (default: the job's newest completed savepoint), read by a Spark
     application of the job; and the application's facts (id, Spark version, seconds it read)."""
     job = ctx.job
-    if pointer is None:
-        newest = latest_savepoint(ctx.root, job.name)
-        if newest is None:
-            raise NoSavepointError(f"job '{job.name}' has no completed savepoint to inspect",
-                                   "take one first (airflow-savepoints job savepoint), or give a savepoint")
-        pointer = newest.pointer
+    pointer = pointer or latest_pointer(ctx.root, job.name, "to inspect",
+                                        "take one first (airflow-savepoints job savepoint), or give a savepoint")
     results = ctx.folder.child(INSPECT_FOLDER)
     scratch = results.child(new_run_id())
     arguments = [pointer, scratch.url, "-" if operator is None else str(operator), str(sample)]
