@@ -26,16 +26,18 @@ class SavepointError(Exception):
         return found if self.cause is None else {**found, "cause": self.cause}
 
 
-def reported(error: dict, default: type[SavepointError]) -> SavepointError:
-    """The typed error another process reported as its ``to_dict()`` (``default``'s type for an unknown code)."""
+def reported(error: dict, default: type[SavepointError], family: type[SavepointError] = SavepointError,
+             unnamed: str | None = None) -> SavepointError:
+    """The typed error another process reported as its ``to_dict()``: the error of ``family`` with its code
+    (``default`` for any other code), its message (``unnamed``, else ``<code> without a message``, when it gave none)."""
     def subclasses(kind: type[SavepointError]):
         for sub in kind.__subclasses__():
             yield sub
             yield from subclasses(sub)
 
-    kind = next((k for k in subclasses(SavepointError) if k.code == error.get("code")), default)
+    kind = next((k for k in subclasses(family) if k.code == error.get("code")), default)
     cause = error.get("cause")
-    return kind(str(error.get("message") or f"{default.code} without a message"), error.get("hint"),
+    return kind(str(error.get("message") or unnamed or f"{default.code} without a message"), error.get("hint"),
                 cause=str(cause) if cause is not None else None)
 
 

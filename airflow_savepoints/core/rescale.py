@@ -30,6 +30,7 @@ from airflow_savepoints.errors import (
     RescaleUnavailableError,
     RescaleUnsupportedOperatorError,
     RescaleUnsupportedStateError,
+    reported,
 )
 from airflow_savepoints.storage import Store
 
@@ -278,16 +279,10 @@ def spark_error(exc: BaseException, destination: Store) -> Exception:
                                "nothing was restored", cause=message)
 
 
-_ERRORS_BY_CODE = {error.code: error for error in (RescaleUnavailableError, RescaleUnsupportedStateError,
-                                                    RescaleUnsupportedOperatorError, RescaleRefusedError, RescaleFailedError)}
-
-
-def reported_error(reported: dict[str, Any]) -> RescaleError:
-    """The typed error a rescale that ran elsewhere reported (its ``to_dict()``: code, message, hint)."""
-    error = _ERRORS_BY_CODE.get(str(reported.get("code")), RescaleFailedError)
-    cause = reported.get("cause")
-    return error(str(reported.get("message") or "the rescale failed without a message"), reported.get("hint"),
-                 cause=str(cause) if cause is not None else None)
+def reported_error(error: dict[str, Any]) -> RescaleError:
+    """The typed error a rescale that ran elsewhere reported (its ``to_dict()``: code, message, hint): a rescale
+    error of its code, else ``rescale_failed``."""
+    return reported(error, RescaleFailedError, RescaleError, "the rescale failed without a message")  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
