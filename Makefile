@@ -15,9 +15,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Two test files at once (pytest-xdist, a file's tests on one worker in their order, each worker with its own
+# emulators and daemons): on 2 cores a lone file leaves a third of the CPU idle while Spark starts and batches wait.
+# TEST_WORKERS=0 runs them one after another.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) browser testbed emulators js-lint-tools jars
 	$(BIN)/pip check
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The unit tree (tests/unit/, one module each, no Spark): under a minute.
 test-fast: $(STAMP)

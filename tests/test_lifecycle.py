@@ -415,7 +415,8 @@ def test_the_local_runner_never_signals_a_reused_pid_nor_another_hosts_process()
         refused = LocalRunner().kill(elsewhere, 1)
         assert not refused["killed"] and "runs on worker-a" in refused["detail"]
         assert process.poll() is None  # neither touched it
-        assert LocalRunner().kill(mine, 5)["killed"] and process.wait(10) is not None
+        killed = LocalRunner().kill(mine, 5)
+        assert killed["killed"] and process.wait(10) is not None, (killed, process.poll(), trust.key_path())
     finally:
         process.kill()
         process.wait()
