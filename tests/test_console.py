@@ -77,6 +77,7 @@ def populate(root: Path, checkpoint: Path, earlier: Path) -> dict[str, list[str]
     Catalog(Store(str(root / "payments")), "payments").record_failure(
         None, SavepointType.MANUAL, datetime.now(UTC),
         f"checkpoint {root.parent / 'gone-checkpoint'} vanished while it was copied", "Savepoint now")
+    record_file_backlog(Store(str(root / "payments")))
     payments = _beat(root, "payments", "run-payments-1", last_committed_batch=5)
     payments.acknowledge_stop({"request_id": "stop-1"}, last_committed_batch=5)
 
@@ -116,6 +117,17 @@ def progress(batch: int, now: float) -> dict[str, Any]:
             "stateOperators": [{"operatorName": "stateStoreSave", "numRowsTotal": 1000 + batch, "memoryUsedBytes": 81920,
                                 "numShufflePartitions": 4}],
             "sources": [{"latestOffset": {"orders": {"0": 100000 + backlog}}, "endOffset": {"orders": {"0": 100000}}}]}
+
+
+def record_file_backlog(folder: Store) -> None:
+    """payments' metric series: a file source whose unread files the in-job helper counted (8, 6, 4, 2, 0)."""
+    from airflow_savepoints.jobs.description.metrics import point_of, write_series
+
+    now = time.time()
+    sources = [{"description": "FileStreamSource[file:/in]", "endOffset": {"logOffset": 1}, "latestOffset": None}]
+    write_series(folder, [point_of({**progress(b, now), "sources": sources}, trigger_interval_ms=5000, cores=2,
+                                   run_id="run-payments-1").model_copy(update={"backlog_files": 8 - 2 * i, "files_read": 2})
+                          for i, b in enumerate(range(SERIES_WRITTEN - 5, SERIES_WRITTEN))])
 
 
 def record_load(folder: Store) -> None:
@@ -484,6 +496,9 @@ def test_a_jobs_metrics_are_downsampled_and_its_decisions_newest_first(console):
         assert [p["backlog"] for p in points] == [max(q.backlog for q in run) for run in runs]
         assert [p["input_rate"] for p in points] == pytest.approx([sum(q.input_rate for q in run) / len(run) for run in runs])
         assert points[-1]["cores"] == 4 and points[-1]["partitions"] == 4 and points[-1]["trigger_interval_ms"] == 5000
+    assert {p["backlog_files"] for p in points} == {None}  # orders reads Kafka
+    files = c.get(f"{API}/jobs/payments/metrics", viewer).json()["points"]  # a file source: its unread files
+    assert [(p["backlog"], p["backlog_files"]) for p in files] == [(None, n) for n in (8, 6, 4, 2, 0)], files
     decisions = c.get(f"{API}/jobs/orders/metrics", params={"decisions": 4}).json()
     assert decisions["total_decisions"] == len(DECISIONS) == len(recorded)
     assert [(d["action"], d["reason"], d["outcome"]) for d in decisions["decisions"]] == \
@@ -630,14 +645,15 @@ CHART_AXES = in_page("""return Array.from(doc.querySelectorAll('.history-view[da
   chart: f.dataset.chart, x: Array.from(f.querySelectorAll('.axis text[data-axis=x]')).map(t => t.textContent),
   y: Array.from(f.querySelectorAll('.axis text[data-axis=y]')).map(t => t.textContent),
   lines: f.querySelectorAll('.axis line').length}));""")
-LOAD = in_page("""const view = doc.querySelector('.metrics-view[data-job=orders]');
+LOAD_OF = """const view = doc.querySelector('.metrics-view[data-job=JOB]');
 const texts = (f, axis) => Array.from(f.querySelectorAll(`.axis text[data-axis=${axis}]`)).map(t => t.textContent);
 const lines = f => Object.fromEntries(Array.from(f.querySelectorAll('g.line')).map(
   g => [g.dataset.line, g.querySelector('path').getAttribute('d').split(/[ML]/).length - 1]));
 return view && {heading: view.querySelector('h3').textContent, charts: Array.from(view.querySelectorAll('figure.chart')).map(
   f => ({chart: f.dataset.chart, x: texts(f, 'x'), y: texts(f, 'y'), axes: f.querySelectorAll('.axis line').length, lines: lines(f)})),
   decisions: Array.from(view.querySelectorAll('tr.decision')).map(
-    r => [r.dataset.outcome, ...Array.from(r.cells).map(c => c.textContent)])};""")
+    r => [r.dataset.outcome, ...Array.from(r.cells).map(c => c.textContent)])};"""
+LOAD = in_page(LOAD_OF.replace("JOB", "orders"))
 DETAIL_PARTS = in_page("""const detail = doc.getElementById('detail');
 const provider = detail.querySelector('table.stores tbody td.wrap');
 const offsets = Array.from(detail.querySelectorAll('table.offsets tbody tr')).map(r => [r.dataset.source, r.cells[1].innerText]);
@@ -916,6 +932,9 @@ def test_console_in_chromium(console, tmp_path):
         assert dark["font"] == dark["hostFont"] == light["font"], (light, dark)  # Airflow's font
         click_in_page(browser, "tr.job[data-job=payments]")
         stop = browser._wait(lambda: browser.script(SAVEPOINT_ROWS), 30, "payments did not expand")[0]
+        files = browser._wait(lambda: browser.script(in_page(LOAD_OF.replace("JOB", "payments"))), 30, "no load view under payments")
+        assert [chart["chart"] for chart in files["charts"]] == ["Batch duration", "Input and processed rate", "File backlog"]
+        assert files["charts"][2]["lines"] == {"files not yet read": 5} and files["charts"][2]["y"] == ["8 files", "0 files"], files
         created = json.loads((c.root / "payments" / c.taken["payments"][0] / "_metadata").read_text())["created_at"]
         india = datetime.fromisoformat(created).astimezone(timezone(timedelta(hours=5, minutes=30)))
         assert stop[8] == india.strftime("%Y-%m-%d %H:%M:%S") + " +05:30", stop

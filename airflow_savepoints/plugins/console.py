@@ -311,7 +311,8 @@ class ChartPoint(BaseModel):
     trigger_interval_ms: float | None = None  # the last known
     input_rate: float | None = None  # mean rows per second
     processed_rate: float | None = None  # mean rows per second
-    backlog: int | None = None  # the largest
+    backlog: int | None = None  # Kafka records, the largest
+    backlog_files: int | None = None  # file sources' files not yet read, the largest
     cores: int | None = None  # the last known
     partitions: int | None = None  # the last trigger's state partitions
     state_rows: int | None = None  # the last trigger's, summed over its stateful operators
@@ -355,6 +356,7 @@ def _merged(points: list[MetricPoint]) -> ChartPoint:
         trigger_interval_ms=next(iter(known(p.trigger_interval_ms for p in reversed(points))), None),
         input_rate=mean(p.input_rate for p in points), processed_rate=mean(p.processed_rate for p in points),
         backlog=max(known(p.backlog for p in points), default=None),
+        backlog_files=max(known(p.backlog_files for p in points), default=None),
         cores=next(iter(known(p.cores for p in reversed(points))), None), partitions=last.state_partitions,
         state_rows=state("rows"), state_memory_bytes=state("memory_bytes"))
 

@@ -468,6 +468,7 @@ function historyView(job, history) {
 const NUMBER = new Intl.NumberFormat("en", {notation: "compact", maximumFractionDigits: 1});
 const perSecond = value => NUMBER.format(value) + " rows/s";
 const records = value => NUMBER.format(value) + " records";
+const files = value => NUMBER.format(value) + " files";
 
 function change(decision, key) {  // "2 \u2192 4", or what it is now
   const now = decision.current?.[key], then = decision.target?.[key];
@@ -490,6 +491,17 @@ function decisionsTable(job, decisions, total) {
         (name, i) => el("th", {class: [4, 5].includes(i) ? "num" : "", text: name})))), body));
 }
 
+// The backlog in the units its sources give: Kafka records, files not yet read; a placeholder when neither is known.
+function backlogCharts(points, line) {
+  const charts = [];
+  if (points.some(p => p.backlog != null)) charts.push(trendChart("Backlog", [line("backlog", p => p.backlog)], records,
+    "needs two recorded batches"));
+  if (points.some(p => p.backlog_files != null)) charts.push(trendChart("File backlog",
+    [line("files not yet read", p => p.backlog_files)], files, "needs two recorded batches"));
+  return charts.length ? charts : [trendChart("Backlog", [line("backlog", p => p.backlog)], records,
+    "not known (Kafka sources report their latest offsets; file sources their unread files, with the in-job helper)")];
+}
+
 function metricsView(job, metrics) {
   if (metrics.error) return banner("error", "Cannot read the metrics of " + job, metrics.error);
   if (!metrics.total_points && !metrics.total_decisions && !metrics.warnings.length) return null;
@@ -507,8 +519,7 @@ function metricsView(job, metrics) {
         "needs two recorded batches"),
       trendChart("Input and processed rate", [line("input", p => p.input_rate),
         line("processed", p => p.processed_rate, {color: "var(--success)"})], perSecond, "needs two recorded batches"),
-      trendChart("Backlog", [line("backlog", p => p.backlog)], records,
-        "not known (only Kafka sources report their latest offsets)")),
+      ...backlogCharts(metrics.points, line)),
     decisionsTable(job, metrics.decisions, metrics.total_decisions));
 }
 
