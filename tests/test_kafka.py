@@ -25,8 +25,9 @@ from airflow_savepoints.cli.main import app
 from airflow_savepoints.core import restore_savepoint, take_savepoint, verify_savepoint
 from airflow_savepoints.core.input_check import kafka_gaps, savepoint_kafka_offsets
 from airflow_savepoints.errors import InputCheckFailedError, KafkaOffsetsGoneError
-from airflow_savepoints.jobs.description.model import StreamingJob
+from airflow_savepoints.jobs.description.model import KafkaSettings, StreamingJob
 from airflow_savepoints.jobs.driver.control import _stop_between_batches
+from airflow_savepoints.jobs.workflows.autoscale import broker_backlog
 from airflow_savepoints.jobs.workflows.lifecycle import _prepare_checkpoint
 from airflow_savepoints.jobs.workflows.run import JobContext
 from airflow_savepoints.storage import Store
@@ -110,6 +111,16 @@ def test_savepoints_of_a_kafka_query_restore_exactly_once(spark, kafka_broker, k
     assert json.loads(shown.stdout)["manifest"]["source_offsets"] == stop.manifest.source_offsets
 
     kafka_broker.produce(kafka_topic, records(FIRST, SECOND))
+    # the autoscaler's backlog, asked of the broker: its latest offsets past the offsets the last batch ended at
+    job = StreamingJob(name="kafka-job", application="job.py", checkpoint=checkpoint,
+                       kafka={"bootstrap_servers": kafka_broker.bootstrap})
+    backlog, read = broker_backlog(JobContext(job, Store(savepoints)), checkpoint)
+    assert (backlog, read["batch_id"], read["partitions"]) == (SECOND - PER_BATCH * (stop.manifest.batch_id + 1),
+                                                               stop.manifest.batch_id, PARTITIONS), read
+    elsewhere = KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}")  # no broker there
+    nowhere = JobContext(job.model_copy(update={"kafka": elsewhere}), Store(savepoints))
+    warnings: list[str] = []
+    assert broker_backlog(nowhere, checkpoint, warnings)[0] is None and "Spark's progress used" in warnings[0], warnings
     reference_sink = tmp_path / "reference-sink"
     reference = start_query(spark, kafka_broker.bootstrap, kafka_topic, str(tmp_path / "reference-checkpoint"), reference_sink)
     run_to_end(reference)

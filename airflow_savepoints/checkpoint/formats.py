@@ -145,6 +145,18 @@ def kafka_source_offsets(offset: Any) -> dict[str, dict[int, int]] | None:
     return found
 
 
+def merged_kafka_offsets(sources: dict[str, Any]) -> dict[str, dict[int, int]]:
+    """The Kafka offsets of a query's sources (source key -> offset JSON) as topic -> partition -> offset; the
+    lowest where two sources read one topic."""
+    merged: dict[str, dict[int, int]] = {}
+    for _, offset in sorted(sources.items()):
+        for topic, partitions in (kafka_source_offsets(offset) or {}).items():
+            known = merged.setdefault(topic, {})
+            for partition, value in partitions.items():
+                known[partition] = min(value, known.get(partition, value))
+    return merged
+
+
 def parse_operator_metadata_v2(data: bytes, what: str) -> dict[str, Any]:
     lines = _text(data, what).split("\n", 1)
     if _log_version(lines[0], what) != 2 or len(lines) < 2:

@@ -90,13 +90,7 @@ def missing_input_files(uris: list[str], storage_options: dict[str, Any] | None 
 def savepoint_kafka_offsets(manifest: SavepointManifest) -> dict[str, dict[int, int]]:
     """Where the restored query's Kafka sources start: topic -> partition -> offset (the lowest, if two
     sources read one topic)."""
-    merged: dict[str, dict[int, int]] = {}
-    for _, offset in sorted(manifest.source_offsets.items()):
-        for topic, partitions in (formats.kafka_source_offsets(offset) or {}).items():
-            known = merged.setdefault(topic, {})
-            for partition, value in partitions.items():
-                known[partition] = min(value, known.get(partition, value))
-    return merged
+    return formats.merged_kafka_offsets(manifest.source_offsets)
 
 
 @dataclass(frozen=True)
@@ -120,11 +114,33 @@ class KafkaGap:
                 "(was the topic deleted and made again?)")
 
 
+def kafka_bounds(offsets: dict[str, dict[int, int]], bootstrap_servers: str, client_options: dict[str, Any] | None = None,
+                 ) -> dict[tuple[str, int], tuple[int, int] | None]:
+    """The (earliest, latest) offsets the brokers hold now of each partition of ``offsets`` (topic -> partition
+    -> offset); None for a partition that no longer exists. Raises ImportError without kafka-python, and
+    kafka-python's ``KafkaError``."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, **(client_options or {}))
+    try:
+        bounds: dict[tuple[str, int], tuple[int, int] | None] = {}
+        for topic, partitions in sorted(offsets.items()):
+            known = consumer.partitions_for_topic(topic) or set()
+            present = [TopicPartition(topic, p) for p in sorted(partitions) if p in known]
+            earliest = consumer.beginning_offsets(present) if present else {}
+            latest = consumer.end_offsets(present) if present else {}
+            for partition in sorted(partitions):
+                tp = TopicPartition(topic, partition)
+                bounds[(topic, partition)] = (earliest[tp], latest[tp]) if partition in known else None
+        return bounds
+    finally:
+        consumer.close()
+
+
 def kafka_gaps(offsets: dict[str, dict[int, int]], bootstrap_servers: str,
                client_options: dict[str, Any] | None = None) -> list[KafkaGap]:
     """The partitions of ``offsets`` whose records from that offset on are not all in Kafka now."""
     try:
-        from kafka import KafkaConsumer, TopicPartition
         from kafka.errors import KafkaError
     except ImportError:
         raise InputCheckFailedError(
@@ -132,23 +148,16 @@ def kafka_gaps(offsets: dict[str, dict[int, int]], bootstrap_servers: str,
             "pip install 'airflow-savepoints[kafka]', or restore with skip_missing_input=True (--skip-missing-input) "
             "to start without the check; nothing was restored") from None
     try:
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, **(client_options or {}))
-        try:
-            gaps: list[KafkaGap] = []
-            for topic, partitions in sorted(offsets.items()):
-                known = consumer.partitions_for_topic(topic) or set()
-                present = [TopicPartition(topic, p) for p in sorted(partitions) if p in known]
-                earliest = consumer.beginning_offsets(present) if present else {}
-                latest = consumer.end_offsets(present) if present else {}
-                for partition, offset in sorted(partitions.items()):
-                    tp = TopicPartition(topic, partition)
-                    if partition not in known:
-                        gaps.append(KafkaGap(topic, partition, offset))
-                    elif not earliest[tp] <= offset <= latest[tp]:
-                        gaps.append(KafkaGap(topic, partition, offset, earliest[tp], latest[tp]))
-            return gaps
-        finally:
-            consumer.close()
+        bounds = kafka_bounds(offsets, bootstrap_servers, client_options)
+        gaps: list[KafkaGap] = []
+        for topic, partitions in sorted(offsets.items()):
+            for partition, offset in sorted(partitions.items()):
+                held = bounds[(topic, partition)]
+                if held is None:
+                    gaps.append(KafkaGap(topic, partition, offset))
+                elif not held[0] <= offset <= held[1]:
+                    gaps.append(KafkaGap(topic, partition, offset, *held))
+        return gaps
     except KafkaError as exc:
         raise InputCheckFailedError(
             f"could not read the earliest offsets of the savepoint's Kafka topics from {bootstrap_servers}: {exc!r}",

@@ -48,7 +48,8 @@ class SinkSettings(BaseModel):
 
 
 class KafkaSettings(BaseModel):
-    """The brokers of the job's Kafka sources: a restore checks the records it starts at are still there."""
+    """The brokers of the job's Kafka sources: a restore checks the records it starts at are still there, and
+    the autoscaler asks them how many records the job has not read yet."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -415,6 +415,37 @@ def state_skew(ctx: JobContext, partitions: int | None, warnings: list[str] | No
         return None, {"reason": text}
 
 
+def broker_backlog(ctx: JobContext, checkpoint: str | None, warnings: list[str] | None = None,
+                   ) -> tuple[int | None, dict[str, Any]]:
+    """The Kafka records the job has not read yet, asked of its brokers now (``kafka:`` in the jobs file): each
+    partition's latest offset minus the offset its checkpoint's newest committed batch ended at, summed. (records,
+    where they came from), or (None, why not): no brokers named, no Kafka source, or brokers that do not answer
+    within 15 s (a warning; the decision then uses the backlog Spark's progress gave). Never raises."""
+    from airflow_savepoints.checkpoint.progress import committed_kafka_offsets
+    from airflow_savepoints.core.input_check import kafka_bounds
+
+    if ctx.job.kafka is None:
+        return None, {"reason": "the job names no Kafka brokers (kafka: in the jobs file): Spark's progress"}
+    if not checkpoint:
+        return None, {"reason": "no checkpoint recorded for the run"}
+    try:
+        batch, committed = committed_kafka_offsets(ctx.checkpoint(checkpoint))
+        if not committed:
+            return None, {"reason": f"the checkpoint's batch {batch} reads no Kafka topic"}
+        bounds = kafka_bounds(committed, ctx.job.kafka.bootstrap_servers,
+                              {"request_timeout_ms": 15000, **ctx.job.kafka.client_options})
+    except Exception as exc:  # noqa: BLE001 - an input, never a failure: decided on Spark's progress instead
+        text = (f"the Kafka backlog could not be read from {ctx.job.kafka.bootstrap_servers} ({type(exc).__name__}: "
+                f"{exc}): Spark's progress used")
+        if warnings is not None:
+            warnings.append(text)
+        return None, {"reason": text}
+    records = sum(max(0, held[1] - committed[topic][partition])
+                  for (topic, partition), held in bounds.items() if held is not None)
+    return records, {"from": "brokers", "bootstrap_servers": ctx.job.kafka.bootstrap_servers, "batch_id": batch,
+                     "partitions": sum(held is not None for held in bounds.values())}
+
+
 def _in_flight(ctx: JobContext, state: JobState) -> str | None:
     """What of the job is in flight: a start or stop (its run's state), a savepoint (the job's single-flight
     lease, live), an upgrade check (its scratch folder), a rescale (its result folder); None when nothing is."""
@@ -551,15 +582,20 @@ def _evaluate(ctx: JobContext, policy: AutoscaleSettings, *, dry_run: bool, subm
     state = lifecycle.status(ctx)
     series = read_series(ctx.folder, warnings)
     history = read_decisions(ctx.folder, warnings)
+    running = state.state in ("starting", "running", "stopping")
+    backlog, backlog_from = broker_backlog(ctx, state.checkpoint, warnings) if running and series else (None, {})
+    if backlog is not None:  # the brokers' figure now, in place of the one the newest batch's progress gave
+        series[-1] = series[-1].model_copy(update={"backlog": backlog})
     run_points = [p for p in series if p.run_id == series[-1].run_id] if series else []
     newest = run_points[-1] if run_points else None
     cores = next((p.cores for p in reversed(run_points) if p.cores), None) or policy.min_executors * policy.executor_cores
     partitions = newest.state_partitions if newest else None
     skew, skew_from = state_skew(ctx, partitions, warnings)
     current = Current(cores=cores, partitions=partitions, skew=skew, skew_from=skew_from,
-                      running=state.state in ("starting", "running", "stopping"),
-                      in_flight=other or _in_flight(ctx, state))
+                      running=running, in_flight=other or _in_flight(ctx, state))
     decision = decide(policy, series, current, now, history)
+    if backlog_from:
+        decision.evidence["backlog_read"] = backlog_from
     if decision.reason == "not_running":
         decision.message = f"the job is {state.state}: nothing to scale"
     conf = spark_conf_for(ctx.master, decision, policy.executor_cores) if decision.changes else {}

@@ -152,3 +152,20 @@ def test_the_cooldown_counts_from_every_attempt_to_act_and_not_from_a_recommenda
     ctx.folder.write_bytes_atomic(AUTOSCALE_FILE, json.dumps({"decisions": [
         {"at_epoch": time.time() - 60, "outcome": "recommended"}]}).encode())
     assert evaluate(ctx, dry_run=True, submit_for=Submitted(), log_dir=tmp_path)["reason"] == "scale_up"
+
+
+def test_a_job_naming_kafka_brokers_says_where_its_backlog_came_from(tmp_path):
+    """The brokers are asked only for the Kafka topics the checkpoint's last batch read: none here (a synthetic
+    checkpoint of a file source), so no broker is dialled and the progress's backlog decides (tests/test_kafka.py
+    reads a real broker's)."""
+    from airflow_savepoints.jobs.description.model import KafkaSettings
+
+    ctx, _ = running_job(tmp_path)
+    ctx.job = ctx.job.model_copy(update={"kafka": KafkaSettings(bootstrap_servers=STANDALONE.removeprefix("spark://"))})
+    began = time.monotonic()
+    result = evaluate(ctx, dry_run=True, submit_for=Submitted(), log_dir=tmp_path)
+    assert time.monotonic() - began < 5 and result["warnings"] == [], result["warnings"]
+    assert "reads no Kafka topic" in result["evidence"]["backlog_read"]["reason"], result["evidence"]
+    ctx.job = ctx.job.model_copy(update={"kafka": None})
+    assert "names no Kafka brokers" in evaluate(ctx, dry_run=True, submit_for=Submitted(),
+                                                log_dir=tmp_path)["evidence"]["backlog_read"]["reason"]
