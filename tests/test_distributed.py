@@ -597,20 +597,21 @@ def _commit_time(checkpoint: str, batch: int) -> float:
 @pytest.mark.timeout(1800)  # about 7 minutes on a quiet machine; a 2-core machine under other load takes twice that
 def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(story):
     """Issue 42 on the standalone cluster's two workers: a job whose stateful stage waits 10 ms a row (bound by
-    waiting, so task slots are throughput) on 2 cores and 4 state partitions, fed 10 events a second, then 200
+    waiting, so task slots are throughput) on 2 cores and 2 state partitions, fed 10 events a second, then 200
     (a load step), then 10 again. Every decision comes from the job's own recorded metrics.
     - low load: held (no action);
-    - the step up: a scale-up to 4 cores whose new configuration fails its check (the cluster allows 2 cores)
-      is recorded rolled_back, the running job untouched (the CLI on worker-b, exit 1); the
+    - the step up: a scale-up to 4 cores and 4 state partitions (2 partitions bind 4 cores) whose new
+      configuration fails its check (the cluster allows 2 cores) is recorded rolled_back, the running job
+      untouched (the CLI on worker-b, exit 1); the
       AutoscaleJobsOperator on worker-b is then held by the cooldown;
-    - the cluster fixed and the cooldown over: the operator scales up (checked first; the 4 state partitions do
-      not bind 4 cores, so they stay), the new run has 2 executors of 2 cores, one on each Spark worker, and
-      processes the high load's batches faster than 2 cores did;
+    - the cluster fixed and the cooldown over: the operator scales up (checked first on a rescaled copy, the
+      stop savepoint rescaled to 4 state partitions by a Spark application on the cluster), the new run has 2
+      executors of 2 cores, one on each Spark worker, 4 state partitions, and processes the high load's batches
+      faster than 2 cores did;
     - the load steps back down: the backlog built while it was behind and down drains; once spare for the
-      window, the CLI on worker-b scales down to 2 cores;
+      window, the CLI on worker-b scales down to 2 cores, its 4 state partitions kept;
     - every event is in the sink exactly once across the three attempts.
-    (State partitions changed by an action: tests/test_autoscale.py, on a local master; each rescale is a Spark
-    application of its own, three of them here would add minutes.)
+    (A rollback after the restart, rescaled back: tests/test_autoscale.py, on a local master.)
     Asserted from storage (the sink, the metric series, the decision history _autoscale.json, the savepoint
     catalog) and Spark's master and workers. The time from each load step to a recovered backlog and each
     action's downtime are printed and written to test-artifacts/autoscale-e2e.json."""
@@ -632,7 +633,7 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
         "name": SCALED, "application": str(ROOT / "tests" / "support" / "autoscale_stream_app.py"),
         "application_args": [str(folder / "input"), "{checkpoint}", str(folder / "output")],
         "master": bed.spark.master_url, "master_ui": bed.spark.web_url, "app_name": "autoscale-test",
-        "spark_conf": {**EVENTS_CONF, "spark.cores.max": "2", "spark.executor.cores": "2", "spark.sql.shuffle.partitions": "4",
+        "spark_conf": {**EVENTS_CONF, "spark.cores.max": "2", "spark.executor.cores": "2", "spark.sql.shuffle.partitions": "2",
                        "spark.savepoints.test.sleepMsPerRow": str(SLEEP_MS),
                        "spark.savepoints.test.triggerMs": str(TRIGGER_S * 1000),
                        "spark.savepoints.test.maxFilesPerTrigger": str(MAX_FILES),
@@ -692,7 +693,7 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
             mark("started")
             # low load: held at its minimum (2 cores: spare, but already at min_executors)
             low = wait_for(lambda d: d["reason"] not in ("catching_up", "no_metrics"), 120)
-            assert (low["action"], low["current"]) == ("hold", {"executors": 1, "cores": 2, "partitions": 4}), low
+            assert (low["action"], low["current"]) == ("hold", {"executors": 1, "cores": 2, "partitions": 2}), low
             assert low["reason"] in ("at_min", "within_band"), low
             mark("held_at_low_load")
 
@@ -700,7 +701,7 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
             allowed.write_text("2")
             stepped_up = feeder.step(HIGH_RATE, 1.0)
             wanted = wait_for(lambda d: d["action"] == "scale_up", 180)
-            assert wanted["target"] == {"executors": 2, "cores": 4, "partitions": 4}, wanted  # 4 partitions: no bind
+            assert wanted["target"] == {"executors": 2, "cores": 4, "partitions": 4}, wanted  # 2 partitions bind 4 cores
             mark("scale_up_decided")
             code, failed = on_worker_b()
             mark("rolled_back")
@@ -710,7 +711,7 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
             state = story.status(SCALED)
             assert (state.state, state.run_id) == ("running", started["run_id"]), state  # nothing was stopped
             rolled = read_decisions(job_folder)[-1]
-            assert rolled["outcome"] == "rolled_back" and rolled["target"]["cores"] == 4, rolled
+            assert rolled["outcome"] == "rolled_back" and rolled["target"] == {"executors": 2, "cores": 4, "partitions": 4}, rolled
             # the operator (a DAG on worker-b) waits out the cooldown, counted from the rolled-back attempt
             operator()
             mark("operator_held")
@@ -731,7 +732,7 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
             assert after["evidence"]["last_action_at"] == _iso(up["at_epoch"]), after
             assert up["target"] == {"executors": 2, "cores": 4, "partitions": 4}, up
             assert up["spark_conf"] == {"spark.cores.max": "4", "spark.executor.cores": "2"}, up
-            assert (up["upgrade"]["state_partitions"], up["upgrade"]["mode"]) == (None, "savepoint"), up
+            assert (up["upgrade"]["state_partitions"], up["upgrade"]["mode"]) == (4, "savepoint"), up
             assert story.status(SCALED).run_id == up["upgrade"]["run_id"]
             assert new_run_points(up["upgrade"]["run_id"], cores=4, partitions=4)[-1].executors == 2
             # more slots process more: the new run's full batches (past its catch-up's first) against the old run's

@@ -157,8 +157,8 @@ def decide(policy: AutoscaleSettings, series: list[MetricPoint], current: Curren
     held = _held(policy, series, current, now, last, base)
     if held is not None:
         return held
-    run_id = series[-1].run_id
-    run = [p for p in series if p.run_id == run_id and (last is None or p.time >= last)]
+    run_id = series[-1].run_id  # an attempt that left the run as it was (its check failed) is no start: no catch-up
+    run = [p for p in series if p.run_id == run_id and (run_id is not None or last is None or p.time >= last)]
     settled = catch_up_end(run, policy)
     if settled is None:
         return _hold(base, "catching_up", "the run is catching up after its start (batches back to back or a backlog "

@@ -139,6 +139,20 @@ def test_the_cooldown_holds_a_decision_the_series_calls_for():
     assert decide(policy(cooldown=300), series, Current(cores=2), now, acted).action == "scale_up"
 
 
+def test_after_an_attempt_that_left_the_run_as_it_was_the_cooldown_alone_holds_but_a_new_run_catches_up():
+    """A scale-up whose check failed stopped nothing: the same run's batches still count once the cooldown is
+    over (no catch-up, which follows a start). A run started by the action counts from its own batches."""
+    series = batches([(1200, 120), (360, 190)], cores=2)
+    now = now_after(series)
+    rolled_back = [{"at_epoch": now - 120, "outcome": "rolled_back"}]  # within the last window
+    same_run = decide(policy(cooldown=60), series, Current(cores=2), now, rolled_back)
+    assert (same_run.action, same_run.target_cores) == ("scale_up", 3), same_run
+    restarted = series[:-10] + [p.model_copy(update={"run_id": "run-2"}) for p in series[-10:]]
+    assert restarted[-10].time > now - 120  # the new run's batches all follow the action
+    new_run = decide(policy(cooldown=60), restarted, Current(cores=2), now, rolled_back)
+    assert (new_run.action, new_run.reason) == ("hold", "no_metrics"), new_run  # its 100 s span no window
+
+
 def test_nothing_is_decided_while_a_savepoint_or_upgrade_is_in_flight_or_the_job_is_down():
     series = batches([(1200, 120), (360, 190)], cores=2)
     busy = decide(policy(), series, Current(cores=2, in_flight="an upgrade"), now_after(series), [])
