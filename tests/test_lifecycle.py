@@ -411,6 +411,10 @@ def test_the_local_runner_never_signals_a_reused_pid_nor_another_hosts_process()
         reused = RunTarget(job="j", host=socket.gethostname(), pid=process.pid, pid_started=mine.pid_started - 100)
         elsewhere = RunTarget(job="j", host="worker-a", pid=process.pid, pid_started=mine.pid_started)
         assert LocalRunner().status(reused).state == "ended" and not LocalRunner().kill(reused, 1)["killed"]
+        # the kernel's boot time (whole seconds, moved by the wall clock) flipped between two reads: the same process
+        flipped = RunTarget(job="j", host=socket.gethostname(), run_id="r1", pid=process.pid,
+                            pid_started=mine.pid_started - 1.0000003)
+        assert LocalRunner().status(flipped).state == "running"
         assert LocalRunner().status(elsewhere).state == "unknown"
         refused = LocalRunner().kill(elsewhere, 1)
         assert not refused["killed"] and "runs on worker-a" in refused["detail"]
