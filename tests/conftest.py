@@ -81,17 +81,6 @@ def pytest_configure(config):
     skipped_parts()  # an unknown name stops the run before anything starts
 
 
-# The files that take longest (the last full run's calls, 90-680 s each) are collected first, so that `make test`'s
-# two workers (pytest-xdist, --dist loadfile: files handed out in collection order) end with short files on both.
-LONGEST_FIRST = ("test_distributed.py", "test_yarn.py", "test_autoscale.py", "test_job_control.py", "test_delta_jobs.py",
-                 "test_soak.py", "test_wheel.py", "test_upgrade.py", "test_faults_crash.py", "test_scheduler_e2e.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank)))  # stable
-
-
 def pytest_collection_finish(session):
     """Tests beyond the unit tree start Spark's JVMs: give them the class-data archive (built once)."""
     if any("tests/unit/" not in item.nodeid for item in session.items):

@@ -661,6 +661,17 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
             time.sleep(2)
         return decided
 
+    def act_once_decided(action: str, step: str, act: Any, outcome_of: Any) -> tuple[dict, Any]:
+        """The dry run's decision once it is ``action`` (marked ``step``), then ``act()``; again when the act held
+        because the metrics moved in between (a batch back within the band, on a loaded machine)."""
+        deadline = time.monotonic() + 300
+        while True:
+            decided = wait_for(lambda d: d["action"] == action, 180)
+            mark(step)
+            done = act()
+            if outcome_of(done) != "held" or time.monotonic() > deadline:
+                return decided, done
+
     def on_worker_b(dry_run: bool = False) -> tuple[int, dict]:  # the CLI on worker-b, as an operator types it
         done = bed.in_worker("worker-b", [cli, "job", "autoscale", SCALED, "--jobs-file", jobs_file, "--json",
                                           "--log-dir", logs, *(["--dry-run"] if dry_run else [])],
@@ -700,11 +711,9 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
             # the load steps up; a scale-up whose configuration the cluster refuses fails its check: rolled back
             allowed.write_text("2")
             stepped_up = feeder.step(HIGH_RATE, 1.0)
-            wanted = wait_for(lambda d: d["action"] == "scale_up", 180)
-            assert wanted["target"] == {"executors": 2, "cores": 4, "partitions": 4}, wanted  # 2 partitions bind 4 cores
-            mark("scale_up_decided")
-            code, failed = on_worker_b()
+            wanted, (code, failed) = act_once_decided("scale_up", "scale_up_decided", on_worker_b, lambda r: r[1]["outcome"])
             mark("rolled_back")
+            assert wanted["target"] == {"executors": 2, "cores": 4, "partitions": 4}, wanted  # 2 partitions bind 4 cores
             assert (code, failed["outcome"], failed["error"]["code"]) == (1, "rolled_back", "autoscale_rolled_back"), failed
             assert "failed its check" in failed["error"]["message"], failed["error"]
             assert "exited before it checked a batch" in failed["error"]["message"], failed["error"]
@@ -721,9 +730,7 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
 
             # the cluster fixed, the cooldown over: the operator scales up, checked first
             allowed.unlink()
-            wait_for(lambda d: d["action"] == "scale_up", 180)
-            mark("scale_up_decided_again")
-            operator()
+            act_once_decided("scale_up", "scale_up_decided_again", operator, lambda _: read_decisions(job_folder)[-1]["outcome"])
             mark("scaled_up")
             up = read_decisions(job_folder)[-1]
             assert (up["outcome"], up["action"], up["error"]) == ("acted", "scale_up", None), up
@@ -761,9 +768,7 @@ def test_h_the_autoscaler_scales_a_job_up_across_both_workers_and_back_down(stor
             assert peak > 3 * HIGH_RATE * TRIGGER_S, peak  # it really was behind
             recovered = feeder.recovered_at(stepped_down, 3 * LOW_RATE * TRIGGER_S, timeout=300)
             mark("backlog_recovered")
-            wait_for(lambda d: d["action"] == "scale_down", 180)
-            mark("scale_down_decided")
-            code, down = on_worker_b()
+            _, (code, down) = act_once_decided("scale_down", "scale_down_decided", on_worker_b, lambda r: r[1]["outcome"])
             mark("scaled_down")
             assert (code, down["outcome"], down["action"], down["error"]) == (0, "acted", "scale_down", None), down
             assert down["target"] == {"executors": 1, "cores": 2, "partitions": 4}, down

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +81,19 @@ def run_token(job: str, run_id: str) -> str:
 
 
 def process_holds_token(pid: int, token: str) -> bool:
-    """Whether process ``pid`` was started with ``token`` in its environment (read from /proc/PID/environ)."""
-    try:
-        held = psutil.Process(pid).environ().get(RUN_TOKEN_ENV, "")
-    except psutil.Error:
-        return False
-    return hmac.compare_digest(held.encode(), token.encode())
+    """Whether process ``pid`` was started with ``token`` in its environment (read from /proc/PID/environ).
+    An environment read empty is read again for up to a second: a process still inside its exec has none yet
+    (the kernel lets a vfork parent run on before the new image's environment is set up)."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            environment = psutil.Process(pid).environ()
+        except psutil.Error:
+            return False
+        if environment or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    return hmac.compare_digest(environment.get(RUN_TOKEN_ENV, "").encode(), token.encode())
 
 
 def run_key() -> bytes:
