@@ -493,13 +493,12 @@ function decisionsTable(job, decisions, total) {
 
 // The backlog in the units its sources give: Kafka records, files not yet read; a placeholder when neither is known.
 function backlogCharts(points, line) {
-  const charts = [];
-  if (points.some(p => p.backlog != null)) charts.push(trendChart("Backlog", [line("backlog", p => p.backlog)], records,
-    "needs two recorded batches"));
-  if (points.some(p => p.backlog_files != null)) charts.push(trendChart("File backlog",
-    [line("files not yet read", p => p.backlog_files)], files, "needs two recorded batches"));
-  return charts.length ? charts : [trendChart("Backlog", [line("backlog", p => p.backlog)], records,
-    "not known (Kafka sources report their latest offsets; file sources their unread files, with the in-job helper)")];
+  const kafka = points.some(p => p.backlog != null), fromFiles = points.some(p => p.backlog_files != null);
+  return [
+    ...(kafka || !fromFiles ? [trendChart("Backlog", [line("backlog", p => p.backlog)], records, kafka ? "needs two recorded batches"
+      : "not known (Kafka sources report their latest offsets; file sources their unread files, with the in-job helper)")] : []),
+    ...(fromFiles ? [trendChart("File backlog", [line("files not yet read", p => p.backlog_files)], files,
+      "needs two recorded batches")] : [])];
 }
 
 function metricsView(job, metrics) {
