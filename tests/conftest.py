@@ -130,13 +130,33 @@ def airflow_db():
     yield AIRFLOW_HOME
 
 
+_SHARED_SPARK: list[tuple] = []  # this worker's session and its SQL settings as created, once it exists
+
+
 @pytest.fixture(scope="session")
 def spark():
     from tests.support.spark_shapes import make_spark_session
 
     session = make_spark_session()
+    _SHARED_SPARK.append((session, dict(session.conf.getAll)))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spark_settings_as_created():
+    """Each test module starts from the shared session's SQL settings as created: what a module set (a shape's
+    state store and checkpoint format, shuffle partitions, ...) never reaches the next module on its worker,
+    whichever order the workers take the modules in."""
+    _settings_as_created()
+    yield
+
+
+def _settings_as_created() -> None:
+    from tests.support.spark_shapes import restore_session_conf
+
+    for session, created in _SHARED_SPARK:
+        restore_session_conf(session, created)
 
 
 def atomic_conditional_puts() -> None:
@@ -241,6 +261,7 @@ def stopped_checkpoint(spark, tmp_path_factory) -> Path:
 
     base = tmp_path_factory.mktemp("stopped")
     write_json_inputs(base / "input", 0, 6)
+    _settings_as_created()  # session fixtures are made before the asking module's reset: not on the last one's settings
     spark.conf.set("spark.sql.streaming.stateStore.providerClass",
                    "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider")
     frame = spark.readStream.schema("key string, value long").option("maxFilesPerTrigger", 1).json(str(base / "input"))

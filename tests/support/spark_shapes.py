@@ -272,6 +272,15 @@ def session_conf(spark, conf: dict[str, str]) -> Iterator[None]:
             spark.conf.unset(key) if value is None else spark.conf.set(key, value)
 
 
+def restore_session_conf(spark, settings: dict[str, str]) -> None:
+    """The session's SQL settings made ``settings`` again: keys set since unset, changed values put back."""
+    for key, value in dict(spark.conf.getAll).items():
+        if key not in settings:
+            spark.conf.unset(key)
+        elif settings[key] != value:
+            spark.conf.set(key, settings[key])
+
+
 def run_to_end(query, timeout: float = 180) -> None:
     """Process everything available now; raise if the query failed or took longer than ``timeout``.
 
