@@ -24,7 +24,7 @@ from airflow_savepoints.core import list_savepoints
 from airflow_savepoints.core.state_summary import read_summary
 from airflow_savepoints.jobs.description.metrics import read_series
 from airflow_savepoints.jobs.description.record import read_run
-from airflow_savepoints.jobs.driver.control import _stop_between_batches
+from airflow_savepoints.jobs.driver.control import _note_batch_running, _stop_between_batches
 from airflow_savepoints.jobs.launch.launcher import process_alive, start_detached, wait_for_commit
 from airflow_savepoints.jobs.workflows.lifecycle import job_status
 from airflow_savepoints.jobs.workflows.run import stop_process
@@ -134,7 +134,9 @@ def test_6_stops_while_input_keeps_arriving_cut_no_batch(spark, tmp_path):
     """The demo query (300 ms trigger) fed a file every 0.4 s, faster than it keeps up with, so
     batches run back to back: each stop lands between batches or lets the running one commit. Four
     stops are asked for 0-90 ms after a batch's offsets are logged (at least 3 must find a batch in
-    flight, offsets ahead of commits, when the stop is asked for), two at any point of a batch."""
+    flight, offsets ahead of commits, when the stop is asked for), two at any point of a batch. The odd
+    trials watch the query as the run's loop does before the stop (``_note_batch_running``), so a batch
+    in flight counts its planning allowance from its first sight, not from the stop."""
     outcomes = []
     for trial in range(6):
         base = tmp_path / f"run{trial}"
@@ -152,17 +154,26 @@ def test_6_stops_while_input_keeps_arriving_cut_no_batch(spark, tmp_path):
 
         feeder = threading.Thread(target=feed)
         feeder.start()
+        seen: dict | None = {} if trial % 2 else None
+
+        def watch(seconds: float, query=query, seen=seen) -> None:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                if seen is not None:
+                    _note_batch_running(query, seen)
+                time.sleep(0.005)
+
         try:
             demo.wait_for_batch(query, 3)
             if trial < 4:  # a batch in flight: 0, 30, 60, 90 ms after its offsets were logged
                 deadline = time.monotonic() + 60
                 while not in_flight(checkpoint) and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                time.sleep(0.03 * trial)
+                    watch(0.005)
+                watch(0.03 * trial)
             else:  # anywhere in a batch, or between two
-                time.sleep(0.37 * trial)
+                watch(0.37 * trial)
             asked_in_flight = in_flight(checkpoint)
-            safe = _stop_between_batches(query, timeout=60)
+            safe = _stop_between_batches(query, timeout=60, seen_running=seen)
         finally:
             feeding.set()
             feeder.join()

@@ -188,6 +188,11 @@ class Store:
         return self.backend.local
 
     @property
+    def poll_interval(self) -> float:
+        """Seconds between two reads of a file waited on here (longer where each read is a billed request)."""
+        return self.backend.poll_interval
+
+    @property
     def is_local_disk(self) -> bool:
         """A local filesystem reached without fsspec caching or wrapping (plain ``os`` calls are safe)."""
         return self.backend.is_local_disk

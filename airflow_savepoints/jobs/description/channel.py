@@ -146,8 +146,10 @@ class JobControl:
     def request_stop(self, request_id: str) -> None:
         self._write(STOP_REQUEST_FILE, {"request_id": request_id, "requested_at": now_iso()})
 
-    def wait_until_stopped(self, request_id: str, timeout: float, poll: float = 0.5) -> dict[str, Any] | None:
-        """The job's acknowledgement of ``request_id``, or None if none came within ``timeout`` seconds."""
+    def wait_until_stopped(self, request_id: str, timeout: float, poll: float | None = None) -> dict[str, Any] | None:
+        """The job's acknowledgement of ``request_id``, or None if none came within ``timeout`` seconds
+        (read every ``poll`` seconds: by default the control folder's store's poll interval)."""
+        poll = poll or self.folder.poll_interval
         deadline = time.monotonic() + timeout
         while True:
             stopped = self._read(STOPPED_FILE)

@@ -143,16 +143,29 @@ def _planning_allowance(query) -> float:
     return 2 * max(planned) / 1000 + 0.1 if planned else 0.5
 
 
-def _safe_moment(query, interval_ms: int | None, jobs_running: Callable[[], bool] | None, seen_running: dict) -> bool:
+def _note_batch_running(query, seen_running: dict) -> None:
+    """Keep in ``seen_running`` when the batch in flight was first seen executing (at most one batch: the
+    newest). The run's loop looks at every poll, so a stop asked in the middle of a batch counts that batch's
+    planning allowance from its first sight, not from the request."""
+    mark = _progress_mark(query.lastProgress)
+    status = query.status
+    if status.get("isTriggerActive") and status.get("message") in RUNNING_A_BATCH and mark not in seen_running:
+        seen_running.clear()
+        seen_running[mark] = time.monotonic()
+
+
+def _safe_moment(query, interval_ms: int | None, jobs_running: Callable[[], bool] | None, seen_running: dict,
+                 allowances: dict) -> bool:
     """True at a moment when ending ``query`` cuts no batch short.
 
     Waiting: idle twice, 20 ms apart, with no batch finished in between (not merely passing between
     two batches that run back to back), and, for a processing-time trigger, which fires at the next
     multiple of its interval since the epoch, that trigger far enough away and the last batch not
     one that overran it (the next then starts at once, however long its thread takes to). Executing (only where
-    ``jobs_running`` can tell): a batch seen running for longer than its planning takes, with a
-    Spark job of the query running, so it commits however it ends. ``seen_running`` holds, for
-    each batch seen running, when it is past planning.
+    ``jobs_running`` can tell): a batch seen running for longer than its planning takes, with a Spark job of
+    the query running, so it commits however it ends. ``seen_running`` holds, for each batch seen running,
+    when it was first seen so; ``allowances`` its planning allowance, reckoned when the stop first met it (the
+    recent batches' planning then: a long first batch leaves the window as the query runs on).
     """
     mark = _progress_mark(query.lastProgress)
     status = query.status
@@ -160,9 +173,10 @@ def _safe_moment(query, interval_ms: int | None, jobs_running: Callable[[], bool
         if jobs_running is None or status.get("message") not in RUNNING_A_BATCH:
             time.sleep(0.002)  # reading or logging offsets, or a batch that only a stop could cut
             return False
-        if mark not in seen_running:
-            seen_running[mark] = time.monotonic() + _planning_allowance(query)
-        if time.monotonic() < seen_running[mark] or not jobs_running():
+        first_seen = seen_running.setdefault(mark, time.monotonic())
+        if mark not in allowances:
+            allowances[mark] = _planning_allowance(query)
+        if time.monotonic() < first_seen + allowances[mark] or not jobs_running():
             time.sleep(0.005)
             return False
         return _progress_mark(query.lastProgress) == mark and bool(query.status.get("isTriggerActive"))
@@ -196,22 +210,23 @@ def _may_be_between_back_to_back_batches(progress: dict | None, interval_ms: int
     return ended_ms >= due_ms - margin_ms and time.time() * 1000 < ended_ms + max(interval_ms, 1000)
 
 
-def _stop_between_batches(query, timeout: float) -> bool:
+def _stop_between_batches(query, timeout: float, seen_running: dict | None = None) -> bool:
     """Stop ``query`` with no batch cut short; True if a safe moment came within ``timeout`` seconds.
 
     A JVM query is ended gracefully (:class:`_GracefulEnd`) while it waits for its next trigger or
     while a batch executes, and waited for; any other query is stopped while it waits (its trigger
     far enough away, where its interval can be read). At
     ``timeout`` it is stopped regardless: a batch cut short keeps its logged offsets, and Spark,
-    like a restore of the savepoint, re-runs it with the same offsets.
+    like a restore of the savepoint, re-runs it with the same offsets. ``seen_running``: when the batch in
+    flight was first seen executing (:func:`_note_batch_running`), if it was before the stop.
     """
     deadline = time.monotonic() + timeout
     graceful = _graceful_end_of(query)
     interval_ms = _trigger_interval_ms(query)
-    seen_running: dict = {}
+    seen_running, allowances = ({} if seen_running is None else seen_running), {}
     safe = False
     while not safe and time.monotonic() < deadline:
-        safe = _safe_moment(query, interval_ms, graceful.jobs_running if graceful else None, seen_running)
+        safe = _safe_moment(query, interval_ms, graceful.jobs_running if graceful else None, seen_running, allowances)
     if safe and graceful is not None:
         safe = graceful.end() and bool(query.awaitTermination(max(deadline - time.monotonic(), 1)))
     query.stop()  # no-op after a graceful end; else interrupts whatever runs
@@ -483,13 +498,15 @@ def _checkpoint_of(query, spark) -> Store | None:
         return None
 
 
-def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_timeout: float = 600) -> None:
+def run_until_stopped(query, spark=None, *, poll_interval: float | None = None, idle_timeout: float = 600) -> None:
     """Wait for ``query`` like ``awaitTermination()``, with heartbeats, fencing and a clean stop
     when Airflow asks (see the module's description).
 
     Without a control folder (the job was not started for airflow-savepoints) this is exactly
-    ``query.awaitTermination()``. A failed query raises as ``awaitTermination()`` does; a fenced
-    run raises :class:`JobFencedError` once its query has stopped.
+    ``query.awaitTermination()``. A stop request is looked for every ``poll_interval`` seconds (by default
+    the control folder's store's: 0.1 s on a local disk or HDFS, 0.5 s where each read is a billed request).
+    A failed query raises as ``awaitTermination()`` does; a fenced run raises :class:`JobFencedError` once
+    its query has stopped.
     """
     spark = spark or _active_session()
     if (check_folder := _check_run(spark)) is not None:  # an upgrade check: one batch on a scratch copy, then stop
@@ -511,7 +528,8 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
     control = handle.control
     control.announce(application_id=spark.sparkContext.applicationId, pid=os.getpid(), host=socket.gethostname(),
                      query_id=str(query.id), run_id=str(query.runId), query_name=query.name, run=handle.run_id)
-    request, fenced_by, next_beat, triggered = None, None, 0.0, False
+    poll_interval = poll_interval or control.folder.poll_interval
+    request, fenced_by, next_beat, triggered, seen_running = None, None, 0.0, False, {}
     metrics = _metrics_recorder(handle, query, spark)
     while request is None and fenced_by is None:
         with _failure_reported(handle):
@@ -520,6 +538,7 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
                 metrics.flush()
                 handle.end("finished", last_committed_batch=_last_batch(query))
                 return
+        _note_batch_running(query, seen_running)
         request = control.stop_requested()
         if not triggered and query.lastProgress is not None:  # its first trigger completed: said at once
             triggered, next_beat = True, 0.0
@@ -534,7 +553,7 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
         detected_at = now_iso()
         handle.control.beat(**handle._beat_facts("fencing", {"last_committed_batch": _last_batch(query)}))
         with _failure_reported(handle):
-            idle = _stop_between_batches(query, idle_timeout)
+            idle = _stop_between_batches(query, idle_timeout, seen_running)
         holder = fenced_by if isinstance(fenced_by, RunLeaseHolder) else None
         handle.end("fenced", last_committed_batch=_last_batch(query))  # frees the lease only if still this run's
         why = ("the run lease could not be renewed within its timeout" if holder is None else
@@ -545,7 +564,7 @@ def run_until_stopped(query, spark=None, *, poll_interval: float = 0.5, idle_tim
     log.info("stop requested (%s): stopping between batches", request.get("request_id"))
     handle.beat("stopping", last_committed_batch=_last_batch(query))
     with _failure_reported(handle):
-        idle = _stop_between_batches(query, idle_timeout)
+        idle = _stop_between_batches(query, idle_timeout, seen_running)
     control.acknowledge_stop(request, between_batches=idle, last_committed_batch=_last_batch(query))
     metrics.observe(query)
     metrics.flush()  # the last batches, while this run still holds the lease

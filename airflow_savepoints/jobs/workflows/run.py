@@ -379,7 +379,7 @@ class Run:
         target = self.target()
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and LocalRunner().status(target).state == "running":
-            time.sleep(0.2)
+            time.sleep(0.05)  # a local process table read
 
     def _wait_for_lapse(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

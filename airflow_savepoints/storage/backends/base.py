@@ -78,6 +78,9 @@ class Backend:
 
     local: ClassVar[bool] = False  # files on this machine's disks (work is CPU-bound, links possible)
     has_folders: ClassVar[bool] = True  # False for object stores: a folder exists only through its files
+    # Seconds between two reads of a file someone waits on (a stop request, its answer): each is a request,
+    # billed on object stores; a local or HDFS read costs a system call or a NameNode RPC, so it is read more often.
+    poll_interval: ClassVar[float] = 0.5
     credentials_hint: ClassVar[str] = "configure credentials for this store"
     error_hint: ClassVar[str] = "check the location and try again"
 

@@ -69,6 +69,7 @@ os.register_at_fork(before=_hold_before_fork, after_in_parent=_release_after_for
 class HdfsBackend(FsspecBackend):
     """HDFS through hdfs-native's client: data, listings, and the NameNode's atomic renames."""
 
+    poll_interval: ClassVar[float] = 0.1
     credentials_hint: ClassVar[str] = "run kinit (Kerberos), or check the user the NameNode sees and its permissions"
     error_hint: ClassVar[str] = ("check the NameNode in the URL (hdfs://namenode:8020/path) or the Hadoop configuration "
                                  "(HADOOP_CONF_DIR), and that the NameNode and DataNodes are up")

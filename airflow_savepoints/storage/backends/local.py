@@ -38,6 +38,7 @@ class LocalBackend(Backend):
     """This machine's filesystems (``file://`` and plain absolute paths)."""
 
     local: ClassVar[bool] = True
+    poll_interval: ClassVar[float] = 0.1
 
     @classmethod
     def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:

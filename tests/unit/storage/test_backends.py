@@ -56,6 +56,14 @@ def test_each_kind_of_store_gets_its_own_back_end():
     assert isinstance(Store("s3a://bucket/x").backend, S3Backend)
 
 
+def test_a_file_waited_on_is_read_often_only_where_a_read_costs_no_request():
+    """A stop request and its answer are polled: 0.1 s on a local disk or HDFS, never more often than every
+    0.5 s where each read is a billed request (a job's driver reads its stop request all day long)."""
+    assert Store("/tmp/x").poll_interval == 0.1 and backend_class("hdfs").poll_interval == 0.1
+    for protocol in ("s3", "gcs", "abfs", "memory", "ftp"):
+        assert backend_class(protocol).poll_interval >= 0.5, protocol
+
+
 def test_a_protocol_cannot_be_taken_over_by_accident():
     with pytest.raises(ValueError, match="already served"):
         register_backend("s3", LocalBackend)
