@@ -160,7 +160,7 @@ def test_6_stops_while_input_keeps_arriving_cut_no_batch(spark, tmp_path):
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 if seen is not None:
-                    _note_batch_running(query, seen)
+                    _note_batch_running(query, seen, query.lastProgress)
                 time.sleep(0.005)
 
         try:

@@ -102,6 +102,15 @@ def _span(first: int, last: int | None) -> list[int] | None:
     return [first, last] if last is not None and last >= first else None
 
 
+def _repartition_unrecorded(request: RestoreRequest, n: int) -> str:
+    """What a rescale means for a sink not named as a file sink (empty without a rescale)."""
+    if request.state_partitions is None:
+        return ""
+    return (f". The rescale adds Spark's repartition batch {n + 1} to the checkpoint only: a file sink not named here "
+            "gets no entry for it in its _spark_metadata log, and the sink's next compaction fails "
+            "(BATCH_METADATA_NOT_FOUND); name the sink (--sink-path, sink_path=, the jobs file's sink:)")
+
+
 def plan_sink(manifest: SavepointManifest, request: RestoreRequest, committed_only: bool = False) -> SinkReport:
     """What the sink will see of the batches the restored run runs again, checked before anything is written.
 
@@ -119,7 +128,8 @@ def plan_sink(manifest: SavepointManifest, request: RestoreRequest, committed_on
         rerun = _span(n + 1, until)
         return SinkReport(kind="unknown", rerun=rerun, on_rerun="unknown", detail=(
             f"no sink was given: what it does with batches {rerun[0]}..{rerun[1]}, which the restored run runs again, is "
-            "not checked" if rerun else "no sink was given: what it does with batches the restored run runs again is not checked"))
+            "not checked" if rerun else "no sink was given: what it does with batches the restored run runs again is not checked")
+            + _repartition_unrecorded(request, n))
     if isinstance(sink, FileSink):
         check_sink(manifest, sink.path or "", sink.storage_options, committed_only=committed_only)
         recorded = sink.recorded_batch(manifest.query_id)
@@ -132,7 +142,8 @@ def plan_sink(manifest: SavepointManifest, request: RestoreRequest, committed_on
         return SinkReport(kind=sink.kind, rerun=rerun, on_rerun="unknown", detail=(
             f"the {sink.describe()} is of a kind not checked here: the restored run runs batches {rerun[0]}..{rerun[1]} again "
             "and what the sink does with them is unknown" if rerun else
-            f"the {sink.describe()} is of a kind not checked here; no batch after {n} is known to have run"))
+            f"the {sink.describe()} is of a kind not checked here; no batch after {n} is known to have run")
+            + _repartition_unrecorded(request, n))
     if rerun and not request.allow_repeats:
         count = rerun[1] - rerun[0] + 1
         raise SinkRepeatsError(

@@ -143,13 +143,16 @@ def _planning_allowance(query) -> float:
     return 2 * max(planned) / 1000 + 0.1 if planned else 0.5
 
 
-def _note_batch_running(query, seen_running: dict) -> None:
+def _note_batch_running(query, seen_running: dict, last_progress: dict | None) -> None:
     """Keep in ``seen_running`` when the batch in flight was first seen executing (at most one batch: the
     newest). The run's loop looks at every poll, so a stop asked in the middle of a batch counts that batch's
-    planning allowance from its first sight, not from the request."""
-    mark = _progress_mark(query.lastProgress)
+    planning allowance from its first sight, not from the request. ``last_progress``: the query's, read just
+    before (the status is read after it, as :func:`_safe_moment` does; not at all once the batch is noted)."""
+    mark = _progress_mark(last_progress)
+    if mark in seen_running:
+        return
     status = query.status
-    if status.get("isTriggerActive") and status.get("message") in RUNNING_A_BATCH and mark not in seen_running:
+    if status.get("isTriggerActive") and status.get("message") in RUNNING_A_BATCH:
         seen_running.clear()
         seen_running[mark] = time.monotonic()
 
@@ -529,7 +532,7 @@ def run_until_stopped(query, spark=None, *, poll_interval: float | None = None, 
     control.announce(application_id=spark.sparkContext.applicationId, pid=os.getpid(), host=socket.gethostname(),
                      query_id=str(query.id), run_id=str(query.runId), query_name=query.name, run=handle.run_id)
     poll_interval = poll_interval or control.folder.poll_interval
-    request, fenced_by, next_beat, triggered, seen_running = None, None, 0.0, False, {}
+    request, fenced_by, next_beat, triggered, seen_running, observed = None, None, 0.0, False, {}, None
     metrics = _metrics_recorder(handle, query, spark)
     while request is None and fenced_by is None:
         with _failure_reported(handle):
@@ -538,11 +541,14 @@ def run_until_stopped(query, spark=None, *, poll_interval: float | None = None, 
                 metrics.flush()
                 handle.end("finished", last_committed_batch=_last_batch(query))
                 return
-        _note_batch_running(query, seen_running)
+        last = query.lastProgress  # read once a poll (a JVM call and its JSON: about 0.8 ms)
+        _note_batch_running(query, seen_running, last)
         request = control.stop_requested()
-        if not triggered and query.lastProgress is not None:  # its first trigger completed: said at once
+        if not triggered and last is not None:  # its first trigger completed: said at once
             triggered, next_beat = True, 0.0
-        metrics.observe(query)
+        if _progress_mark(last) != observed:  # a trigger ended since the last poll
+            metrics.observe(query)
+            observed = _progress_mark(last)
         if request is None and time.monotonic() >= next_beat:
             fenced_by = handle.beat(last_committed_batch=_last_batch(query), triggered=triggered)
             next_beat = time.monotonic() + handle.heartbeat_interval

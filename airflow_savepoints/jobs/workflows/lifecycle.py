@@ -253,6 +253,8 @@ def _prepare_checkpoint(ctx: JobContext, pointer: str | None, fresh: bool, targe
                                target_storage_options=ctx.checkpoint_options, **kafka,
                                **{**sink_checks(ctx), **restore_checks})
     ctx.log(f"restored {pointer} (batch {result.batch_id}) into {checkpoint}")
+    if result.repartition_batch_id is not None and ctx.job.sink is None:
+        ctx.log(f"warning: job {ctx.job.name} declares no sink: {result.sink.detail}")
     return checkpoint, result.spark_conf_to_set, result.model_dump(mode="json")
 
 

@@ -33,3 +33,20 @@ def test_a_bad_declaration_is_refused(kind, path, app_id, says):
     with pytest.raises(InvalidInputError, match=says) as refused:
         sink_for(kind, path, app_id=app_id)
     assert refused.value.hint
+
+
+@pytest.mark.parametrize("sink_kind", [None, "other"])
+def test_a_rescale_says_an_unnamed_file_sink_would_miss_its_repartition_batch(sink_kind):
+    """A file sink not named to the restore gets no log entry for Spark's repartition batch N+1, and its next
+    compaction fails far from the rescale (seen in benchmarks/downtime.py, whose job declared no sink): the
+    restore's sink report says so, and names the fix. Without a rescale it says nothing of it."""
+    from airflow_savepoints.core.restore import RestoreRequest, plan_sink
+    from tests.unit.core.test_models import manifest
+
+    def detail(**asked) -> str:
+        request = RestoreRequest(pointer="/sp", target="/ckpt", sink_kind=sink_kind, **asked)
+        return plan_sink(manifest(batch_id=77), request).detail
+
+    rescaled = detail(state_partitions=4)
+    assert "repartition batch 78" in rescaled and "BATCH_METADATA_NOT_FOUND" in rescaled and "--sink-path" in rescaled
+    assert "repartition" not in detail()
