@@ -143,6 +143,11 @@ def _planning_allowance(query) -> float:
     return 2 * max(planned) / 1000 + 0.1 if planned else 0.5
 
 
+def _executes_a_batch(status: dict) -> bool:
+    """A query's status (``query.status``) says a batch executes: past reading offsets, not idle."""
+    return bool(status.get("isTriggerActive")) and status.get("message") in RUNNING_A_BATCH
+
+
 def _note_batch_running(query, seen_running: dict, last_progress: dict | None) -> None:
     """Keep in ``seen_running`` when the batch in flight was first seen executing (at most one batch: the
     newest). The run's loop looks at every poll, so a stop asked in the middle of a batch counts that batch's
@@ -151,8 +156,7 @@ def _note_batch_running(query, seen_running: dict, last_progress: dict | None) -
     mark = _progress_mark(last_progress)
     if mark in seen_running:
         return
-    status = query.status
-    if status.get("isTriggerActive") and status.get("message") in RUNNING_A_BATCH:
+    if _executes_a_batch(query.status):
         seen_running.clear()
         seen_running[mark] = time.monotonic()
 
@@ -173,7 +177,7 @@ def _safe_moment(query, interval_ms: int | None, jobs_running: Callable[[], bool
     mark = _progress_mark(query.lastProgress)
     status = query.status
     if status.get("isTriggerActive"):
-        if jobs_running is None or status.get("message") not in RUNNING_A_BATCH:
+        if jobs_running is None or not _executes_a_batch(status):
             time.sleep(0.002)  # reading or logging offsets, or a batch that only a stop could cut
             return False
         first_seen = seen_running.setdefault(mark, time.monotonic())
@@ -546,9 +550,9 @@ def run_until_stopped(query, spark=None, *, poll_interval: float | None = None, 
         request = control.stop_requested()
         if not triggered and last is not None:  # its first trigger completed: said at once
             triggered, next_beat = True, 0.0
-        if _progress_mark(last) != observed:  # a trigger ended since the last poll
+        if (mark := _progress_mark(last)) != observed:  # a trigger ended since the last poll
             metrics.observe(query)
-            observed = _progress_mark(last)
+            observed = mark
         if request is None and time.monotonic() >= next_beat:
             fenced_by = handle.beat(last_committed_batch=_last_batch(query), triggered=triggered)
             next_beat = time.monotonic() + handle.heartbeat_interval
