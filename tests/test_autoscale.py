@@ -173,6 +173,8 @@ def test_on_a_local_master_a_scale_up_that_fails_after_its_restart_rolls_back_on
             upgrade = acted["upgrade"]
             assert upgrade["state_partitions"] == 3 and upgrade["mode"] == "savepoint" and upgrade["check_duration_s"]
             assert upgrade["run_id"] != on["run_id"] and upgrade["from_version"] == upgrade["to_version"]  # same version
+            standby = upgrade["rescale_standby"]  # started and ready before the stop; it rescaled the stop savepoint
+            assert standby["used"] and standby["ready_after_s"] > 0 and standby["application_id"], standby
             assert lifecycle.status(ctx).run_id == upgrade["run_id"]
             partitions_of_run(ctx, upgrade["run_id"], 3)
         outcomes = [d["outcome"] for d in read_decisions(ctx.folder)]

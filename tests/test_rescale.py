@@ -434,6 +434,80 @@ def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
     verify_savepoint(info.pointer)
 
 
+def test_an_upgrades_standby_rescale_application_acts_only_on_its_sealed_request(spark, tmp_path):
+    """The rescale application an upgrade starts before its stop (``RescaleStandby``, spark-submit on local[2]):
+    its Spark is up (a sealed ready.json) before it is asked anything; a request in its folder sealed with another
+    secret (a writer of the savepoint folder) is ignored and rewrites nothing; the sealed one rescales the restored
+    copy it names, through the restore, and the application ends. A standby never asked ends by its sealed cancel
+    (exit 0, not killed) with nothing written; each folder is removed."""
+    import airflow_savepoints.demo.app as demo
+    from airflow_savepoints.jobs.description import trust
+    from airflow_savepoints.jobs.launch.launcher import spark_submit_command
+    from airflow_savepoints.jobs.workflows.rescale import JobRescaler, RescaleStandby
+    from airflow_savepoints.jobs.workflows.run import JobContext
+
+    for index in range(3):
+        demo.write_events(tmp_path / "input", index)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"""jobs:
+  - name: demo-standby
+    application: {demo.__file__}
+    application_args: [{tmp_path}/input, "{{checkpoint}}", {tmp_path}/output]
+    master: local[2]
+    spark_conf:
+      spark.sql.shuffle.partitions: "2"
+      spark.ui.enabled: "false"
+      spark.sql.streaming.stateStore.providerClass: {ROCKS_CHANGELOG["spark.sql.streaming.stateStore.providerClass"]}
+    checkpoint: {tmp_path}/checkpoint
+    savepoint_dir: {tmp_path}/savepoints
+""")
+    from airflow_savepoints.jobs import load_jobs
+
+    with session_conf(spark, {**ROCKS_CHANGELOG, "spark.sql.shuffle.partitions": "2"}):
+        query = demo.build_query(spark, str(tmp_path / "input"), str(tmp_path / "checkpoint"), str(tmp_path / "output"))
+        run_to_end(query)
+        query.stop()
+    info = take_savepoint(str(tmp_path / "checkpoint"), "demo-standby", savepoint_dir=str(tmp_path / "savepoints"))
+    n = info.manifest.batch_id
+    job = load_jobs(str(jobs))["demo-standby"]
+    lines: list[str] = []
+    ctx = JobContext(job, Store(job.savepoint_dir), log=lines.append)
+    submit = lambda checkpoint, conf: spark_submit_command(job, checkpoint, conf)  # noqa: E731
+    rescaled, other = tmp_path / "copy-asked", tmp_path / "copy-forged"
+    restore_savepoint(info.pointer, str(other))  # a plain copy: what a forged request names
+
+    standby = RescaleStandby.start(ctx, submit, tmp_path / "logs")
+    try:
+        assert standby.wait_ready(180), Path(standby.log_file).read_text()[-3000:]
+        assert standby.ready["application_id"].startswith("local-") and standby.alive()
+        forged = trust.seal({"checkpoint": Store(str(other)).url, "partitions": 3, "batch": n + 1, "conf": {}, "sink": ""},
+                            trust.new_secret())
+        standby.folder.write_bytes_atomic("request.json", json.dumps(forged).encode())
+        deadline = time.monotonic() + 60
+        while "is not sealed with this standby's secret: ignored" not in Path(standby.log_file).read_text():
+            assert time.monotonic() < deadline and standby.alive(), Path(standby.log_file).read_text()[-3000:]
+            time.sleep(0.2)
+        done = restore_savepoint(info.pointer, str(rescaled), state_partitions=3,
+                                 rescaler=JobRescaler(ctx, submit, tmp_path / "logs", standby=standby))
+        assert standby.process.returncode == 0 and standby.summary()["used"]
+    finally:
+        standby.close()
+    assert (done.repartition_batch_id, done.partitions_after) == (n + 1, {"0": 3})
+    assert any("by the standby Spark application of job demo-standby" in line for line in lines), lines
+    assert formats.state_partitions(_state_files(rescaled), version=_committed(rescaled) + 1) == {"0": 3}
+    assert _committed(other) == n and not (other / "offsets" / str(n + 1)).exists()  # the forged request: nothing
+
+    idle = RescaleStandby.start(ctx, submit, tmp_path / "logs")
+    try:
+        assert idle.wait_ready(180), Path(idle.log_file).read_text()[-3000:]
+    finally:
+        idle.close()
+    assert idle.process.returncode == 0 and not idle.summary()["used"]  # ended by its cancel, not killed (-9)
+    assert not list(Path(ctx.folder.path_of("_rescale")).iterdir())  # both folders removed
+    assert _committed(other) == n and not (other / "offsets" / str(n + 1)).exists()
+    verify_savepoint(info.pointer)
+
+
 def _restore_process(pointer: str, target: Path) -> subprocess.Popen:
     """``airflow-savepoints restore ... --json`` as its own process (its own local Spark for the rescale)."""
     command = [str(Path(sys.executable).parent / "airflow-savepoints"), "restore", pointer, "--to", str(target),

@@ -10,14 +10,15 @@ from typing import Any
 
 from airflow_savepoints.core.names import CHECK_RESULT_FILE as RESULT_FILE
 from airflow_savepoints.errors import SavepointError
+from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.storage import Store
 
 
 def run_and_report(spark: Any, result_folder: str, work: Callable[[], dict[str, Any]],
-                   unexpected: Callable[[Exception], SavepointError]) -> int:
+                   unexpected: Callable[[Exception], SavepointError], *, secret: str | None = None) -> int:
     """``work()``'s result (its ``outcome`` and figures), or ``{"outcome": "failed", "error": ...}`` for a typed
     error (``unexpected(exc)`` for any other), with the application's id and Spark version, written to
-    ``result_folder``; Spark stopped. The exit status: 0 unless failed."""
+    ``result_folder`` (sealed with ``secret`` when given); Spark stopped. The exit status: 0 unless failed."""
     facts = {"application_id": spark.sparkContext.applicationId, "spark_version": spark.version}
     try:
         result = work()
@@ -28,5 +29,7 @@ def run_and_report(spark: Any, result_folder: str, work: Callable[[], dict[str, 
     finally:
         spark.stop()
     result = {**result, **facts, "finished_at": datetime.now(UTC).isoformat()}
+    if secret is not None:
+        result = trust.seal(result, secret)
     Store(result_folder).write_bytes_atomic(RESULT_FILE, json.dumps(result, indent=1).encode())
     return 1 if result["outcome"] == "failed" else 0

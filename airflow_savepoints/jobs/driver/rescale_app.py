@@ -1,6 +1,7 @@
 """The rescale of a restored checkpoint as a Spark application of its own, submitted through a job's submit path::
 
     spark-submit [the job's master, deploy mode and conf] rescale_app.py CHECKPOINT PARTITIONS BATCH RESULT [SINK]
+    spark-submit [the same] rescale_app.py --standby FOLDER WAIT_SECONDS
 
 Runs Spark's offline repartition on CHECKPOINT (an already restored copy, never a savepoint or a live
 checkpoint) into PARTITIONS state partitions; it must commit BATCH. SINK: the job's file sink, whose log
@@ -9,37 +10,93 @@ gets the repartition batch. Writes ``result.json`` into the folder RESULT, read 
 or ``{"outcome": "failed", "error": {code, message, hint}}`` with Spark's error class mapped to our error
 codes by :func:`airflow_savepoints.core.rescale.rewrite` (the in-process rescale's own mapping).
 Imports pyspark and the package's core; no Airflow.
+
+``--standby``: started before the job stops (an upgrade's rescale), it starts Spark, writes ``ready.json`` into
+FOLDER, then waits up to WAIT_SECONDS for ``request.json`` there (the four arguments above and the state store's
+SQL conf) and carries it out as above, its ``result.json`` in FOLDER; ``{"cancel": true}`` ends it with nothing
+done. Every file is sealed with the secret the caller gave in :data:`~airflow_savepoints.jobs.description.trust.RESCALE_SECRET_ENV`
+(or the redacted conf ``spark.savepoints.rescale.secret``, a driver on another host): a request that is not sealed
+with it is ignored, with a log line, so a writer of the savepoint folder cannot choose what is rewritten.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
+import time
 
 if __name__ == "__main__":  # run as a file: this folder's modules are no top-level modules
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
+from airflow_savepoints.core.names import RESCALE_READY_FILE, RESCALE_REQUEST_FILE  # noqa: E402
 from airflow_savepoints.errors import RescaleFailedError  # noqa: E402
+from airflow_savepoints.jobs.description import trust  # noqa: E402
 from airflow_savepoints.jobs.driver.app_result import run_and_report  # noqa: E402
 from airflow_savepoints.storage import Store  # noqa: E402
+
+log = logging.getLogger("airflow_savepoints.rescale_app")
+STANDBY_FLAG = "--standby"
+SQL_CONF_PREFIX = "spark.sql."  # what a request may set in the running session: the state store's SQL settings
 
 
 def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
 
+    spark = SparkSession.builder.appName("airflow-savepoints-rescale").getOrCreate()
+    if argv[1:2] == [STANDBY_FLAG]:
+        return _standby(spark, Store(argv[2]), float(argv[3]))
+    checkpoint, partitions, batch, result_folder, *sink = argv[1:]
+    return _rescale(spark, checkpoint, int(partitions), int(batch), result_folder, sink[0] if sink else "")
+
+
+def _rescale(spark, checkpoint: str, partitions: int, batch: int, result_folder: str, sink: str,
+             secret: str | None = None) -> int:
     from airflow_savepoints.core.rescale import rewrite
 
-    checkpoint, partitions, batch, result_folder, *sink = argv[1:]
-    spark = SparkSession.builder.appName("airflow-savepoints-rescale").getOrCreate()
     destination = Store(checkpoint)
 
     def rescale() -> dict:
-        after = rewrite(spark, destination, int(partitions), int(batch), Store(sink[0]) if sink and sink[0] else None)
-        return {"outcome": "rescaled", "batch_id": int(batch), "partitions": after}
+        after = rewrite(spark, destination, partitions, batch, Store(sink) if sink else None)
+        return {"outcome": "rescaled", "batch_id": batch, "partitions": after}
 
     return run_and_report(spark, result_folder, rescale, lambda exc: RescaleFailedError(
         f"the rescale of {destination.url} failed: {type(exc).__name__}: {str(exc)[:2000]}",
-        "nothing was restored; fix the cause and retry into a new, empty checkpoint location"))
+        "nothing was restored; fix the cause and retry into a new, empty checkpoint location"), secret=secret)
+
+
+def _standby(spark, folder: Store, wait: float) -> int:
+    """Ready, then the one sealed request (or none within ``wait`` s, or a cancel: Spark stopped, nothing done)."""
+    secret = os.environ.get(trust.RESCALE_SECRET_ENV) or spark.conf.get(trust.RESCALE_SECRET_CONF, "")
+    if not secret:
+        log.error("no rescale secret given (%s or %s): nothing is done", trust.RESCALE_SECRET_ENV, trust.RESCALE_SECRET_CONF)
+        spark.stop()
+        return 1
+    spark.streams  # noqa: B018 - the StateStoreCoordinator the rewrite needs, registered while the job still runs
+    folder.write_bytes_atomic(RESCALE_READY_FILE, json.dumps(trust.seal(
+        {"application_id": spark.sparkContext.applicationId, "spark_version": spark.version}, secret)).encode())
+    deadline, ignored = time.monotonic() + wait, False
+    while time.monotonic() < deadline:
+        try:
+            request = json.loads(folder.read_bytes(RESCALE_REQUEST_FILE))
+        except (FileNotFoundError, ValueError):
+            request = None
+        if request is not None and not trust.sealed(request, secret):
+            if not ignored:
+                log.warning("%s/%s is not sealed with this standby's secret: ignored", folder.url, RESCALE_REQUEST_FILE)
+                ignored = True
+        elif request is not None:
+            if request.get("cancel"):
+                break
+            for key, value in (request.get("conf") or {}).items():
+                if key.startswith(SQL_CONF_PREFIX):
+                    spark.conf.set(key, value)
+            return _rescale(spark, request["checkpoint"], int(request["partitions"]), int(request["batch"]),
+                            folder.url, request.get("sink") or "", secret)
+        time.sleep(folder.poll_interval)
+    spark.stop()
+    return 0
 
 
 if __name__ == "__main__":

@@ -496,7 +496,7 @@ def _act(ctx: JobContext, state: JobState, decision: Decision, conf: dict[str, s
                      "state_partitions": request.state_partitions, "check_duration_s": check.get("duration_s"),
                      "stop_savepoint": done["stop_savepoint"], "stop_batch": done["stop_batch"],
                      "run_id": started["run_id"], "first_batch": started["first_batch"],
-                     "checkpoint": started["checkpoint"]}, None
+                     "checkpoint": started["checkpoint"], "rescale_standby": done.get("rescale_standby")}, None
 
 
 def _act_error(name: str, decision: Decision, outcome: str, cause: SavepointError, until: str | None) -> SavepointError:

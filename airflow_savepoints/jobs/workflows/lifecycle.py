@@ -66,7 +66,7 @@ from airflow_savepoints.jobs.launch.runners import (
     check_yarn_start,
     runner_for,
 )
-from airflow_savepoints.jobs.workflows.rescale import rescale_on_the_job
+from airflow_savepoints.jobs.workflows.rescale import RescaleStandby, rescale_on_the_job
 from airflow_savepoints.jobs.workflows.run import (  # noqa: F401 - imported from here
     LIVE_STATES,
     JobContext,
@@ -116,7 +116,8 @@ SubmitCommand = Callable[[str, dict[str, str]], list[str]]
 
 def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, pointer: str | None = None,
           fresh: bool = False, target_checkpoint: str | None = None, wait_timeout: float = 300,
-          allow_foreign_savepoint: bool = False, **restore_checks: Any) -> dict[str, Any]:
+          allow_foreign_savepoint: bool = False, rescale_standby: RescaleStandby | None = None,
+          **restore_checks: Any) -> dict[str, Any]:
     """Start the job: from ``pointer``, else its newest completed savepoint, or with empty state
     (``fresh``). Refuses while another run lives; takes over the lease of a lost run (after applying
     its checkpoint retention policy, which keeps and savepoints its last committed batch). Returns
@@ -125,14 +126,15 @@ def start(ctx: JobContext, *, submit_command: SubmitCommand, log_dir: Path, poin
     helper once it commits a batch past the one it started from. ``first_batch`` is the newest
     committed batch then, ``live`` how it was seen (``heartbeat`` or ``commit``). The run goes on
     detached. ``restore_checks``
-    (``max_age``, ``skip_missing_input``) go to the restore: see :func:`restore_savepoint`.
+    (``max_age``, ``skip_missing_input``, ``state_partitions``) go to the restore: see :func:`restore_savepoint`;
+    a rescale runs in ``rescale_standby`` when an upgrade started one before its stop.
 
     A ``pointer`` to a savepoint of another job, or outside this job's folder of the savepoint
     root, is refused (:class:`ForeignSavepointError`) unless ``allow_foreign_savepoint``; the new
     checkpoint must be one the job owns (its own, or ``<checkpoint>-<suffix>``) and apart from the root."""
     return _launch(ctx, submit_command, log_dir, wait_timeout,
                    lambda: _prepare_checkpoint(ctx, pointer, fresh, target_checkpoint,
-                                               rescale_on_the_job(ctx, submit_command, log_dir, restore_checks),
+                                               rescale_on_the_job(ctx, submit_command, log_dir, restore_checks, rescale_standby),
                                                allow_foreign_savepoint),
                    run_settings={SKIP_MISSING_INPUT_CONF: "true"} if restore_checks.get("skip_missing_input") else None)
 

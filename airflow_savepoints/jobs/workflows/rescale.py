@@ -9,6 +9,11 @@ process. The caller (an Airflow worker, a terminal) needs no pyspark for it.
   come last), waits for it, and reads back ``result.json`` from ``<savepoint dir>/<job>/_rescale/<id>/``
   (then deleted). A failure raises the typed error the application reported (Spark's error class mapped
   as in-process: ``core/rescale.py``); the restore then leaves its target empty, as for any failure.
+* :class:`RescaleStandby`: an upgrade's rescale, submitted the same way before the job stops (``--standby``):
+  its Spark starts while the job still runs, and once the stop savepoint is restored only the rewrite is left
+  (Spark's start, 5-8 s of a rescale, is no longer downtime). It is asked through sealed files in its folder
+  ``_rescale/<id>/`` with a secret only this process and the application hold; one that is not ready within
+  :data:`STANDBY_READY_TIMEOUT` (or gone) is ended, and the rescale runs as its own application after the stop.
 * :func:`refuse_unrescalable` checks, before an upgrade stops anything, that the running version's state
   can be rescaled: the live checkpoint's newest batch as a savepoint would record it (state store
   provider, operators and their metadata), with no Spark.
@@ -16,20 +21,23 @@ process. The caller (an Airflow worker, a terminal) needs no pyspark for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.models import FileEntry, SavepointManifest, StateStoreSettings
-from airflow_savepoints.core.names import CHECK_RESULT_FILE, RESCALE_FOLDER
+from airflow_savepoints.core.names import CHECK_RESULT_FILE, RESCALE_FOLDER, RESCALE_READY_FILE, RESCALE_REQUEST_FILE
 from airflow_savepoints.core.rescale import RescalePlan, plan_rescale, reported_error
 from airflow_savepoints.core.savepoint import plan_listed
-from airflow_savepoints.errors import RescaleError, RescaleFailedError
+from airflow_savepoints.errors import RescaleError, RescaleFailedError, StorageError
+from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.channel import new_run_id
 from airflow_savepoints.jobs.driver import rescale_app
 from airflow_savepoints.jobs.launch.launcher import log_tail, spawn_submit
@@ -40,16 +48,18 @@ if TYPE_CHECKING:
     from airflow_savepoints.jobs.workflows.run import JobContext, JobState
 
 RESCALE_TIMEOUT = 3600.0  # seconds the rescale application may take (it reads and writes all the state)
+STANDBY_READY_TIMEOUT = 120.0  # seconds an upgrade waits, its job still running, for a standby's Spark to start
+STANDBY_WAIT = 1800.0  # seconds a standby waits for its request (the stop, its savepoint, the copy) before it ends
 CHECKPOINT_PLACEHOLDER = "{checkpoint}"
 
 
 def rescale_on_the_job(ctx: JobContext, submit_command: Callable[[str, dict[str, str]], list[str]], log_dir: Path,
-                       restore_options: dict[str, Any]) -> dict[str, Any]:
+                       restore_options: dict[str, Any], standby: RescaleStandby | None = None) -> dict[str, Any]:
     """``restore_options`` with, when they ask for ``state_partitions``, the rescaler that runs it as the job's
-    own Spark application."""
+    own Spark application (``standby``'s, when one was started and is ready)."""
     if restore_options.get("state_partitions") is None:
         return restore_options
-    return {**restore_options, "rescaler": JobRescaler(ctx, submit_command, Path(log_dir))}
+    return {**restore_options, "rescaler": JobRescaler(ctx, submit_command, Path(log_dir), standby=standby)}
 
 
 def application_command(job: Any, submit_command: Callable[[str, dict[str, str]], list[str]], checkpoint: str,
@@ -76,10 +86,16 @@ class JobRescaler:
     submit_command: Callable[[str, dict[str, str]], list[str]]
     log_dir: Path
     timeout: float = RESCALE_TIMEOUT
+    standby: RescaleStandby | None = None
 
     def __call__(self, destination: Store, plan: RescalePlan, manifest: SavepointManifest, conf: dict[str, str],
                  file_sink: Store | None = None) -> tuple[int, dict[str, int]]:
         job, batch = self.ctx.job, manifest.batch_id + 1
+        if self.standby is not None and self.standby.alive():
+            self.ctx.log(f"rescaling {destination.url} into {plan.partitions} state partitions by the standby Spark "
+                         f"application of job {job.name} (master {job.master})")
+            log_file, result = self.standby.rescale(destination, plan.partitions, batch, conf, file_sink, self.timeout)
+            return self._outcome(result, log_file, batch)
         results = self.ctx.folder.child(RESCALE_FOLDER)
         scratch = results.child(new_run_id())
         arguments = [destination.url, str(plan.partitions), str(batch), scratch.url, file_sink.url if file_sink else ""]
@@ -91,6 +107,11 @@ class JobRescaler:
             result = read_result(scratch)
         finally:
             results.remove_tree(scratch.name)
+        return self._outcome(result, log_file, batch)
+
+    def _outcome(self, result: dict[str, Any] | None, log_file: str, batch: int) -> tuple[int, dict[str, int]]:
+        """The repartition batch and the partitions after, from the application's result; its error otherwise."""
+        job = self.ctx.job
         if result is None:
             raise RescaleFailedError(f"the rescale application of job '{job.name}' ended without a result; last log "
                                      f"lines:\n{log_tail(log_file)}",
@@ -106,21 +127,121 @@ class JobRescaler:
             f"see {log_file}; nothing was restored"))
 
 
-def run_to_end(command: list[str], log_dir: Path, name: str, timeout: float,
-               timed_out: Callable[[Path], Exception]) -> str:
-    """Run a job application's submit command to its end (its own process group; ended, and
-    ``timed_out(log file)`` raised, after ``timeout`` s or when interrupted); its log file."""
+@dataclass
+class RescaleStandby:
+    """A job's rescale application submitted before the job stops (see the module's description): it waits in
+    ``folder`` for one request sealed with ``secret``; :meth:`close` ends it (asked, then killed) and removes the
+    folder."""
+
+    ctx: JobContext
+    folder: Store
+    secret: str
+    process: subprocess.Popen
+    log_file: Path
+    started: float = field(default_factory=time.monotonic)
+    ready: dict[str, Any] | None = None  # its sealed ready.json: its application id and Spark version
+    ready_after_s: float | None = None
+    used: bool = False
+    ignored: set[str] = field(default_factory=set)  # files found not sealed with its secret (each said once)
+
+    @classmethod
+    def start(cls, ctx: JobContext, submit_command: Callable[[str, dict[str, str]], list[str]], log_dir: Path,
+              wait: float = STANDBY_WAIT) -> RescaleStandby:
+        """Submit the standby with the job's submit path (its master, deploy mode and conf), not waiting for it."""
+        job, folder, secret = ctx.job, ctx.folder.child(RESCALE_FOLDER).child(new_run_id()), trust.new_secret()
+        conf = {trust.RESCALE_SECRET_CONF: secret} if job.deploy_mode == "cluster" else {}  # a driver on another host
+        command = application_command(job, submit_command, job.checkpoint, conf, rescale_app.__file__,
+                                      [rescale_app.STANDBY_FLAG, folder.url, str(wait)])
+        log_file = new_log_file(Path(log_dir), f"{job.name}-rescale")
+        process = spawn_submit(command, log_file, env={trust.RESCALE_SECRET_ENV: secret})
+        return cls(ctx, folder, secret, process, log_file)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def wait_ready(self, timeout: float = STANDBY_READY_TIMEOUT) -> bool:
+        """Whether its Spark started (a sealed ``ready.json``) within ``timeout`` s while it lives."""
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            self.ready = self._sealed(RESCALE_READY_FILE)
+            if self.ready is not None:
+                self.ready_after_s = round(time.monotonic() - self.started, 2)
+                return True
+            time.sleep(min(self.folder.poll_interval, 0.2))
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        """What an upgrade reports of it: its application, how long its Spark took to start, whether it rescaled."""
+        return {"application_id": (self.ready or {}).get("application_id"), "ready_after_s": self.ready_after_s,
+                "used": self.used}
+
+    def rescale(self, destination: Store, partitions: int, batch: int, conf: dict[str, str], file_sink: Store | None,
+                timeout: float) -> tuple[str, dict[str, Any] | None]:
+        """Ask for the rewrite and wait for the application's end: its log file and sealed result (None: none)."""
+        self.used = True
+        self._ask({"checkpoint": destination.url, "partitions": partitions, "batch": batch, "conf": conf,
+                   "sink": file_sink.url if file_sink else ""})
+        wait_to_end(self.process, timeout, lambda: RescaleFailedError(
+            f"the rescale application of job '{self.ctx.job.name}' did not end within {timeout:.0f}s: ended",
+            f"see {self.log_file}; nothing was restored"))
+        return str(self.log_file), self._sealed(CHECK_RESULT_FILE)
+
+    def close(self, grace: float = 15.0) -> None:
+        """End it if it still waits (a sealed cancel, then a kill after ``grace`` s) and remove its folder."""
+        try:
+            if self.alive():
+                with contextlib.suppress(StorageError):
+                    self._ask({"cancel": True})
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(grace)
+                kill_own_child(self.process)
+        finally:
+            with contextlib.suppress(StorageError):
+                self.ctx.folder.child(RESCALE_FOLDER).remove_tree(self.folder.name)
+
+    def _ask(self, request: dict[str, Any]) -> None:
+        self.folder.write_bytes_atomic(RESCALE_REQUEST_FILE, json.dumps(trust.seal(request, self.secret)).encode())
+
+    def _sealed(self, name: str) -> dict[str, Any] | None:
+        try:
+            value = json.loads(self.folder.read_bytes(name))
+        except (FileNotFoundError, ValueError):
+            return None
+        if not trust.sealed(value, self.secret):
+            if name not in self.ignored:
+                self.ignored.add(name)
+                self.ctx.log(f"warning: {self.folder.url}/{name} is not sealed with the standby's secret (forged, "
+                             "or written by another application): ignored")
+            return None
+        return {key: item for key, item in value.items() if key != trust.MAC_FIELD}
+
+
+def new_log_file(log_dir: Path, name: str) -> Path:
+    """``<log_dir>/<name>-<UTC time>.log`` (the folder made if missing): a name the launcher's log reader accepts."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_file = log_dir / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}.log"
-    process = spawn_submit(command, log_file)
+    return log_dir / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}.log"
+
+
+def wait_to_end(process: subprocess.Popen, timeout: float, timed_out: Callable[[], Exception]) -> None:
+    """Wait for a one-shot child to end; killed (its process group) and ``timed_out()`` raised after ``timeout`` s,
+    killed when interrupted."""
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired as exc:
         kill_own_child(process)
-        raise timed_out(log_file) from exc
+        raise timed_out() from exc
     except BaseException:
         kill_own_child(process)  # interrupted: nothing may go on writing
         raise
+
+
+def run_to_end(command: list[str], log_dir: Path, name: str, timeout: float,
+               timed_out: Callable[[Path], Exception]) -> str:
+    """Run a job application's submit command to its end (its own process group; ended, and
+    ``timed_out(log file)`` raised, after ``timeout`` s or when interrupted); its log file."""
+    log_file = new_log_file(log_dir, name)
+    process = spawn_submit(command, log_file)
+    wait_to_end(process, timeout, lambda: timed_out(log_file))
     return str(log_file)
 
 

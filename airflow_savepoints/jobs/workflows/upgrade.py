@@ -18,6 +18,10 @@ batch on a scratch copy of the running version's state with a ``noop`` sink
 A rescale (``state_partitions``) the running version's state cannot take (HDFS-backed state, operators
 without Spark's metadata) is refused before even that, from the live checkpoint's files (no Spark).
 
+With ``state_partitions``, the new version's rescale application is submitted before the stop and waits, its
+Spark started, for the stop savepoint's copy (:class:`~airflow_savepoints.jobs.workflows.rescale.RescaleStandby`):
+the job runs on meanwhile, and the downtime holds the rewrite only.
+
 Healthy: the new version commits a batch past the stop batch within ``health_timeout`` and has
 not failed. Otherwise (with ``rollback``, the default) the new run is ended and marked failed, its
 checkpoint left as it is, and the previous version starts again from the same stop savepoint (or,
@@ -54,7 +58,7 @@ from airflow_savepoints.errors import SavepointError, SinkAheadError, UpgradeRef
 from airflow_savepoints.jobs.description.model import JobVersion, StreamingJob
 from airflow_savepoints.jobs.workflows import lifecycle
 from airflow_savepoints.jobs.workflows.check import check_upgrade, rescale_options
-from airflow_savepoints.jobs.workflows.rescale import refuse_unrescalable
+from airflow_savepoints.jobs.workflows.rescale import STANDBY_READY_TIMEOUT, RescaleStandby, refuse_unrescalable
 from airflow_savepoints.jobs.workflows.run import JobContext
 
 SubmitFor = Callable[[StreamingJob], Callable[[str, dict[str, str]], list[str]]]
@@ -225,26 +229,58 @@ def upgrade(ctx: JobContext, request: UpgradeRequest, *, submit_for: SubmitFor, 
     old_ctx = replace(ctx, job=ctx.job.with_version(previous))
     new_ctx = replace(ctx, job=ctx.job.with_version(request.version))
     checked = _check_first(ctx, request, mode, submit_for, log_dir)
-    ctx.log(f"upgrading job {ctx.job.name} from version {previous.hash} to {request.version.hash} ({mode})")
-    stopped = lifecycle.stop(old_ctx, grace=request.grace, inflight_wait=request.inflight_wait)
-    if mode == "last-state" and (stopped["consistency"] != "clean" or stopped["stop_method"] != "cooperative"):
-        ctx.log(f"the stop was not clean ({stopped['stop_method']}, {stopped['consistency']}): using its savepoint")
-        mode = "savepoint"
-    kwargs = _start_kwargs(ctx, mode, stopped)
-    if "pointer" in kwargs:  # the new version restored (rescaled if asked) as the check's copy was; a rollback keeps them
-        kwargs.update(rescale_options(request.state_partitions))
-    summary = {"job": ctx.job.name, "mode": mode, "from_version": previous.model_dump(),
-               "to_version": request.version.model_dump(), "stop_savepoint": stopped["pointer"],
-               "stop_batch": stopped["batch_id"], "stopped_run": stopped["run_id"], "check": checked}
+    standby = _rescale_standby(new_ctx, request, mode, submit_for, log_dir)
     try:
-        started = _start_healthy(new_ctx, kwargs, request, submit_for, log_dir,
-                                 None if mode == "stateless" else stopped["batch_id"])
-    except SavepointError as exc:
-        error = exc
-    else:
-        ctx.log(f"job {ctx.job.name} runs version {request.version.hash}: batch {started['first_batch']} committed")
-        return {**summary, "started": started, "copied_bytes": 0 if mode == "last-state" else None}
+        ctx.log(f"upgrading job {ctx.job.name} from version {previous.hash} to {request.version.hash} ({mode})")
+        stopped = lifecycle.stop(old_ctx, grace=request.grace, inflight_wait=request.inflight_wait)
+        if mode == "last-state" and (stopped["consistency"] != "clean" or stopped["stop_method"] != "cooperative"):
+            ctx.log(f"the stop was not clean ({stopped['stop_method']}, {stopped['consistency']}): using its savepoint")
+            mode = "savepoint"
+        kwargs = _start_kwargs(ctx, mode, stopped)
+        if "pointer" in kwargs:  # the new version restored (rescaled if asked) as the check's copy was; a rollback keeps them
+            kwargs.update(rescale_options(request.state_partitions), rescale_standby=standby)
+        summary = {"job": ctx.job.name, "mode": mode, "from_version": previous.model_dump(),
+                   "to_version": request.version.model_dump(), "stop_savepoint": stopped["pointer"],
+                   "stop_batch": stopped["batch_id"], "stopped_run": stopped["run_id"], "check": checked,
+                   "rescale_standby": None}
+        error: SavepointError | None = None
+        try:
+            started = _start_healthy(new_ctx, kwargs, request, submit_for, log_dir,
+                                     None if mode == "stateless" else stopped["batch_id"])
+        except SavepointError as exc:
+            error = exc
+        if standby is not None:  # what it did, reported whether the new version runs or is rolled back
+            summary["rescale_standby"] = standby.summary()
+        if error is None:
+            ctx.log(f"job {ctx.job.name} runs version {request.version.hash}: batch {started['first_batch']} committed")
+            return {**summary, "started": started, "copied_bytes": 0 if mode == "last-state" else None}
+    finally:
+        if standby is not None:
+            standby.close()
     return _roll_back(old_ctx, new_ctx, request, error, summary, submit_for, log_dir)
+
+
+def _rescale_standby(ctx: JobContext, request: UpgradeRequest, mode: str, submit_for: SubmitFor,
+                     log_dir: Path) -> RescaleStandby | None:
+    """The new version's rescale application, its Spark started while the job still runs (the stop waits for it):
+    None without a rescale, or when it was not ready in time (the rescale then runs as its own application after
+    the stop, as a ``job start`` does)."""
+    if request.state_partitions is None or mode != "savepoint":
+        return None
+    standby = RescaleStandby.start(ctx, submit_for(ctx.job), log_dir)
+    try:
+        ready = standby.wait_ready()
+    except BaseException:
+        standby.close()
+        raise
+    if ready:
+        ctx.log(f"the rescale application of job {ctx.job.name} stands by: its Spark started in "
+                f"{standby.ready_after_s:.1f}s while the job runs")
+        return standby
+    ctx.log(f"warning: the rescale application of job {ctx.job.name} was not ready within {STANDBY_READY_TIMEOUT:.0f}s "
+            f"(its log: {standby.log_file}); the rescale runs as its own application after the stop")
+    standby.close()
+    return None
 
 
 def _roll_back(old_ctx: JobContext, new_ctx: JobContext, request: UpgradeRequest, error: SavepointError,

@@ -76,3 +76,24 @@ def test_an_unrescalable_live_state_is_refused_before_anything_stops(tmp_path, n
     assert raised.value.hint.endswith("nothing was stopped or restored")
     refuse_unrescalable(ctx, state, 2)  # its count already: nothing to refuse
     assert sorted(p.relative_to(live) for p in live.rglob("*")) == before and not (tmp_path / "sp").exists()
+
+
+def test_a_standby_that_ends_before_it_is_ready_leaves_the_rescale_to_its_own_application_after_the_stop(tmp_path):
+    """An upgrade's standby rescale application whose submit fails (here: a process that exits 3 at once) is not
+    waited for: no standby is handed to the restore (the rescale is submitted after the stop, as a ``job start``
+    does), the log says so and names the standby's log, and its folder is removed. Without a rescale, none starts."""
+    import sys
+
+    from airflow_savepoints.jobs.workflows.upgrade import UpgradeRequest, _rescale_standby
+
+    job, lines = _job(tmp_path), []
+    ctx = JobContext(job, Store(str(tmp_path / "sp")), log=lines.append)
+    submit = lambda checkpoint, conf: [sys.executable, "-c", "import sys; sys.exit(3)", job.application,  # noqa: E731
+                                       *(a.replace("{checkpoint}", checkpoint) for a in job.application_args)]
+    request = UpgradeRequest(version=job.version(), state_partitions=3)
+    assert _rescale_standby(ctx, request, "savepoint", lambda _: submit, tmp_path / "logs") is None
+    assert "was not ready within" in lines[-1] and "runs as its own application after the stop" in lines[-1], lines
+    assert str(tmp_path / "logs" / "orders-rescale-") in lines[-1]
+    assert not [p for p in (tmp_path / "sp").rglob("*") if p.is_file()]  # nothing left in the job's folder
+    assert _rescale_standby(ctx, request.model_copy(update={"state_partitions": None}), "savepoint", lambda _: submit,
+                            tmp_path / "logs") is None and len(lines) == 1
