@@ -25,7 +25,10 @@ This tool's, each a fresh process of the CLI as a user runs it (``airflow-savepo
   start of its stop (after the check) to the first batch of the new configuration.
 
 Each downtime's Spark share is what Spark itself needs for the same transition: ``spark_start`` for a start,
-``spark_stop`` for a stop, ``spark_stop + spark_restart`` for a restart, an upgrade and an autoscale action.
+``spark_stop`` for a stop, ``spark_stop + spark_restart`` for a restart, an upgrade and an autoscale action; for
+the autoscale action also ``spark_rewrite``, Spark's own offline repartition of the state (the ``durationMs`` its
+``OfflineStateRepartitionRunner`` logs in the rescale application's log), which a bare rescale runs too (besides
+the start of an application to run it in, not counted). ``autoscale_without_rewrite`` keeps the row without it.
 The rest is this tool's share. Every line the commands log (stderr) is kept with its time, so a share can
 be traced to its step. Prints ratios and differences; ``--json-file`` writes the raw report.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -201,6 +205,16 @@ class Bench:
     def run(self, argv: list[str], jobs_file: Path) -> Command:
         return Command([*self.cli, "job", *argv, "--jobs-file", str(jobs_file), "--json"], self.env)
 
+    def rewrite_seconds(self, name: str, upgraded: dict) -> float:
+        """Spark's own repartition of the stop savepoint's copy: its ``durationMs``, from the rescale log that
+        names the new run's checkpoint."""
+        checkpoint = upgraded["started"]["checkpoint"]
+        for log_file in sorted((self.work / "logs").glob(f"{name}-rescale-*.log")):
+            for line in log_file.read_text(errors="replace").splitlines():
+                if "Completed state repartitioning" in line and f"{checkpoint}," in line:
+                    return int(re.search(r"durationMs=(\d+)", line).group(1)) / 1000
+        raise RuntimeError(f"no rescale log of {name} names {checkpoint}")
+
     def driver_pid(self, name: str) -> int:
         return json.loads((self.work / "savepoints" / name / "_run.json").read_text())["pid"]
 
@@ -256,13 +270,15 @@ class Bench:
         keep("autoscale", scale)
         figures["autoscale"], figures["autoscale_command"] = at - stop_began, scale.ended - scale.started
         figures["autoscale_check"] = stop_began - scale.started
+        figures["spark_rewrite"] = self.rewrite_seconds(name, done)
         self.run(["stop", name], jobs_file).wait()
         figures["no_duplicate_ids"] = sorted(demo.committed_event_ids(output)) == sorted(set(demo.committed_event_ids(output)))
         return figures
 
 
 SPARK_SHARE = {"job_start": ("spark_start",), "job_stop": ("spark_stop",), "restart": ("spark_stop", "spark_restart"),
-               "upgrade": ("spark_stop", "spark_restart"), "autoscale": ("spark_stop", "spark_restart")}
+               "upgrade": ("spark_stop", "spark_restart"), "autoscale": ("spark_stop", "spark_restart", "spark_rewrite"),
+               "autoscale_without_rewrite": ("spark_stop", "spark_restart")}
 
 
 def summarize(repeats: list[dict]) -> dict:
@@ -270,10 +286,10 @@ def summarize(repeats: list[dict]) -> dict:
     def median(key: str) -> float:
         return round(statistics.median(r[key] for r in repeats), 3)
 
-    spark = {k: median(k) for k in ("spark_start", "spark_stop", "spark_restart")}
+    spark = {k: median(k) for k in ("spark_start", "spark_stop", "spark_restart", "spark_rewrite")}
     rows = {}
     for key, parts in SPARK_SHARE.items():
-        ours = median(key)
+        ours = median(key.removesuffix("_without_rewrite"))
         share = round(sum(spark[p] for p in parts), 3)
         rows[key] = {"seconds": ours, "spark_share_s": share, "tool_share_s": round(ours - share, 3),
                      "ratio_to_spark": round(ours / share, 2) if share else None,
@@ -310,9 +326,9 @@ def main() -> int:
             print(f"work folder kept: {work}", file=sys.stderr)
     if report["repeats"]:
         report["summary"] = summarize(report["repeats"])
-        print(f"{'downtime':<12} {'ours s':>8} {'Spark s':>8} {'ratio':>6} {'tool s':>7}")
+        print(f"{'downtime':<25} {'ours s':>8} {'Spark s':>8} {'ratio':>6} {'tool s':>7}")
         for key, row in report["summary"]["downtime"].items():
-            print(f"{key:<12} {row['seconds']:>8.2f} {row['spark_share_s']:>8.2f} {row['ratio_to_spark'] or 0:>6.2f} "
+            print(f"{key:<25} {row['seconds']:>8.2f} {row['spark_share_s']:>8.2f} {row['ratio_to_spark'] or 0:>6.2f} "
                   f"{row['tool_share_s']:>7.2f}")
     if args.json_file:
         args.json_file.write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -489,9 +489,10 @@ def test_an_upgrades_standby_rescale_application_acts_only_on_its_sealed_request
             time.sleep(0.2)
         done = restore_savepoint(info.pointer, str(rescaled), state_partitions=3,
                                  rescaler=JobRescaler(ctx, submit, tmp_path / "logs", standby=standby))
-        assert standby.process.returncode == 0 and standby.summary()["used"]
+        assert standby.summary()["used"]
     finally:
         standby.close()
+    assert standby.process.returncode == 0  # it ended by itself after its result
     assert (done.repartition_batch_id, done.partitions_after) == (n + 1, {"0": 3})
     assert any("by the standby Spark application of job demo-standby" in line for line in lines), lines
     assert formats.state_partitions(_state_files(rescaled), version=_committed(rescaled) + 1) == {"0": 3}

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 if __name__ == "__main__":  # run as a file: this folder's modules are no top-level modules
@@ -38,6 +39,9 @@ from airflow_savepoints.storage import Store  # noqa: E402
 
 log = logging.getLogger("airflow_savepoints.rescale_app")
 STANDBY_FLAG = "--standby"
+WARM_UP_FOLDER = "warm-up"
+WARM_UP_BUDGET = 60.0  # seconds the warm-up may take (the upgrade waits up to 120 s for the standby to be ready)
+EXECUTOR_WAIT = 10.0  # seconds the warm-up waits for a first executor on a cluster
 SQL_CONF_PREFIX = "spark.sql."  # what a request may set in the running session: the state store's SQL settings
 
 
@@ -66,6 +70,46 @@ def _rescale(spark, checkpoint: str, partitions: int, batch: int, result_folder:
         "nothing was restored; fix the cause and retry into a new, empty checkpoint location"), secret=secret)
 
 
+def _warm_up(spark, scratch: Store, budget: float = WARM_UP_BUDGET) -> None:
+    """A tiny stateful query's one batch and its rewrite into one more partition, in ``scratch`` (inside the standby's
+    folder on the savepoint store, removed with it), with the job's state store settings: the first rewrite of a
+    new application loads classes, generates code and loads RocksDB, here while the job still runs. Skipped when
+    no executor has joined (a cluster whose cores the job holds: it would wait for the stop); Spark's jobs are
+    cancelled after ``budget`` s. A failure is logged and changes nothing else."""
+    from airflow_savepoints.core.rescale import rewrite
+
+    began = time.monotonic()
+    if not _executors_joined(spark, min(EXECUTOR_WAIT, budget)):
+        print("airflow-savepoints: no executor yet (the job holds the cores?): no warm-up", file=sys.stderr, flush=True)
+        return
+    timer = threading.Timer(max(budget - (time.monotonic() - began), 1.0), spark.sparkContext.cancelAllJobs)
+    timer.start()
+    try:
+        scratch.write_bytes_atomic("input/0.json", b'{"id": 1}\n{"id": 2}\n')
+        query = (spark.readStream.schema("id long").json(scratch.child("input").spark_url_of()).dropDuplicates(["id"])
+                 .writeStream.format("json").option("checkpointLocation", scratch.child("checkpoint").spark_url_of())
+                 .trigger(availableNow=True).start(scratch.child("output").spark_url_of()))
+        query.awaitTermination()
+        rewrite(spark, scratch.child("checkpoint"), int(spark.conf.get("spark.sql.shuffle.partitions")) + 1, 1)
+        print(f"airflow-savepoints: warmed up in {time.monotonic() - began:.1f}s", file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - a warm-up only: the request is carried out all the same
+        log.warning("the warm-up failed (the rewrite will start cold): %s", str(exc)[:500])
+    finally:
+        timer.cancel()
+
+
+def _executors_joined(spark, wait: float) -> bool:
+    """Whether an executor runs tasks for this application within ``wait`` s (a local master's driver does)."""
+    if spark.sparkContext.master.startswith("local"):
+        return True
+    deadline = time.monotonic() + wait
+    while spark.sparkContext._jsc.sc().getExecutorIds().isEmpty():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def _standby(spark, folder: Store, wait: float) -> int:
     """Ready, then the one sealed request (or none within ``wait`` s, or a cancel: Spark stopped, nothing done)."""
     secret = os.environ.get(trust.RESCALE_SECRET_ENV) or spark.conf.get(trust.RESCALE_SECRET_CONF, "")
@@ -74,6 +118,7 @@ def _standby(spark, folder: Store, wait: float) -> int:
         spark.stop()
         return 1
     spark.streams  # noqa: B018 - the StateStoreCoordinator the rewrite needs, registered while the job still runs
+    _warm_up(spark, folder.child(WARM_UP_FOLDER))
     folder.write_bytes_atomic(RESCALE_READY_FILE, json.dumps(trust.seal(
         {"application_id": spark.sparkContext.applicationId, "spark_version": spark.version}, secret)).encode())
     deadline, ignored = time.monotonic() + wait, False

@@ -177,14 +177,24 @@ class RescaleStandby:
 
     def rescale(self, destination: Store, partitions: int, batch: int, conf: dict[str, str], file_sink: Store | None,
                 timeout: float) -> tuple[str, dict[str, Any] | None]:
-        """Ask for the rewrite and wait for the application's end: its log file and sealed result (None: none)."""
+        """Ask for the rewrite and wait for its sealed result (written once Spark has stopped: nothing of it writes
+        into the copy any more, while its process exits) or the application's end: its log file and the result
+        (None: none). Not done in ``timeout`` s, or interrupted: the application is killed."""
         self.used = True
         self._ask({"checkpoint": destination.url, "partitions": partitions, "batch": batch, "conf": conf,
                    "sink": file_sink.url if file_sink else ""})
-        wait_to_end(self.process, timeout, lambda: RescaleFailedError(
-            f"the rescale application of job '{self.ctx.job.name}' did not end within {timeout:.0f}s: ended",
-            f"see {self.log_file}; nothing was restored"))
-        return str(self.log_file), self._sealed(CHECK_RESULT_FILE)
+        deadline = time.monotonic() + timeout
+        try:
+            while (result := self._sealed(CHECK_RESULT_FILE)) is None and self.alive():
+                if time.monotonic() >= deadline:
+                    raise RescaleFailedError(
+                        f"the rescale application of job '{self.ctx.job.name}' did not end within {timeout:.0f}s: ended",
+                        f"see {self.log_file}; nothing was restored")
+                time.sleep(min(self.folder.poll_interval, 0.05))
+        except BaseException:
+            kill_own_child(self.process)
+            raise
+        return str(self.log_file), result or self._sealed(CHECK_RESULT_FILE)
 
     def close(self, grace: float = 15.0) -> None:
         """End it if it still waits (a sealed cancel, then a kill after ``grace`` s) and remove its folder."""
@@ -222,26 +232,20 @@ def new_log_file(log_dir: Path, name: str) -> Path:
     return log_dir / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}.log"
 
 
-def wait_to_end(process: subprocess.Popen, timeout: float, timed_out: Callable[[], Exception]) -> None:
-    """Wait for a one-shot child to end; killed (its process group) and ``timed_out()`` raised after ``timeout`` s,
-    killed when interrupted."""
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired as exc:
-        kill_own_child(process)
-        raise timed_out() from exc
-    except BaseException:
-        kill_own_child(process)  # interrupted: nothing may go on writing
-        raise
-
-
 def run_to_end(command: list[str], log_dir: Path, name: str, timeout: float,
                timed_out: Callable[[Path], Exception]) -> str:
     """Run a job application's submit command to its end (its own process group; ended, and
     ``timed_out(log file)`` raised, after ``timeout`` s or when interrupted); its log file."""
     log_file = new_log_file(log_dir, name)
     process = spawn_submit(command, log_file)
-    wait_to_end(process, timeout, lambda: timed_out(log_file))
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired as exc:
+        kill_own_child(process)
+        raise timed_out(log_file) from exc
+    except BaseException:
+        kill_own_child(process)  # interrupted: nothing may go on writing
+        raise
     return str(log_file)
 
 
