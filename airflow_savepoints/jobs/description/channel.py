@@ -52,6 +52,14 @@ def new_run_id() -> str:
     return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
 
 
+def run_id_time(run_id: str) -> datetime | None:
+    """When a run id (or a folder named by :func:`new_run_id`) was made; None for any other name."""
+    try:
+        return datetime.strptime(run_id.partition("-")[0], "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 

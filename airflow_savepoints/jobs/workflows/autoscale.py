@@ -52,6 +52,7 @@ from airflow_savepoints.errors import (
     SavepointError,
     UpgradeCheckFailedError,
 )
+from airflow_savepoints.jobs.description.channel import run_id_time
 from airflow_savepoints.jobs.description.metrics import MetricPoint, append_decision, read_decisions, read_series
 from airflow_savepoints.jobs.description.model import AutoscaleSettings
 
@@ -66,6 +67,7 @@ SKEW_LIMIT = 2.0  # the largest state partition's rows over the mean at which pa
 ACTED = ("acted", "rolled_back", "failed")  # history outcomes of an attempt to act: the cooldown counts from them
 AUTOSCALER_STALE_AFTER = 120.0  # seconds: an acting autoscaler's lease not renewed for this long is broken
 SKEW_SAVEPOINTS = 5  # the newest completed savepoints looked at for a recorded state summary (the skew)
+WORK_FOLDER_LIFETIME = 6 * 3600.0  # seconds: a check's or rescale's folder older is left over (a live one: <= 2 h by default)
 CAUSE_CHARS = 2000  # of an action's error kept in the history (bounded: the history stays below the readers' cap)
 
 
@@ -446,18 +448,23 @@ def broker_backlog(ctx: JobContext, checkpoint: str | None, warnings: list[str] 
                      "partitions": sum(held is not None for held in bounds.values())}
 
 
-def _in_flight(ctx: JobContext, state: JobState) -> str | None:
+def _in_flight(ctx: JobContext, state: JobState, now: float, warnings: list[str]) -> str | None:
     """What of the job is in flight: a start or stop (its run's state), a savepoint (the job's single-flight
-    lease, live), an upgrade check (its scratch folder), a rescale (its result folder); None when nothing is."""
+    lease, live), an upgrade check (its scratch folder), a rescale (its folder); None when nothing is. A check's
+    or a rescale's folder made more than :data:`WORK_FOLDER_LIFETIME` ago (its name says when) was left by a
+    process that ended without removing it: not in flight, and a warning names it."""
     if state.state in ("starting", "stopping"):
         return "a start of the job" if state.state == "starting" else "a stop of the job"
     lease = JobLock(ctx.folder, request_id=None).lease.read()
     if lease is not None and not lease.stale:
         return "a savepoint"
-    if ctx.folder.listdir(CHECK_FOLDER):
-        return "an upgrade check"
-    if ctx.folder.listdir(RESCALE_FOLDER):
-        return "a rescale"
+    for folder, what in ((CHECK_FOLDER, "an upgrade check"), (RESCALE_FOLDER, "a rescale")):
+        for name in ctx.folder.listdir(folder):
+            made = run_id_time(name)
+            if made is None or now - made.timestamp() < WORK_FOLDER_LIFETIME:
+                return what
+            warnings.append(f"{ctx.folder.url}/{folder}/{name} was made at {made.isoformat()} and left by {what} that "
+                            "ended without removing it: not counted as in flight; remove it once nothing uses it")
     return None
 
 
@@ -592,7 +599,7 @@ def _evaluate(ctx: JobContext, policy: AutoscaleSettings, *, dry_run: bool, subm
     partitions = newest.state_partitions if newest else None
     skew, skew_from = state_skew(ctx, partitions, warnings)
     current = Current(cores=cores, partitions=partitions, skew=skew, skew_from=skew_from,
-                      running=running, in_flight=other or _in_flight(ctx, state))
+                      running=running, in_flight=other or _in_flight(ctx, state, now, warnings))
     decision = decide(policy, series, current, now, history)
     if backlog_from:
         decision.evidence["backlog_read"] = backlog_from

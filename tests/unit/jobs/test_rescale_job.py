@@ -97,3 +97,24 @@ def test_a_standby_that_ends_before_it_is_ready_leaves_the_rescale_to_its_own_ap
     assert not [p for p in (tmp_path / "sp").rglob("*") if p.is_file()]  # nothing left in the job's folder
     assert _rescale_standby(ctx, request.model_copy(update={"state_partitions": None}), "savepoint", lambda _: submit,
                             tmp_path / "logs") is None and len(lines) == 1
+
+
+@pytest.mark.parametrize("folder", ["_check", "_rescale"])
+def test_a_check_or_rescale_folder_left_by_a_process_that_died_holds_the_autoscaler_only_for_a_while(tmp_path, folder):
+    """An upgrade killed mid-way leaves its ``_check/<id>/`` or ``_rescale/<id>/`` (a standby's) folder: the
+    autoscaler holds (``in_flight``) while such a folder may belong to a live check or rescale, and, once it is
+    older than any of them lasts, no more: it is named in a warning to remove by hand."""
+    from airflow_savepoints.jobs.description.channel import new_run_id, run_id_time
+    from airflow_savepoints.jobs.workflows.autoscale import WORK_FOLDER_LIFETIME, _in_flight
+
+    ctx = JobContext(_job(tmp_path), Store(str(tmp_path / "sp")))
+    name = new_run_id()
+    ctx.folder.child(folder).child(name).write_bytes_atomic("ready.json", b"{}")
+    made, state, warnings = run_id_time(name).timestamp(), JobState(job="orders", state="running"), []
+    what = "an upgrade check" if folder == "_check" else "a rescale"
+    assert _in_flight(ctx, state, made + 60, warnings) == what and not warnings
+    assert _in_flight(ctx, state, made + WORK_FOLDER_LIFETIME - 1, warnings) == what and not warnings
+    assert _in_flight(ctx, state, made + WORK_FOLDER_LIFETIME + 1, warnings) is None
+    assert len(warnings) == 1 and f"{folder}/{name}" in warnings[0] and "remove it" in warnings[0], warnings
+    ctx.folder.child(folder).child("not-a-run-id").write_bytes_atomic("x", b"")  # a name with no time: in flight
+    assert _in_flight(ctx, state, made + WORK_FOLDER_LIFETIME + 1, []) == what
