@@ -372,6 +372,38 @@ def test_an_upgrade_rescales_only_through_a_savepoint(tmp_path):
     assert not (tmp_path / "savepoints").exists() and not (tmp_path / "r").exists()
 
 
+def _demo_job_with_a_savepoint(spark, tmp_path: Path, name: str, *, sink: bool):
+    """The demo job declared in ``tmp_path/jobs.yaml`` (local[2], RocksDB state in 2 partitions, its file sink
+    named if ``sink``), its first run in-process (the session is shared) over 3 input files, and a savepoint of
+    it: (the jobs file, the savepoint, the event ids sent)."""
+    import airflow_savepoints.demo.app as demo
+
+    sent: set[int] = set()
+    for index in range(3):
+        sent.update(demo.write_events(tmp_path / "input", index))
+    jobs = tmp_path / "jobs.yaml"
+    declared_sink = f"    sink: {{kind: file, path: {tmp_path}/output}}\n" if sink else ""
+    jobs.write_text(f"""jobs:
+  - name: {name}
+    application: {demo.__file__}
+    application_args: [{tmp_path}/input, "{{checkpoint}}", {tmp_path}/output]
+    master: local[2]
+    spark_conf:
+      spark.sql.shuffle.partitions: "2"
+      spark.ui.enabled: "false"
+      spark.sql.streaming.stateStore.providerClass: {ROCKS_CHANGELOG["spark.sql.streaming.stateStore.providerClass"]}
+    checkpoint: {tmp_path}/checkpoint
+    savepoint_dir: {tmp_path}/savepoints
+{declared_sink}""")
+    with session_conf(spark, {**ROCKS_CHANGELOG, "spark.sql.shuffle.partitions": "2"}):
+        query = demo.build_query(spark, str(tmp_path / "input"), str(tmp_path / "checkpoint"), str(tmp_path / "output"))
+        run_to_end(query)
+        query.stop()
+    info = take_savepoint(str(tmp_path / "checkpoint"), name, savepoint_dir=str(tmp_path / "savepoints"))
+    assert info.manifest.state_partitions() == {"0": 2}
+    return jobs, info, sent
+
+
 def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
     """`job start JOB --from SAVEPOINT --state-partitions 3` for a job declared in jobs.yaml, from a process where
     pyspark cannot be imported: the rescale runs as a Spark application submitted with the job's master and conf
@@ -384,30 +416,7 @@ def test_a_job_rescales_through_its_own_spark_application(spark, tmp_path):
     from tests.support.blocked import cli_without
     from tests.support.feeding import wait_for_sink
 
-    sent: set[int] = set()
-    for index in range(3):
-        sent.update(demo.write_events(tmp_path / "input", index))
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text(f"""jobs:
-  - name: demo-rescale
-    application: {demo.__file__}
-    application_args: [{tmp_path}/input, "{{checkpoint}}", {tmp_path}/output]
-    master: local[2]
-    spark_conf:
-      spark.sql.shuffle.partitions: "2"
-      spark.ui.enabled: "false"
-      spark.sql.streaming.stateStore.providerClass: {ROCKS_CHANGELOG["spark.sql.streaming.stateStore.providerClass"]}
-    checkpoint: {tmp_path}/checkpoint
-    savepoint_dir: {tmp_path}/savepoints
-    sink: {{kind: file, path: {tmp_path}/output}}
-""")
-    # the job's first run, in-process (the session is shared): its state in RocksDB, 2 partitions
-    with session_conf(spark, {**ROCKS_CHANGELOG, "spark.sql.shuffle.partitions": "2"}):
-        query = demo.build_query(spark, str(tmp_path / "input"), str(tmp_path / "checkpoint"), str(tmp_path / "output"))
-        run_to_end(query)
-        query.stop()
-    info = take_savepoint(str(tmp_path / "checkpoint"), "demo-rescale", savepoint_dir=str(tmp_path / "savepoints"))
-    assert info.manifest.state_partitions() == {"0": 2}
+    jobs, info, sent = _demo_job_with_a_savepoint(spark, tmp_path, "demo-rescale", sink=True)
 
     for index in range(3, 5):  # input that arrived since: the new run commits a batch past the repartition batch
         sent.update(demo.write_events(tmp_path / "input", index))
@@ -440,34 +449,13 @@ def test_an_upgrades_standby_rescale_application_acts_only_on_its_sealed_request
     secret (a writer of the savepoint folder) is ignored and rewrites nothing; the sealed one rescales the restored
     copy it names, through the restore, and the application ends. A standby never asked ends by its sealed cancel
     (exit 0, not killed) with nothing written; each folder is removed."""
-    import airflow_savepoints.demo.app as demo
+    from airflow_savepoints.jobs import load_jobs
     from airflow_savepoints.jobs.description import trust
     from airflow_savepoints.jobs.launch.launcher import spark_submit_command
     from airflow_savepoints.jobs.workflows.rescale import JobRescaler, RescaleStandby
     from airflow_savepoints.jobs.workflows.run import JobContext
 
-    for index in range(3):
-        demo.write_events(tmp_path / "input", index)
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text(f"""jobs:
-  - name: demo-standby
-    application: {demo.__file__}
-    application_args: [{tmp_path}/input, "{{checkpoint}}", {tmp_path}/output]
-    master: local[2]
-    spark_conf:
-      spark.sql.shuffle.partitions: "2"
-      spark.ui.enabled: "false"
-      spark.sql.streaming.stateStore.providerClass: {ROCKS_CHANGELOG["spark.sql.streaming.stateStore.providerClass"]}
-    checkpoint: {tmp_path}/checkpoint
-    savepoint_dir: {tmp_path}/savepoints
-""")
-    from airflow_savepoints.jobs import load_jobs
-
-    with session_conf(spark, {**ROCKS_CHANGELOG, "spark.sql.shuffle.partitions": "2"}):
-        query = demo.build_query(spark, str(tmp_path / "input"), str(tmp_path / "checkpoint"), str(tmp_path / "output"))
-        run_to_end(query)
-        query.stop()
-    info = take_savepoint(str(tmp_path / "checkpoint"), "demo-standby", savepoint_dir=str(tmp_path / "savepoints"))
+    jobs, info, _ = _demo_job_with_a_savepoint(spark, tmp_path, "demo-standby", sink=False)
     n = info.manifest.batch_id
     job = load_jobs(str(jobs))["demo-standby"]
     lines: list[str] = []
