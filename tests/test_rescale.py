@@ -448,7 +448,8 @@ def test_an_upgrades_standby_rescale_application_acts_only_on_its_sealed_request
     its Spark is up (a sealed ready.json) before it is asked anything; a request in its folder sealed with another
     secret (a writer of the savepoint folder) is ignored and rewrites nothing; the sealed one rescales the restored
     copy it names, through the restore, and the application ends. A standby never asked ends by its sealed cancel
-    (exit 0, not killed) with nothing written; each folder is removed."""
+    (exit 0, not killed) with nothing written; each folder is removed. One whose upgrade is killed ends by itself
+    and removes its folder."""
     from airflow_savepoints.jobs import load_jobs
     from airflow_savepoints.jobs.description import trust
     from airflow_savepoints.jobs.launch.launcher import spark_submit_command
@@ -493,8 +494,46 @@ def test_an_upgrades_standby_rescale_application_acts_only_on_its_sealed_request
         idle.close()
     assert idle.process.returncode == 0 and not idle.summary()["used"]  # ended by its cancel, not killed (-9)
     assert not list(Path(ctx.folder.path_of("_rescale")).iterdir())  # both folders removed
+
+    # a standby whose upgrade is killed (SIGKILL: no cancel) ends by itself and removes its folder
+    owner = subprocess.Popen([sys.executable, "-c", STANDBY_OWNER, str(jobs), str(tmp_path / "logs")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    orphan = json.loads(owner.stdout.readline())
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 60
+    while _runs(orphan["pid"]):
+        assert time.monotonic() < deadline, Path(orphan["log"]).read_text()[-3000:]
+        time.sleep(0.2)
+    assert "is gone: ending" in Path(orphan["log"]).read_text()
+    assert not Path(orphan["folder"]).exists()
     assert _committed(other) == n and not (other / "offsets" / str(n + 1)).exists()
     verify_savepoint(info.pointer)
+
+
+STANDBY_OWNER = """
+import json, sys
+from airflow_savepoints.jobs import load_jobs
+from airflow_savepoints.jobs.launch.launcher import spark_submit_command
+from airflow_savepoints.jobs.workflows.rescale import RescaleStandby
+from airflow_savepoints.jobs.workflows.run import JobContext
+from airflow_savepoints.storage import Store
+job = load_jobs(sys.argv[1])["demo-standby"]
+standby = RescaleStandby.start(JobContext(job, Store(job.savepoint_dir)),
+                               lambda checkpoint, conf: spark_submit_command(job, checkpoint, conf), sys.argv[2])
+assert standby.wait_ready(180)
+print(json.dumps({"pid": standby.process.pid, "log": str(standby.log_file), "folder": standby.folder.path_of()}), flush=True)
+sys.stdin.read()
+"""
+
+
+def _runs(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _restore_process(pointer: str, target: Path) -> subprocess.Popen:

@@ -1,7 +1,7 @@
 """The rescale of a restored checkpoint as a Spark application of its own, submitted through a job's submit path::
 
     spark-submit [the job's master, deploy mode and conf] rescale_app.py CHECKPOINT PARTITIONS BATCH RESULT [SINK]
-    spark-submit [the same] rescale_app.py --standby FOLDER WAIT_SECONDS
+    spark-submit [the same] rescale_app.py --standby FOLDER WAIT_SECONDS [OWNER]
 
 Runs Spark's offline repartition on CHECKPOINT (an already restored copy, never a savepoint or a live
 checkpoint) into PARTITIONS state partitions; it must commit BATCH. SINK: the job's file sink, whose log
@@ -11,12 +11,14 @@ or ``{"outcome": "failed", "error": {code, message, hint}}`` with Spark's error 
 codes by :func:`airflow_savepoints.core.rescale.rewrite` (the in-process rescale's own mapping).
 Imports pyspark and the package's core; no Airflow.
 
-``--standby``: started before the job stops (an upgrade's rescale), it starts Spark, writes ``ready.json`` into
-FOLDER, then waits up to WAIT_SECONDS for ``request.json`` there (the four arguments above and the state store's
-SQL conf) and carries it out as above, its ``result.json`` in FOLDER; ``{"cancel": true}`` ends it with nothing
-done. Every file is sealed with the secret the caller gave in :data:`~airflow_savepoints.jobs.description.trust.RESCALE_SECRET_ENV`
-(or the redacted conf ``spark.savepoints.rescale.secret``, a driver on another host): a request that is not sealed
-with it is ignored, with a log line, so a writer of the savepoint folder cannot choose what is rewritten.
+``--standby``: started before the job stops (an upgrade's rescale), it starts Spark, warms up, writes ``ready.json``
+into FOLDER, then waits up to WAIT_SECONDS for ``request.json`` there (the four arguments above and the state store's
+SQL conf) and carries it out as above, its ``result.json`` in FOLDER. ``{"cancel": true}`` ends it with nothing done;
+so does the end of OWNER (``host:pid:start time``: the upgrade that started it, watched on its host), which also
+removes FOLDER. Every file is sealed with the secret the caller gave in the environment (``RESCALE_SECRET_ENV`` of
+:mod:`airflow_savepoints.jobs.description.trust`) or the redacted conf ``spark.savepoints.rescale.secret`` (a driver
+on another host): a request not sealed with it is ignored, with a log line, so a writer of the savepoint folder cannot
+choose what is rewritten.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
 
 if __name__ == "__main__":  # run as a file: this folder's modules are no top-level modules
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+import psutil  # noqa: E402
 
 from airflow_savepoints.core.names import RESCALE_READY_FILE, RESCALE_REQUEST_FILE  # noqa: E402
 from airflow_savepoints.errors import RescaleFailedError  # noqa: E402
@@ -50,7 +55,7 @@ def main(argv: list[str]) -> int:
 
     spark = SparkSession.builder.appName("airflow-savepoints-rescale").getOrCreate()
     if argv[1:2] == [STANDBY_FLAG]:
-        return _standby(spark, Store(argv[2]), float(argv[3]))
+        return _standby(spark, Store(argv[2]), float(argv[3]), argv[4] if len(argv) > 4 else "")
     checkpoint, partitions, batch, result_folder, *sink = argv[1:]
     return _rescale(spark, checkpoint, int(partitions), int(batch), result_folder, sink[0] if sink else "")
 
@@ -98,6 +103,27 @@ def _warm_up(spark, scratch: Store, budget: float = WARM_UP_BUDGET) -> None:
         timer.cancel()
 
 
+def owner_of_this_process() -> str:
+    """``host:pid:start time`` of this process: what a standby it starts watches (:func:`_owner_alive`)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time()}"
+
+
+def _owner_alive(owner: str, tolerance: float = 2.0) -> bool:
+    """Whether the process ``owner`` names still runs (its pid, started when it says, within ``tolerance`` s, and
+    not a zombie). True when that cannot be told here: no owner, or another host's (a driver in cluster mode)."""
+    host, _, rest = owner.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        process = psutil.Process(int(pid))
+        return abs(process.create_time() - float(started)) < tolerance and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, ValueError):
+        return True
+
+
 def _executors_joined(spark, wait: float) -> bool:
     """Whether an executor runs tasks for this application within ``wait`` s (a local master's driver does)."""
     if spark.sparkContext.master.startswith("local"):
@@ -110,8 +136,10 @@ def _executors_joined(spark, wait: float) -> bool:
     return True
 
 
-def _standby(spark, folder: Store, wait: float) -> int:
-    """Ready, then the one sealed request (or none within ``wait`` s, or a cancel: Spark stopped, nothing done)."""
+def _standby(spark, folder: Store, wait: float, owner: str = "") -> int:
+    """Ready, then the one sealed request (or none within ``wait`` s, or a cancel: Spark stopped, nothing done).
+    ``owner`` (``host:pid:start time``, see :func:`owner_of_this_process`): the upgrade that started it. When that
+    process is gone (killed before it asked or cancelled), the standby stops Spark and removes its folder."""
     secret = os.environ.get(trust.RESCALE_SECRET_ENV) or spark.conf.get(trust.RESCALE_SECRET_CONF, "")
     if not secret:
         log.error("no rescale secret given (%s or %s): nothing is done", trust.RESCALE_SECRET_ENV, trust.RESCALE_SECRET_CONF)
@@ -121,17 +149,18 @@ def _standby(spark, folder: Store, wait: float) -> int:
     _warm_up(spark, folder.child(WARM_UP_FOLDER))
     folder.write_bytes_atomic(RESCALE_READY_FILE, json.dumps(trust.seal(
         {"application_id": spark.sparkContext.applicationId, "spark_version": spark.version}, secret)).encode())
-    deadline, ignored = time.monotonic() + wait, False
+    deadline, warned = time.monotonic() + wait, False
     while time.monotonic() < deadline:
         try:
             request = json.loads(folder.read_bytes(RESCALE_REQUEST_FILE))
         except (FileNotFoundError, ValueError):
             request = None
         if request is not None and not trust.sealed(request, secret):
-            if not ignored:
+            if not warned:
                 log.warning("%s/%s is not sealed with this standby's secret: ignored", folder.url, RESCALE_REQUEST_FILE)
-                ignored = True
-        elif request is not None:
+                warned = True
+            request = None
+        if request is not None:
             if request.get("cancel"):
                 break
             for key, value in (request.get("conf") or {}).items():
@@ -139,6 +168,12 @@ def _standby(spark, folder: Store, wait: float) -> int:
                     spark.conf.set(key, value)
             return _rescale(spark, request["checkpoint"], int(request["partitions"]), int(request["batch"]),
                             folder.url, request.get("sink") or "", secret)
+        if not _owner_alive(owner):
+            print(f"airflow-savepoints: the upgrade that started this standby ({owner}) is gone: ending",
+                  file=sys.stderr, flush=True)
+            spark.stop()
+            folder.parent().remove_tree(folder.name)
+            return 0
         time.sleep(folder.poll_interval)
     spark.stop()
     return 0

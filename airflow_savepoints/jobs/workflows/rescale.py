@@ -151,7 +151,7 @@ class RescaleStandby:
         job, folder, secret = ctx.job, ctx.folder.child(RESCALE_FOLDER).child(new_run_id()), trust.new_secret()
         conf = {trust.RESCALE_SECRET_CONF: secret} if job.deploy_mode == "cluster" else {}  # a driver on another host
         command = application_command(job, submit_command, job.checkpoint, conf, rescale_app.__file__,
-                                      [rescale_app.STANDBY_FLAG, folder.url, str(wait)])
+                                      [rescale_app.STANDBY_FLAG, folder.url, str(wait), rescale_app.owner_of_this_process()])
         log_file = new_log_file(Path(log_dir), f"{job.name}-rescale")
         process = spawn_submit(command, log_file, env={trust.RESCALE_SECRET_ENV: secret})
         return cls(ctx, folder, secret, process, log_file)
