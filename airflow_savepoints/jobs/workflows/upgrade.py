@@ -274,7 +274,7 @@ def _rescale_standby(ctx: JobContext, request: UpgradeRequest, mode: str, submit
         standby.close()
         raise
     if ready:
-        ctx.log(f"the rescale application of job {ctx.job.name} stands by: its Spark started in "
+        ctx.log(f"the rescale application of job {ctx.job.name} stands by: its Spark started and warmed up in "
                 f"{standby.ready_after_s:.1f}s while the job runs")
         return standby
     ctx.log(f"warning: the rescale application of job {ctx.job.name} was not ready within {STANDBY_READY_TIMEOUT:.0f}s "
