@@ -12,9 +12,9 @@ them. What this tool acts on is proven with a secret that never goes to shared s
 * **sealed files** (:func:`seal`, :func:`sealed`): an HMAC over a file's content with a secret
   the reader holds. ``job check`` makes a fresh secret per check, keeps it in memory and hands it
   to its driver in its environment (:data:`CHECK_SECRET_ENV`), or a Spark conf Spark redacts
-  (:data:`CHECK_SECRET_CONF`: its name says ``secret``) for a driver on another host; a standby rescale
-  application (an upgrade's rescale started before the stop) gets its own the same way, for its request and result
-  (:data:`RESCALE_SECRET_ENV`, :data:`RESCALE_SECRET_CONF`). A run's
+  (:data:`CHECK_SECRET_CONF`: its name says ``secret``) for a driver on another host; a job's one-off application
+  (a rescale, a standby rescale's requests too, an inspection) gets its own the same way, for its result
+  (:data:`APP_SECRET_ENV`, :data:`APP_SECRET_CONF`). A run's
   control files (heartbeats, stop requests and acknowledgements, failures, its announcement) are sealed with
   its channel secret (:func:`channel_secret`): ``HMAC(run key, job, run id)``, which ``job status``
   and ``job stop`` derive on any host holding the run key (``[savepoints] run_key``, else this
@@ -42,8 +42,8 @@ RUN_SECRET_ENV = "SAVEPOINTS_RUN_SECRET"  # "<run id>:<secret>": the run's chann
 RUN_KEY_OPTION = "run_key"  # [savepoints] run_key / AIRFLOW__SAVEPOINTS__RUN_KEY: the channel key shared by hosts
 CHECK_SECRET_ENV = "SAVEPOINTS_CHECK_SECRET"  # an upgrade check's result key, in its driver's environment
 CHECK_SECRET_CONF = "spark.savepoints.check.secret"  # the same as Spark conf (a cluster-mode driver); redacted
-RESCALE_SECRET_ENV = "SAVEPOINTS_RESCALE_SECRET"  # a standby rescale application's request and result key
-RESCALE_SECRET_CONF = "spark.savepoints.rescale.secret"  # the same as Spark conf (a cluster-mode driver); redacted
+APP_SECRET_ENV = "SAVEPOINTS_APP_SECRET"  # a job's one-off application's (rescale, inspection) result and request key
+APP_SECRET_CONF = "spark.savepoints.app.secret"  # the same as Spark conf (a cluster-mode driver); redacted
 MAC_FIELD = "mac"
 KEY_FILE_ENV = "XDG_STATE_HOME"
 

@@ -4,6 +4,7 @@ in a folder the caller gave, read back by :func:`airflow_savepoints.jobs.workflo
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -14,11 +15,18 @@ from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.storage import Store
 
 
+def app_secret(spark: Any) -> str:
+    """The secret the caller gave this application (its environment, else the redacted conf); empty: none."""
+    return os.environ.get(trust.APP_SECRET_ENV) or spark.conf.get(trust.APP_SECRET_CONF, "")
+
+
 def run_and_report(spark: Any, result_folder: str, work: Callable[[], dict[str, Any]],
-                   unexpected: Callable[[Exception], SavepointError], *, secret: str | None = None) -> int:
+                   unexpected: Callable[[Exception], SavepointError]) -> int:
     """``work()``'s result (its ``outcome`` and figures), or ``{"outcome": "failed", "error": ...}`` for a typed
     error (``unexpected(exc)`` for any other), with the application's id and Spark version, written to
-    ``result_folder`` (sealed with ``secret`` when given); Spark stopped. The exit status: 0 unless failed."""
+    ``result_folder``, sealed with the caller's secret (:func:`app_secret`); Spark stopped. The exit status: 0
+    unless failed."""
+    secret = app_secret(spark)
     facts = {"application_id": spark.sparkContext.applicationId, "spark_version": spark.version}
     try:
         result = work()
@@ -29,7 +37,7 @@ def run_and_report(spark: Any, result_folder: str, work: Callable[[], dict[str, 
     finally:
         stopped = _stop_spark_side(spark)
     result = {**result, **facts, "finished_at": datetime.now(UTC).isoformat()}
-    if secret is not None:
+    if secret:
         result = trust.seal(result, secret)
     Store(result_folder).write_bytes_atomic(RESULT_FILE, json.dumps(result, indent=1).encode())
     if stopped:

@@ -15,10 +15,10 @@ Imports pyspark and the package's core; no Airflow.
 into FOLDER, then waits up to WAIT_SECONDS for ``request.json`` there (the four arguments above and the state store's
 SQL conf) and carries it out as above, its ``result.json`` in FOLDER. ``{"cancel": true}`` ends it with nothing done;
 so does the end of OWNER (``host:pid:start time``: the upgrade that started it, watched on its host), which also
-removes FOLDER. Every file is sealed with the secret the caller gave in the environment (``RESCALE_SECRET_ENV`` of
-:mod:`airflow_savepoints.jobs.description.trust`) or the redacted conf ``spark.savepoints.rescale.secret`` (a driver
-on another host): a request not sealed with it is ignored, with a log line, so a writer of the savepoint folder cannot
-choose what is rewritten.
+removes FOLDER. Every file (and the result, in either mode) is sealed with the secret the caller gave in the
+environment (``APP_SECRET_ENV`` of :mod:`airflow_savepoints.jobs.description.trust`) or the redacted conf
+``spark.savepoints.app.secret`` (a driver on another host): a request not sealed with it is ignored, with a log line,
+so a writer of the savepoint folder cannot choose what is rewritten, nor what the caller believes was.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import psutil  # noqa: E402
 from airflow_savepoints.core.names import RESCALE_READY_FILE, RESCALE_REQUEST_FILE  # noqa: E402
 from airflow_savepoints.errors import RescaleFailedError  # noqa: E402
 from airflow_savepoints.jobs.description import trust  # noqa: E402
-from airflow_savepoints.jobs.driver.app_result import run_and_report  # noqa: E402
+from airflow_savepoints.jobs.driver.app_result import app_secret, run_and_report  # noqa: E402
 from airflow_savepoints.storage import Store  # noqa: E402
 
 log = logging.getLogger("airflow_savepoints.rescale_app")
@@ -60,8 +60,7 @@ def main(argv: list[str]) -> int:
     return _rescale(spark, checkpoint, int(partitions), int(batch), result_folder, sink[0] if sink else "")
 
 
-def _rescale(spark, checkpoint: str, partitions: int, batch: int, result_folder: str, sink: str,
-             secret: str | None = None) -> int:
+def _rescale(spark, checkpoint: str, partitions: int, batch: int, result_folder: str, sink: str) -> int:
     from airflow_savepoints.core.rescale import rewrite
 
     destination = Store(checkpoint)
@@ -72,7 +71,7 @@ def _rescale(spark, checkpoint: str, partitions: int, batch: int, result_folder:
 
     return run_and_report(spark, result_folder, rescale, lambda exc: RescaleFailedError(
         f"the rescale of {destination.url} failed: {type(exc).__name__}: {str(exc)[:2000]}",
-        "nothing was restored; fix the cause and retry into a new, empty checkpoint location"), secret=secret)
+        "nothing was restored; fix the cause and retry into a new, empty checkpoint location"))
 
 
 def _warm_up(spark, scratch: Store, budget: float = WARM_UP_BUDGET) -> None:
@@ -140,9 +139,9 @@ def _standby(spark, folder: Store, wait: float, owner: str = "") -> int:
     """Ready, then the one sealed request (or none within ``wait`` s, or a cancel: Spark stopped, nothing done).
     ``owner`` (``host:pid:start time``, see :func:`owner_of_this_process`): the upgrade that started it. When that
     process is gone (killed before it asked or cancelled), the standby stops Spark and removes its folder."""
-    secret = os.environ.get(trust.RESCALE_SECRET_ENV) or spark.conf.get(trust.RESCALE_SECRET_CONF, "")
+    secret = app_secret(spark)
     if not secret:
-        log.error("no rescale secret given (%s or %s): nothing is done", trust.RESCALE_SECRET_ENV, trust.RESCALE_SECRET_CONF)
+        log.error("no secret given (%s or %s): nothing is done", trust.APP_SECRET_ENV, trust.APP_SECRET_CONF)
         spark.stop()
         return 1
     spark.streams  # noqa: B018 - the StateStoreCoordinator the rewrite needs, registered while the job still runs
@@ -167,7 +166,7 @@ def _standby(spark, folder: Store, wait: float, owner: str = "") -> int:
                 if key.startswith(SQL_CONF_PREFIX):
                     spark.conf.set(key, value)
             return _rescale(spark, request["checkpoint"], int(request["partitions"]), int(request["batch"]),
-                            folder.url, request.get("sink") or "", secret)
+                            folder.url, request.get("sink") or "")
         if not _owner_alive(owner):
             print(f"airflow-savepoints: the upgrade that started this standby ({owner}) is gone: ending",
                   file=sys.stderr, flush=True)

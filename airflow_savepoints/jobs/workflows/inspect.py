@@ -23,7 +23,7 @@ from airflow_savepoints.errors import StateUnreadableError, reported
 from airflow_savepoints.jobs.description.channel import new_run_id
 from airflow_savepoints.jobs.driver import inspect_app
 from airflow_savepoints.jobs.launch.launcher import log_tail
-from airflow_savepoints.jobs.workflows.rescale import application_command, read_result, run_to_end
+from airflow_savepoints.jobs.workflows.rescale import app_secret_for, application_command, read_result, run_to_end
 
 if TYPE_CHECKING:
     from airflow_savepoints.jobs.workflows.run import JobContext
@@ -41,19 +41,21 @@ def inspect_on_the_job(ctx: JobContext, submit_command: Callable[[str, dict[str,
     pointer = pointer or latest_pointer(ctx.root, job.name, "to inspect",
                                         "take one first (airflow-savepoints job savepoint), or give a savepoint")
     results = ctx.folder.child(INSPECT_FOLDER)
-    scratch = results.child(new_run_id())
+    scratch, (secret, secret_conf, secret_env) = results.child(new_run_id()), app_secret_for(job)
     arguments = [pointer, scratch.url, "-" if operator is None else str(operator), str(sample)]
-    command = application_command(job, submit_command, pointer, {}, inspect_app.__file__, arguments)
+    command = application_command(job, submit_command, pointer, secret_conf, inspect_app.__file__, arguments)
     progress(f"submitting the inspection of {pointer} as a Spark application of job {job.name} (master {job.master})")
     started = time.monotonic()
     try:
         log_file = run_to_end(command, Path(log_dir), f"{job.name}-inspect", timeout, lambda log: StateUnreadableError(
-            f"the inspection application of job '{job.name}' did not end within {timeout:.0f}s: ended", f"see {log}"))
-        result = read_result(scratch)
+            f"the inspection application of job '{job.name}' did not end within {timeout:.0f}s: ended", f"see {log}"),
+            env=secret_env)
+        result = read_result(scratch, secret)
     finally:
         results.remove_tree(scratch.name)
     if result is None:
-        raise StateUnreadableError(f"the inspection application of job '{job.name}' ended without a result; last log "
+        raise StateUnreadableError(f"the inspection application of job '{job.name}' ended without a result sealed "
+                                   f"with the secret it was given; last log "
                                    f"lines:\n{log_tail(log_file)}", f"see {log_file}")
     if result.get("outcome") != "inspected":
         raise reported(result.get("error") or {}, StateUnreadableError)

@@ -97,14 +97,15 @@ class JobRescaler:
             log_file, result = self.standby.rescale(destination, plan.partitions, batch, conf, file_sink, self.timeout)
             return self._outcome(result, log_file, batch)
         results = self.ctx.folder.child(RESCALE_FOLDER)
-        scratch = results.child(new_run_id())
+        scratch, (secret, secret_conf, secret_env) = results.child(new_run_id()), app_secret_for(job)
         arguments = [destination.url, str(plan.partitions), str(batch), scratch.url, file_sink.url if file_sink else ""]
-        command = application_command(job, self.submit_command, destination.url, conf, rescale_app.__file__, arguments)
+        command = application_command(job, self.submit_command, destination.url, {**conf, **secret_conf},
+                                      rescale_app.__file__, arguments)
         self.ctx.log(f"rescaling {destination.url} into {plan.partitions} state partitions as a Spark application of "
                      f"job {job.name} (master {job.master})")
         try:
-            log_file = self._run(command)
-            result = read_result(scratch)
+            log_file = self._run(command, secret_env)
+            result = read_result(scratch, secret)
         finally:
             results.remove_tree(scratch.name)
         return self._outcome(result, log_file, batch)
@@ -113,7 +114,8 @@ class JobRescaler:
         """The repartition batch and the partitions after, from the application's result; its error otherwise."""
         job = self.ctx.job
         if result is None:
-            raise RescaleFailedError(f"the rescale application of job '{job.name}' ended without a result; last log "
+            raise RescaleFailedError(f"the rescale application of job '{job.name}' ended without a result sealed with "
+                                     f"the secret it was given; last log "
                                      f"lines:\n{log_tail(log_file)}",
                                      f"see {log_file}; nothing was restored; retry into a new, empty checkpoint location")
         if result.get("outcome") != "rescaled":
@@ -121,10 +123,10 @@ class JobRescaler:
         self.ctx.log(f"rescaled by application {result.get('application_id')} (Spark {result.get('spark_version')})")
         return batch, {str(op): int(count) for op, count in (result.get("partitions") or {}).items()}
 
-    def _run(self, command: list[str]) -> str:
+    def _run(self, command: list[str], env: dict[str, str]) -> str:
         return run_to_end(command, self.log_dir, f"{self.ctx.job.name}-rescale", self.timeout, lambda log_file: RescaleFailedError(
             f"the rescale application of job '{self.ctx.job.name}' did not end within {self.timeout:.0f}s: ended",
-            f"see {log_file}; nothing was restored"))
+            f"see {log_file}; nothing was restored"), env=env)
 
 
 @dataclass
@@ -148,12 +150,12 @@ class RescaleStandby:
     def start(cls, ctx: JobContext, submit_command: Callable[[str, dict[str, str]], list[str]], log_dir: Path,
               wait: float = STANDBY_WAIT) -> RescaleStandby:
         """Submit the standby with the job's submit path (its master, deploy mode and conf), not waiting for it."""
-        job, folder, secret = ctx.job, ctx.folder.child(RESCALE_FOLDER).child(new_run_id()), trust.new_secret()
-        conf = {trust.RESCALE_SECRET_CONF: secret} if job.deploy_mode == "cluster" else {}  # a driver on another host
+        job, folder = ctx.job, ctx.folder.child(RESCALE_FOLDER).child(new_run_id())
+        secret, conf, env = app_secret_for(job)
         command = application_command(job, submit_command, job.checkpoint, conf, rescale_app.__file__,
                                       [rescale_app.STANDBY_FLAG, folder.url, str(wait), rescale_app.owner_of_this_process()])
         log_file = new_log_file(Path(log_dir), f"{job.name}-rescale")
-        process = spawn_submit(command, log_file, env={trust.RESCALE_SECRET_ENV: secret})
+        process = spawn_submit(command, log_file, env=env)
         return cls(ctx, folder, secret, process, log_file)
 
     def alive(self) -> bool:
@@ -213,17 +215,13 @@ class RescaleStandby:
         self.folder.write_bytes_atomic(RESCALE_REQUEST_FILE, json.dumps(trust.seal(request, self.secret)).encode())
 
     def _sealed(self, name: str) -> dict[str, Any] | None:
-        try:
-            value = json.loads(self.folder.read_bytes(name))
-        except (FileNotFoundError, ValueError):
-            return None
-        if not trust.sealed(value, self.secret):
-            if name not in self.ignored:
-                self.ignored.add(name)
-                self.ctx.log(f"warning: {self.folder.url}/{name} is not sealed with the standby's secret (forged, "
-                             "or written by another application): ignored")
-            return None
-        return {key: item for key, item in value.items() if key != trust.MAC_FIELD}
+        return read_result(self.folder, self.secret, name, self._forged)
+
+    def _forged(self, url: str) -> None:
+        if url not in self.ignored:
+            self.ignored.add(url)
+            self.ctx.log(f"warning: {url} is not sealed with the standby's secret (forged, or written by another "
+                         "application): ignored")
 
 
 def new_log_file(log_dir: Path, name: str) -> Path:
@@ -232,12 +230,19 @@ def new_log_file(log_dir: Path, name: str) -> Path:
     return log_dir / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}.log"
 
 
+def app_secret_for(job: Any) -> tuple[str, dict[str, str], dict[str, str]]:
+    """A fresh secret for one of ``job``'s one-off applications, and how it gets there: (the secret, the Spark
+    conf to add: a driver on another host reads it there, redacted, and the environment of the submit)."""
+    secret = trust.new_secret()
+    return secret, ({trust.APP_SECRET_CONF: secret} if job.deploy_mode == "cluster" else {}), {trust.APP_SECRET_ENV: secret}
+
+
 def run_to_end(command: list[str], log_dir: Path, name: str, timeout: float,
-               timed_out: Callable[[Path], Exception]) -> str:
-    """Run a job application's submit command to its end (its own process group; ended, and
-    ``timed_out(log file)`` raised, after ``timeout`` s or when interrupted); its log file."""
+               timed_out: Callable[[Path], Exception], env: dict[str, str] | None = None) -> str:
+    """Run a job application's submit command (``env`` added to its environment) to its end (its own process group;
+    ended, and ``timed_out(log file)`` raised, after ``timeout`` s or when interrupted); its log file."""
     log_file = new_log_file(log_dir, name)
-    process = spawn_submit(command, log_file)
+    process = spawn_submit(command, log_file, env=env)
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired as exc:
@@ -249,13 +254,23 @@ def run_to_end(command: list[str], log_dir: Path, name: str, timeout: float,
     return str(log_file)
 
 
-def read_result(scratch: Store) -> dict[str, Any] | None:
-    """The ``result.json`` a rescale or check application wrote into ``scratch``; None while there is none."""
+def read_result(scratch: Store, secret: str | None = None, name: str = CHECK_RESULT_FILE,
+                on_forged: Callable[[str], None] = lambda url: None) -> dict[str, Any] | None:
+    """The ``result.json`` (or ``name``) a rescale, inspection or check application wrote into ``scratch``; None
+    while there is none. With ``secret``: only one sealed with it (its seal taken off), else None and
+    ``on_forged(its URL)`` (forged, or another application's)."""
     try:
-        value = json.loads(scratch.read_bytes(CHECK_RESULT_FILE))
+        value = json.loads(scratch.read_bytes(name))
     except (FileNotFoundError, ValueError):
         return None
-    return value if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return None
+    if secret is None:
+        return value
+    if not trust.sealed(value, secret):
+        on_forged(scratch.url_of(name))
+        return None
+    return {key: item for key, item in value.items() if key != trust.MAC_FIELD}
 
 
 def live_manifest(checkpoint: Store, job: str, spark_version: str | None = None) -> SavepointManifest:

@@ -118,3 +118,25 @@ def test_a_check_or_rescale_folder_left_by_a_process_that_died_holds_the_autosca
     assert len(warnings) == 1 and f"{folder}/{name}" in warnings[0] and "remove it" in warnings[0], warnings
     ctx.folder.child(folder).child("not-a-run-id").write_bytes_atomic("x", b"")  # a name with no time: in flight
     assert _in_flight(ctx, state, made + WORK_FOLDER_LIFETIME + 1, []) == what
+
+
+def test_a_result_not_sealed_with_the_applications_secret_is_not_believed(tmp_path):
+    """What a job's one-off application (a rescale, an inspection) reports is believed only when sealed with the
+    secret its caller gave it: one written by anyone else (a writer of the savepoint folder) reads as no result."""
+    import json
+
+    from airflow_savepoints.jobs.description import trust
+    from airflow_savepoints.jobs.workflows.rescale import app_secret_for, read_result
+
+    job, forged = _job(tmp_path), []
+    secret, conf, env = app_secret_for(job)
+    assert conf == {} and env == {trust.APP_SECRET_ENV: secret}  # a client-mode driver reads its environment
+    assert app_secret_for(job.model_copy(update={"deploy_mode": "cluster"}))[1].keys() == {trust.APP_SECRET_CONF}
+    scratch = Store(str(tmp_path / "sp" / "orders" / "_rescale" / "x"))
+    said = {"outcome": "rescaled", "partitions": {"0": 3}}
+    scratch.write_bytes_atomic("result.json", json.dumps(trust.seal(said, trust.new_secret())).encode())
+    assert read_result(scratch, secret, on_forged=forged.append) is None and forged == [scratch.url_of("result.json")]
+    scratch.write_bytes_atomic("result.json", json.dumps(said).encode())
+    assert read_result(scratch, secret) is None
+    scratch.write_bytes_atomic("result.json", json.dumps(trust.seal(said, secret)).encode())
+    assert read_result(scratch, secret) == said
