@@ -30,10 +30,14 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from airflow_savepoints.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -148,3 +152,25 @@ def sealed(content: dict[str, Any] | None, secret: str) -> bool:
     if not isinstance(content, dict) or not isinstance(content.get(MAC_FIELD), str):
         return False
     return hmac.compare_digest(content[MAC_FIELD].encode(), _mac(content, secret).encode())
+
+
+def write_sealed(store: Store, name: str, content: dict[str, Any], secret: str) -> None:
+    """``content`` sealed with ``secret``, written to ``name`` of ``store`` (whole or not at all)."""
+    store.write_bytes_atomic(name, json.dumps(seal(content, secret)).encode())
+
+
+def read_sealed(store: Store, name: str, secret: str,
+                on_forged: Callable[[str], None] = lambda url: None) -> dict[str, Any] | None:
+    """The JSON object in ``name`` of ``store`` if it is sealed with ``secret`` (its seal taken off); None when it
+    is absent or no JSON object, or, with ``on_forged(its URL)``, when it is not sealed with it (forged, or
+    written by another holder of the folder)."""
+    try:
+        value = json.loads(store.read_bytes(name))
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    if not sealed(value, secret):
+        on_forged(store.url_of(name))
+        return None
+    return {key: item for key, item in value.items() if key != MAC_FIELD}

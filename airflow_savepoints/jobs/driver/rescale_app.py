@@ -23,7 +23,6 @@ so a writer of the savepoint folder cannot choose what is rewritten, nor what th
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -146,19 +145,17 @@ def _standby(spark, folder: Store, wait: float, owner: str = "") -> int:
         return 1
     spark.streams  # noqa: B018 - the StateStoreCoordinator the rewrite needs, registered while the job still runs
     _warm_up(spark, folder.child(WARM_UP_FOLDER))
-    folder.write_bytes_atomic(RESCALE_READY_FILE, json.dumps(trust.seal(
-        {"application_id": spark.sparkContext.applicationId, "spark_version": spark.version}, secret)).encode())
-    deadline, warned = time.monotonic() + wait, False
+    trust.write_sealed(folder, RESCALE_READY_FILE, {"application_id": spark.sparkContext.applicationId,
+                                                    "spark_version": spark.version}, secret)
+    deadline, warned = time.monotonic() + wait, set()
+
+    def forged(url: str) -> None:
+        if url not in warned:
+            warned.add(url)
+            log.warning("%s is not sealed with this standby's secret: ignored", url)
+
     while time.monotonic() < deadline:
-        try:
-            request = json.loads(folder.read_bytes(RESCALE_REQUEST_FILE))
-        except (FileNotFoundError, ValueError):
-            request = None
-        if request is not None and not trust.sealed(request, secret):
-            if not warned:
-                log.warning("%s/%s is not sealed with this standby's secret: ignored", folder.url, RESCALE_REQUEST_FILE)
-                warned = True
-            request = None
+        request = trust.read_sealed(folder, RESCALE_REQUEST_FILE, secret, forged)
         if request is not None:
             if request.get("cancel"):
                 break

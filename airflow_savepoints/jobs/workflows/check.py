@@ -31,7 +31,7 @@ from typing import Any
 
 from airflow_savepoints.core import SavepointType, restore_savepoint, take_savepoint
 from airflow_savepoints.core.models import RestoreResult, SavepointInfo
-from airflow_savepoints.core.names import CHECK_FOLDER, CHECK_RESULT_FILE
+from airflow_savepoints.core.names import CHECK_FOLDER
 from airflow_savepoints.errors import (
     SavepointInFlightError,
     StorageError,
@@ -196,15 +196,13 @@ def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 
     absent, with a warning); a failure when it exits without one or is not done in time."""
     warned: list[str] = []
 
+    def forged(url: str) -> None:
+        if not warned:
+            warned.append(f"{url} is not sealed with this check's secret (forged, or written by another driver): ignored")
+            log(f"warning: {warned[0]}")
+
     def authentic() -> dict[str, Any] | None:
-        result = read_result(scratch)
-        if result is not None and not trust.sealed(result, secret):
-            if not warned:
-                warned.append(f"{scratch.url}/{CHECK_RESULT_FILE} is not sealed with this check's secret (forged, or "
-                              "written by another driver): ignored")
-                log(f"warning: {warned[0]}")
-            return None
-        return result
+        return read_result(scratch, secret, forged)
 
     deadline = time.monotonic() + timeout
     while (result := authentic()) is None:
@@ -217,7 +215,7 @@ def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 
             return {"outcome": "no_batch", "error": f"its driver gave no answer within {timeout:.0f}s"
                                                     + (f" ({warned[0]})" if warned else "")}
         time.sleep(poll)
-    return {key: value for key, value in result.items() if key != trust.MAC_FIELD}
+    return result
 
 
 def _remove_scratch(ctx: lifecycle.JobContext, scratch: Store, attempts: int = 3) -> None:

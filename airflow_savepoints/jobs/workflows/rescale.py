@@ -22,7 +22,6 @@ process. The caller (an Airflow worker, a terminal) needs no pyspark for it.
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import time
 from collections.abc import Callable
@@ -212,10 +211,10 @@ class RescaleStandby:
                 self.ctx.folder.child(RESCALE_FOLDER).remove_tree(self.folder.name)
 
     def _ask(self, request: dict[str, Any]) -> None:
-        self.folder.write_bytes_atomic(RESCALE_REQUEST_FILE, json.dumps(trust.seal(request, self.secret)).encode())
+        trust.write_sealed(self.folder, RESCALE_REQUEST_FILE, request, self.secret)
 
     def _sealed(self, name: str) -> dict[str, Any] | None:
-        return read_result(self.folder, self.secret, name, self._forged)
+        return trust.read_sealed(self.folder, name, self.secret, self._forged)
 
     def _forged(self, url: str) -> None:
         if url not in self.ignored:
@@ -254,23 +253,11 @@ def run_to_end(command: list[str], log_dir: Path, name: str, timeout: float,
     return str(log_file)
 
 
-def read_result(scratch: Store, secret: str | None = None, name: str = CHECK_RESULT_FILE,
-                on_forged: Callable[[str], None] = lambda url: None) -> dict[str, Any] | None:
-    """The ``result.json`` (or ``name``) a rescale, inspection or check application wrote into ``scratch``; None
-    while there is none. With ``secret``: only one sealed with it (its seal taken off), else None and
-    ``on_forged(its URL)`` (forged, or another application's)."""
-    try:
-        value = json.loads(scratch.read_bytes(name))
-    except (FileNotFoundError, ValueError):
-        return None
-    if not isinstance(value, dict):
-        return None
-    if secret is None:
-        return value
-    if not trust.sealed(value, secret):
-        on_forged(scratch.url_of(name))
-        return None
-    return {key: item for key, item in value.items() if key != trust.MAC_FIELD}
+def read_result(scratch: Store, secret: str, on_forged: Callable[[str], None] = lambda url: None) -> dict[str, Any] | None:
+    """The ``result.json`` a rescale, inspection or check application wrote into ``scratch``, sealed with the
+    ``secret`` it was given; None while there is none (one not sealed with it: ``on_forged``, see
+    :func:`~airflow_savepoints.jobs.description.trust.read_sealed`)."""
+    return trust.read_sealed(scratch, CHECK_RESULT_FILE, secret, on_forged)
 
 
 def live_manifest(checkpoint: Store, job: str, spark_version: str | None = None) -> SavepointManifest:
