@@ -104,9 +104,32 @@ class Heartbeat(BaseModel):
     error: str | None = None
 
 
+# How far one process's start time, read twice, may differ: psutil adds the kernel's boot time, whole seconds that
+# move with the wall clock, so a second read can be 1 s off (plus a float's rounding at 1.8e9). A pid reused within
+# 2 s would take pid_max process starts in those 2 s.
+PID_START_TOLERANCE_S = 2.0
+
+
 def process_started(pid: int) -> float | None:
     """A process's start time as psutil gives it (recorded with the pid to tell a reused pid)."""
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return None
+
+
+def same_process(pid: int, started: float) -> psutil.Process | None:
+    """Process ``pid`` on this host if it is still the one that started at ``started`` (within
+    :data:`PID_START_TOLERANCE_S`) and no zombie; None if it exited or the pid now names a later process. One this
+    user may not read counts as that process while its pid exists."""
+    try:
+        process = psutil.Process(pid)
+        if abs(process.create_time() - started) > PID_START_TOLERANCE_S:
+            return None  # the pid was reused by a later process
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return psutil.Process(pid) if psutil.pid_exists(pid) else None

@@ -33,11 +33,10 @@ import time
 if __name__ == "__main__":  # run as a file: this folder's modules are no top-level modules
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-import psutil  # noqa: E402
-
 from airflow_savepoints.core.names import RESCALE_READY_FILE, RESCALE_REQUEST_FILE  # noqa: E402
 from airflow_savepoints.errors import RescaleFailedError  # noqa: E402
 from airflow_savepoints.jobs.description import trust  # noqa: E402
+from airflow_savepoints.jobs.description.files import process_started, same_process  # noqa: E402
 from airflow_savepoints.jobs.driver.app_result import app_secret, run_and_report  # noqa: E402
 from airflow_savepoints.storage import Store  # noqa: E402
 
@@ -103,23 +102,21 @@ def _warm_up(spark, scratch: Store, budget: float = WARM_UP_BUDGET) -> None:
 
 def owner_of_this_process() -> str:
     """``host:pid:start time`` of this process: what a standby it starts watches (:func:`_owner_alive`)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time()}"
+    return f"{socket.gethostname()}:{os.getpid()}:{process_started(os.getpid())}"
 
 
-def _owner_alive(owner: str, tolerance: float = 2.0) -> bool:
-    """Whether the process ``owner`` names still runs (its pid, started when it says, within ``tolerance`` s, and
-    not a zombie). True when that cannot be told here: no owner, or another host's (a driver in cluster mode)."""
+def _owner_alive(owner: str) -> bool:
+    """Whether the process ``owner`` names still runs (:func:`~airflow_savepoints.jobs.description.files.same_process`).
+    True when that cannot be told here: no owner, or another host's (a driver in cluster mode)."""
     host, _, rest = owner.partition(":")
     pid, _, started = rest.partition(":")
+    try:
+        started_at = float(started)
+    except ValueError:
+        return True
     if host != socket.gethostname() or not pid.isdigit():
         return True
-    try:
-        process = psutil.Process(int(pid))
-        return abs(process.create_time() - float(started)) < tolerance and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except (psutil.Error, ValueError):
-        return True
+    return same_process(int(pid), started_at) is not None
 
 
 def _executors_joined(spark, wait: float) -> bool:

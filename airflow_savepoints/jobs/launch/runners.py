@@ -46,6 +46,7 @@ import psutil
 
 from airflow_savepoints.errors import YarnNotConfiguredError, YarnQueueError
 from airflow_savepoints.jobs.description import trust
+from airflow_savepoints.jobs.description.files import same_process
 from airflow_savepoints.jobs.description.record import RunTarget
 
 RunnerState = Literal["running", "ended", "unknown"]
@@ -69,27 +70,11 @@ class Runner:
         return {"method": "none", "killed": False, "detail": self.status(target).detail}
 
 
-# How far one process's start time, read twice, may differ: psutil adds the kernel's boot time, whole seconds that
-# move with the wall clock, so a second read can be 1 s off (plus a float's rounding at 1.8e9). A pid reused within
-# 2 s would take pid_max process starts in those 2 s.
-PID_START_TOLERANCE_S = 2.0
-
-
 def _driver_process(target: RunTarget) -> psutil.Process | None:
     """The run's driver process on this host; None if it exited or the pid now names another process."""
     if not target.pid or target.pid_started is None:
         return None  # no start time recorded: nothing tells the driver from another process with that pid
-    try:
-        process = psutil.Process(target.pid)
-        if abs(process.create_time() - target.pid_started) > PID_START_TOLERANCE_S:
-            return None  # the pid was reused by a later process
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return process
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return None
-    except psutil.AccessDenied:
-        return psutil.Process(target.pid) if psutil.pid_exists(target.pid) else None
+    return same_process(target.pid, target.pid_started)
 
 
 class LocalRunner(Runner):
