@@ -5,7 +5,9 @@ built with Spark (minutes to build). This one writes the object-store benchmark'
 (``benchmarks/object_store.write_checkpoint``: 200 partitions, a snapshot zip, its SSTs and changelogs each)
 into ``--workdir``, takes a first savepoint, adds one batch (a changelog per partition), then times, in turn
 each on a fresh ``cp -al`` of the first savepoint's root, ours (the second savepoint: linked, incremental) and the
-links-only floor (the folders and one ``link`` per file it planned, into the job's folder there), each after a
+links-only floor (the folders and one ``link`` per file it planned, into the job's folder there, in one loop
+each) and the same floor split over threads as the savepoint splits its ``mkdir``s and ``link``s
+(``links_threaded``: ``storage.backends.local.in_slices``, ``SYSCALL_THREADS`` of them), each after a
 ``sync``, each step at each place in the order of a run in turn. Wall and CPU
 (user + system of the process taking it), best of ``--runs``::
 
@@ -32,7 +34,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from airflow_savepoints.storage.backends.local import (  # noqa: E402
+    MIN_FOLDERS_PER_THREAD,
+    MIN_LINKS_PER_THREAD,
+    SYSCALL_THREADS,
+    in_slices,
+)
 from benchmarks.object_store import next_batch, write_checkpoint  # noqa: E402
+
+
+def _makedirs(folders: list[str]) -> list:
+    for folder in folders:
+        os.makedirs(folder, exist_ok=True)
+    return []
+
+
+def _links(pairs: list[tuple[str, str]]) -> list:
+    for source, target in pairs:
+        os.link(source, target)
+    return []
 
 WORKER = """
 import json, sys, time
@@ -98,7 +118,7 @@ def main() -> None:
         subprocess.run(["cp", "-al", str(first), str(warm)], check=True)
         targets = worker.take(warm)["paths"] or targets  # the files the floor links: the second savepoint's
         shutil.rmtree(warm)
-    steps = [*workers, "links"]
+    steps = [*workers, "links", "links_threaded"]
     timings: dict[str, list[tuple[float, float]]] = {step: [] for step in steps}
     reused: dict[str, int] = {}
     for n in range(args.runs):
@@ -115,12 +135,17 @@ def main() -> None:
                 got = workers[step].take(place)
                 timings[step].append((got["wall"], got["cpu"]))
                 reused[step] = got["reused"]
-            else:
+            elif step == "links":
                 wall, cpu = time.perf_counter(), time.process_time()
                 for folder in folders:
                     os.makedirs(folder, exist_ok=True)
                 for source, target in pairs:
                     os.link(source, target)
+                timings[step].append((time.perf_counter() - wall, time.process_time() - cpu))
+            else:
+                wall, cpu = time.perf_counter(), time.process_time()
+                in_slices(_makedirs, folders, MIN_FOLDERS_PER_THREAD)
+                in_slices(_links, pairs, MIN_LINKS_PER_THREAD)
                 timings[step].append((time.perf_counter() - wall, time.process_time() - cpu))
             shutil.rmtree(place)
     for worker in workers.values():
@@ -133,7 +158,9 @@ def main() -> None:
               "cpu_us_per_file": {k: round(v[1] / files * 1e6, 1) for k, v in best.items()},
               "cpu_s_all": {k: [round(c, 4) for _, c in v] for k, v in timings.items()},
               **{f"{k}_over_links_wall": round(best[k][0] / best["links"][0], 2) for k in workers},
-              **{f"{k}_over_links_cpu": round(best[k][1] / best["links"][1], 2) for k in workers}}
+              **{f"{k}_over_links_cpu": round(best[k][1] / best["links"][1], 2) for k in workers},
+              **{f"{k}_over_links_threaded_wall": round(best[k][0] / best["links_threaded"][0], 2) for k in workers},
+              "syscall_threads": SYSCALL_THREADS}
     print(json.dumps(report))
     if args.json_file:
         Path(args.json_file).write_text(json.dumps(report, indent=1) + "\n")

@@ -14,6 +14,7 @@ import os
 import posixpath
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, ClassVar
 
 from airflow_savepoints.storage.backends.base import LINK, STREAM, Backend, FileStat, OnError, TooLarge, WrongKind
@@ -21,6 +22,29 @@ from airflow_savepoints.storage.backends.generic import temporary_name
 
 # errnos of a link the filesystem refuses (another device, no hard links, not allowed): copy instead
 NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES}
+
+# Threads for the loops of system calls a savepoint makes by the hundred (``mkdir``, ``link``): each call releases
+# the GIL, so where this process may run on several cores the kernel's work spreads over them (on one core,
+# threads only add switches: none then)
+SYSCALL_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+MIN_FOLDERS_PER_THREAD = 64  # a mkdir on ext4 costs tens of microseconds, a thread's start about a hundred
+MIN_LINKS_PER_THREAD = 256
+
+
+def in_slices(loop: Callable[[list], list], items: list, min_each: int) -> list:
+    """``loop(items)``, run over contiguous slices of at least ``min_each`` items in up to ``SYSCALL_THREADS``
+    threads (this one takes the first), the results joined in order. The first failure (in slice order) is raised."""
+    count = min(SYSCALL_THREADS, len(items) // min_each)
+    if count <= 1:
+        return loop(items)
+    size = -(-len(items) // count)
+    slices = [items[start:start + size] for start in range(0, len(items), size)]
+    with ThreadPoolExecutor(len(slices) - 1, thread_name_prefix="syscalls") as pool:
+        rest = [pool.submit(loop, part) for part in slices[1:]]
+        found = loop(slices[0])
+        for future in rest:
+            found += future.result()
+    return found
 
 
 def local_version(st: os.stat_result) -> str:
@@ -140,15 +164,9 @@ class LocalBackend(Backend):
         return open(path, "wb")  # noqa: SIM115 - the caller closes it
 
     def make_parents(self, paths: Iterable[str]) -> None:
-        """Sorted, a folder comes after its parent: one ``mkdir`` each, ``makedirs`` only for a missing parent."""
-        for folder in sorted({posixpath.dirname(p) for p in paths}):
-            try:
-                os.mkdir(folder)
-            except FileExistsError:
-                if not os.path.isdir(folder):
-                    raise
-            except FileNotFoundError:
-                os.makedirs(folder, exist_ok=True)
+        """Sorted, a folder comes after its parent: one ``mkdir`` each, ``makedirs`` only for a missing parent
+        (in slices, ``in_slices``: a slice's first folders may wait for a parent another thread makes)."""
+        in_slices(_make_folders, sorted({posixpath.dirname(p) for p in paths}), MIN_FOLDERS_PER_THREAD)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         tmp = temporary_name(path)
@@ -200,25 +218,11 @@ class LocalBackend(Backend):
         return local_file_stat(os.stat(target))
 
     def link_checked(self, pairs: list[tuple[str, str]], listed: list[FileStat | None]) -> list[tuple[int, bool] | None]:
-        """One tight loop (a savepoint links hundreds of files): a link and a stat of the linked inode each, its
-        size and whether it is the version ``listed`` for the pair (the same inode and modification time as its
-        token, ``local_version``; compared as numbers: formatting a float is most of a token's cost)."""
-        found: list[tuple[int, bool] | None] = []
-        link, stat, append = os.link, os.stat, found.append
-        for (source, target), entry in zip(pairs, listed, strict=True):
-            try:
-                link(source, target, follow_symlinks=False)
-            except FileNotFoundError:
-                append(None)
-            except OSError as exc:
-                if exc.errno not in NO_LINK_ERRNOS:  # an existing target raises
-                    raise
-                append(None)
-            else:
-                st = stat(target)
-                append((st.st_size, entry is not None and entry.modified == st.st_mtime
-                        and entry.version.startswith(f"{st.st_ino}:")))
-        return found
+        """Tight loops (a savepoint links hundreds of files; in slices, ``in_slices``): a link and a stat of the
+        linked inode each, its size and whether it is the version ``listed`` for the pair (the same inode and
+        modification time as its token, ``local_version``; compared as numbers: formatting a float is most of a
+        token's cost)."""
+        return in_slices(_link_checked, list(zip(pairs, listed, strict=True)), MIN_LINKS_PER_THREAD)
 
     def link_and_read(self, pairs: list[tuple[str, str]], extend: Callable[[int, bytes], int],
                       chunk: int) -> list[tuple[int, int, str] | None]:
@@ -255,6 +259,37 @@ class LocalBackend(Backend):
         for folder in sorted(set(paths), key=lambda f: -f.count("/")):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
+
+
+def _make_folders(folders: list[str]) -> list[str]:
+    for folder in folders:
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+        except FileNotFoundError:
+            os.makedirs(folder, exist_ok=True)
+    return []
+
+
+def _link_checked(jobs: list[tuple[tuple[str, str], FileStat | None]]) -> list[tuple[int, bool] | None]:
+    found: list[tuple[int, bool] | None] = []
+    link, stat, append = os.link, os.stat, found.append
+    for (source, target), entry in jobs:
+        try:
+            link(source, target, follow_symlinks=False)
+        except FileNotFoundError:
+            append(None)
+        except OSError as exc:
+            if exc.errno not in NO_LINK_ERRNOS:  # an existing target raises
+                raise
+            append(None)
+        else:
+            st = stat(target)
+            append((st.st_size, entry is not None and entry.modified == st.st_mtime
+                    and entry.version.startswith(f"{st.st_ino}:")))
+    return found
 
 
 def _kind_of(mode: int) -> str:

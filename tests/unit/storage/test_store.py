@@ -140,3 +140,31 @@ def test_local_listing_reads_names_and_stats_on_lookup(tmp_path):
     with pytest.raises(KeyError):
         listing["state/0/1/1.delta"]
     assert store.list_files() == {p: store.stat(p) for p in ("offsets/0", "state/0/1/.1.delta.crc")}
+
+
+def test_links_and_folders_made_in_slices_keep_each_files_answer_in_order(tmp_path, monkeypatch):
+    """``make_parents`` and ``link_checked_from`` spread their system calls over threads in slices: every folder
+    is made whichever thread reaches a child first, each answer stays at its pair's place (a missing source is
+    None there), and an existing target in a later slice still raises."""
+    from airflow_savepoints.storage.backends import local
+
+    monkeypatch.setattr(local, "SYSCALL_THREADS", 3)
+    source, target = Store(str(tmp_path / "src")), Store(str(tmp_path / "dst"))
+    rels = [f"state/0/{n % 150}/deep/{n}.sst" for n in range(900)]
+    source.make_parents(rels)
+    for n, rel in enumerate(rels):
+        source.write_bytes_atomic(rel, b"x" * n)
+    missing = {rels[400], rels[899]}  # in the second and third slices
+    for rel in missing:
+        os.remove(source.path_of(rel))
+    target.make_parents(rels)
+    assert all(os.path.isdir(target.path_of(os.path.dirname(rel))) for rel in rels)
+    listing = source.list_files_lazily()
+    got = target.link_checked_from(source, [(rel, rel) for rel in rels], [listing.get(rel) for rel in rels])
+    assert [g and g[0] for g in got] == [None if rel in missing else n for n, rel in enumerate(rels)]
+    assert all(g[1] for rel, g in zip(rels, got, strict=True) if rel not in missing)  # the listed versions
+    others = [(rels[n], f"other/{n}.sst") for n in range(601) if rels[n] not in missing]
+    target.make_parents([rel for _, rel in others])
+    with pytest.raises(FileExistsError):  # the last pair's target, in the second slice
+        target.link_checked_from(source, [*others, (rels[5], rels[5])], [None] * 601)
+    assert all(os.path.exists(target.path_of(rel)) for _, rel in others)  # the first slice linked its own
