@@ -189,8 +189,8 @@ def _reuse_by_link(known: KnownChecksum, f: _File) -> str | None:
 
 def _reuse_all_by_link(dst: Store, paths: list[str], known: Mapping[str, KnownChecksum],
                        stats: Mapping[str, FileStat]) -> dict[str, CopiedFile]:
-    """The files of ``paths`` with a ``known`` checksum, hard-linked from the savepoint holding each in one
-    tight loop (their folders exist), each linked inode stat'ed: reused where it has the recorded size and
+    """The files of ``paths`` with a ``known`` checksum, hard-linked from the savepoint holding each in tight
+    loops (their folders exist; ``Store.link_checked_from``), each linked inode stat'ed: reused where it has the recorded size and
     the listing's entry of the file is true. A measured entry (a stat of the live file) is; an entry the
     listing only expects (``LazyLocalListing.expect``: the previous manifest's, for a name still holding that
     inode, not stat'ed) is proven by this stat: the linked inode is the listed one, with the listed
@@ -353,9 +353,9 @@ def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = C
     ``algorithms[path]`` (CRC32C when not named).
 
     Where files are linked, the folders are made first, and files whose checksum is known are linked
-    from the previous savepoint in this thread, in one loop (a link is one system call; a thread pool would
-    cost more than the work); each worker then links (or, across filesystems, streams) and hashes the rest,
-    or this thread does when they hold under ``LINK_INLINE_BYTES`` in all (in one loop when no ``on_file``
+    from the previous savepoint in tight loops (a link is one system call: no task per file; by the hundred,
+    the loop is split over a few threads, ``storage.backends.local.in_slices``); each worker then links (or,
+    across filesystems, streams) and hashes the rest, or this thread does when they hold under ``LINK_INLINE_BYTES`` in all (in one loop when no ``on_file``
     is told of each file as it is done)."""
     if not paths:
         return {}
@@ -379,7 +379,7 @@ def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = C
         return copied
 
     rest = list(paths)
-    if linking and known:  # reuse by link in this thread
+    if linking and known:  # reuse by link, no task per file
         done = _reuse_all_by_link(dst, paths, known, stats)
         rest = [path for path in paths if path not in done]
         if on_file is not None:

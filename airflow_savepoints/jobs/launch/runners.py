@@ -309,6 +309,19 @@ def submitted_queue(command: list[str]) -> str | None:
 
 
 DRIVER_POD_CONF = "spark.kubernetes.driver.pod.name"
+POD_NAME_LIMIT = 63  # kept within a DNS label, as Spark's own generated pod names are
+
+
+def own_driver_pod(job: Any, role: str) -> dict[str, str]:
+    """The conf that gives a run of ``job`` other than its own (its upgrade's check, a rescale or inspection
+    application) a driver pod of its own, where the job pins ``spark.kubernetes.driver.pod.name`` on Kubernetes:
+    the pinned name, then ``-<role>-<random>`` (Kubernetes refuses a second pod of the same name while the
+    job's runs). Nothing elsewhere: spark-submit names each run's pod itself."""
+    pinned = job.spark_conf.get(DRIVER_POD_CONF)
+    if not pinned or not (job.master or "").startswith("k8s"):
+        return {}
+    suffix = f"-{role}-{os.urandom(3).hex()}"
+    return {DRIVER_POD_CONF: pinned[:POD_NAME_LIMIT - len(suffix)].rstrip("-.") + suffix}
 
 
 def is_driver_pod_of(pod: str, app_name: str) -> bool:

@@ -51,7 +51,7 @@ from airflow_savepoints.jobs.description.channel import (
 from airflow_savepoints.jobs.description.model import JobVersion, StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun
 from airflow_savepoints.jobs.launch.launcher import log_tail, start_detached
-from airflow_savepoints.jobs.launch.runners import LocalRunner
+from airflow_savepoints.jobs.launch.runners import LocalRunner, own_driver_pod
 from airflow_savepoints.jobs.workflows import lifecycle
 from airflow_savepoints.jobs.workflows.rescale import read_result, rescale_on_the_job
 from airflow_savepoints.jobs.workflows.run import kill
@@ -127,8 +127,9 @@ class UpgradeCheck:
             restore_options = rescale_on_the_job(replace(ctx, job=new_job), submit_for(new_job), log_dir, restore_options)
             restored = restore_savepoint(self.saved.pointer, checkpoint.url, storage_options=ctx.root.storage_options,
                                          target_storage_options=ctx.root.storage_options, **restore_options)
-            conf = {**restored.spark_conf_to_set, CHECK_CONF: self.scratch.url, CHECK_AFTER_CONF: str(batch_to_pass(restored)),
-                    CHECK_TIMEOUT_CONF: str(self.timeout), CHECKPOINT_CONF: checkpoint.url}
+            conf = {**restored.spark_conf_to_set, **own_driver_pod(new_job, "check"), CHECK_CONF: self.scratch.url,
+                    CHECK_AFTER_CONF: str(batch_to_pass(restored)), CHECK_TIMEOUT_CONF: str(self.timeout),
+                    CHECKPOINT_CONF: checkpoint.url}
             secret = trust.new_secret()  # the result's key: in memory here, in the driver's environment there
             if new_job.deploy_mode == "cluster":  # a driver on another host: a conf Spark redacts (its name says secret)
                 conf[trust.CHECK_SECRET_CONF] = secret

@@ -41,7 +41,7 @@ def inspect_on_the_job(ctx: JobContext, submit_command: Callable[[str, dict[str,
     pointer = pointer or latest_pointer(ctx.root, job.name, "to inspect",
                                         "take one first (airflow-savepoints job savepoint), or give a savepoint")
     results = ctx.folder.child(INSPECT_FOLDER)
-    scratch, (secret, secret_conf, secret_env) = results.child(new_run_id()), app_secret_for(job)
+    scratch, (secret, secret_conf, secret_env) = results.child(new_run_id()), app_secret_for(job, "inspect")
     arguments = [pointer, scratch.url, "-" if operator is None else str(operator), str(sample)]
     command = application_command(job, submit_command, pointer, secret_conf, inspect_app.__file__, arguments)
     progress(f"submitting the inspection of {pointer} as a Spark application of job {job.name} (master {job.master})")

@@ -40,7 +40,7 @@ from airflow_savepoints.jobs.description import trust
 from airflow_savepoints.jobs.description.channel import new_run_id
 from airflow_savepoints.jobs.driver import rescale_app
 from airflow_savepoints.jobs.launch.launcher import log_tail, spawn_submit
-from airflow_savepoints.jobs.launch.runners import kill_own_child
+from airflow_savepoints.jobs.launch.runners import kill_own_child, own_driver_pod
 from airflow_savepoints.storage import Store
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class JobRescaler:
             log_file, result = self.standby.rescale(destination, plan.partitions, batch, conf, file_sink, self.timeout)
             return self._outcome(result, log_file, batch)
         results = self.ctx.folder.child(RESCALE_FOLDER)
-        scratch, (secret, secret_conf, secret_env) = results.child(new_run_id()), app_secret_for(job)
+        scratch, (secret, secret_conf, secret_env) = results.child(new_run_id()), app_secret_for(job, "rescale")
         arguments = [destination.url, str(plan.partitions), str(batch), scratch.url, file_sink.url if file_sink else ""]
         command = application_command(job, self.submit_command, destination.url, {**conf, **secret_conf},
                                       rescale_app.__file__, arguments)
@@ -150,7 +150,7 @@ class RescaleStandby:
               wait: float = STANDBY_WAIT) -> RescaleStandby:
         """Submit the standby with the job's submit path (its master, deploy mode and conf), not waiting for it."""
         job, folder = ctx.job, ctx.folder.child(RESCALE_FOLDER).child(new_run_id())
-        secret, conf, env = app_secret_for(job)
+        secret, conf, env = app_secret_for(job, "rescale")
         command = application_command(job, submit_command, job.checkpoint, conf, rescale_app.__file__,
                                       [rescale_app.STANDBY_FLAG, folder.url, str(wait), rescale_app.owner_of_this_process()])
         log_file = new_log_file(Path(log_dir), f"{job.name}-rescale")
@@ -229,11 +229,14 @@ def new_log_file(log_dir: Path, name: str) -> Path:
     return log_dir / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}.log"
 
 
-def app_secret_for(job: Any) -> tuple[str, dict[str, str], dict[str, str]]:
-    """A fresh secret for one of ``job``'s one-off applications, and how it gets there: (the secret, the Spark
-    conf to add: a driver on another host reads it there, redacted, and the environment of the submit)."""
+def app_secret_for(job: Any, role: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """A fresh secret for one of ``job``'s one-off applications (``role``: rescale, inspect), and how it gets there:
+    (the secret, the Spark conf to add, the environment of the submit). The conf: the secret where the driver runs
+    on another host (read there, redacted), and a driver pod of the application's own where the job pins its pod's
+    name on Kubernetes (``own_driver_pod``)."""
     secret = trust.new_secret()
-    return secret, ({trust.APP_SECRET_CONF: secret} if job.deploy_mode == "cluster" else {}), {trust.APP_SECRET_ENV: secret}
+    conf = {**own_driver_pod(job, role), **({trust.APP_SECRET_CONF: secret} if job.deploy_mode == "cluster" else {})}
+    return secret, conf, {trust.APP_SECRET_ENV: secret}
 
 
 def run_to_end(command: list[str], log_dir: Path, name: str, timeout: float,

@@ -129,9 +129,9 @@ def test_a_result_not_sealed_with_the_applications_secret_is_not_believed(tmp_pa
     from airflow_savepoints.jobs.workflows.rescale import app_secret_for, read_result
 
     job, forged = _job(tmp_path), []
-    secret, conf, env = app_secret_for(job)
+    secret, conf, env = app_secret_for(job, "rescale")
     assert conf == {} and env == {trust.APP_SECRET_ENV: secret}  # a client-mode driver reads its environment
-    assert app_secret_for(job.model_copy(update={"deploy_mode": "cluster"}))[1].keys() == {trust.APP_SECRET_CONF}
+    assert app_secret_for(job.model_copy(update={"deploy_mode": "cluster"}), "rescale")[1].keys() == {trust.APP_SECRET_CONF}
     scratch = Store(str(tmp_path / "sp" / "orders" / "_rescale" / "x"))
     said = {"outcome": "rescaled", "partitions": {"0": 3}}
     scratch.write_bytes_atomic("result.json", json.dumps(trust.seal(said, trust.new_secret())).encode())
@@ -140,3 +140,28 @@ def test_a_result_not_sealed_with_the_applications_secret_is_not_believed(tmp_pa
     assert read_result(scratch, secret) is None
     scratch.write_bytes_atomic("result.json", json.dumps(trust.seal(said, secret)).encode())
     assert read_result(scratch, secret) == said
+
+
+def test_a_one_off_application_of_a_job_pinning_its_driver_pod_gets_a_pod_of_its_own(tmp_path):
+    """Kubernetes refuses a second pod of a name in use: where a job pins ``spark.kubernetes.driver.pod.name``,
+    its rescale, inspection and check runs are submitted with a pod name of their own (a DNS label: at most 63
+    characters), one conf entry in the command; elsewhere nothing is added."""
+    from airflow_savepoints.jobs.launch.runners import DRIVER_POD_CONF, own_driver_pod
+    from airflow_savepoints.jobs.workflows.rescale import app_secret_for
+
+    pinned = {**_job(tmp_path).spark_conf, DRIVER_POD_CONF: "orders-driver"}
+    job = _job(tmp_path).model_copy(update={"master": "k8s://https://kube:6443", "deploy_mode": "cluster",
+                                            "spark_conf": pinned})
+    names = [app_secret_for(job, "rescale")[1][DRIVER_POD_CONF], app_secret_for(job, "inspect")[1][DRIVER_POD_CONF],
+             own_driver_pod(job, "check")[DRIVER_POD_CONF]]
+    assert [name.rsplit("-", 1)[0] for name in names] == ["orders-driver-rescale", "orders-driver-inspect",
+                                                          "orders-driver-check"]
+    assert len(set(names)) == 3 and "orders-driver" not in names
+    command = application_command(job, lambda checkpoint, conf: spark_submit_command(job, checkpoint, conf), "/cp-1",
+                                  app_secret_for(job, "rescale")[1], rescale_app.__file__, [])
+    assert len([a for a in command if a.startswith(DRIVER_POD_CONF)]) == 1
+    assert f"{DRIVER_POD_CONF}=orders-driver" not in command
+    long = job.model_copy(update={"spark_conf": {DRIVER_POD_CONF: "a" * 70}})
+    assert len(own_driver_pod(long, "rescale")[DRIVER_POD_CONF]) == 63
+    assert own_driver_pod(job.model_copy(update={"spark_conf": {}}), "check") == {}  # spark-submit names each pod
+    assert own_driver_pod(job.model_copy(update={"master": "spark://master:7077"}), "check") == {}
