@@ -355,8 +355,8 @@ def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = C
     Where files are linked, the folders are made first, and files whose checksum is known are linked
     from the previous savepoint in tight loops (a link is one system call: no task per file; by the hundred,
     the loop is split over a few threads, ``storage.backends.local.in_slices``); each worker then links (or,
-    across filesystems, streams) and hashes the rest, or this thread does when they hold under ``LINK_INLINE_BYTES`` in all (in one loop when no ``on_file``
-    is told of each file as it is done)."""
+    across filesystems, streams) and hashes the rest, or this thread does when they hold under
+    ``LINK_INLINE_BYTES`` in all (in one loop when no ``on_file`` is told of each file as it is done)."""
     if not paths:
         return {}
     stats, known = stats or {}, known or {}
