@@ -47,6 +47,7 @@ CHECK_FOLDER = "_check"  # <job>/_check/<check id>/: an upgrade check's scratch 
 CHECK_RESULT_FILE = "result.json"  # what the checked version's driver found, beside its scratch checkpoint
 RESCALE_FOLDER = "_rescale"  # <job>/_rescale/<id>/: the result of a job's rescale application (jobs/workflows/rescale.py)
 RESCALE_READY_FILE = "ready.json"  # a standby rescale application's Spark is up (jobs/driver/rescale_app.py)
+RESCALE_OWNER_FILE = "owner.json"  # the upgrade that started a standby beats here while it lives, sealed
 RESCALE_REQUEST_FILE = "request.json"  # what a standby rescale application is asked to rewrite, sealed
 INSPECT_FOLDER = "_inspect"  # <job>/_inspect/<id>/: the summary a job's inspection application read (jobs/workflows/inspect.py)
 

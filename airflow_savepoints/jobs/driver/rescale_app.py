@@ -14,27 +14,31 @@ Imports pyspark and the package's core; no Airflow.
 ``--standby``: started before the job stops (an upgrade's rescale), it starts Spark, warms up, writes ``ready.json``
 into FOLDER, then waits up to WAIT_SECONDS for ``request.json`` there (the four arguments above and the state store's
 SQL conf) and carries it out as above, its ``result.json`` in FOLDER. ``{"cancel": true}`` ends it with nothing done;
-so does the end of OWNER (``host:pid:start time``: the upgrade that started it, watched on its host), which also
-removes FOLDER. Every file (and the result, in either mode) is sealed with the secret the caller gave in the
-environment (``APP_SECRET_ENV`` of :mod:`airflow_savepoints.jobs.description.trust`) or the redacted conf
-``spark.savepoints.app.secret`` (a driver on another host): a request not sealed with it is ignored, with a log line,
-so a writer of the savepoint folder cannot choose what is rewritten, nor what the caller believes was.
+so does the end of OWNER (``host:pid:start time``: the upgrade that started it), which also removes FOLDER: on
+OWNER's host its process is watched; elsewhere (a driver in cluster mode) its sealed beats in ``owner.json``, and
+:data:`OWNER_SILENCE` s without a new one end it (:class:`OwnerWatch`). Every file (and the result, in either mode)
+is sealed with the secret the caller gave in the environment (``APP_SECRET_ENV`` of
+:mod:`airflow_savepoints.jobs.description.trust`) or the redacted conf ``spark.savepoints.app.secret`` (a driver on
+another host): a request (or beat) not sealed with it is ignored, with a log line, so a writer of the savepoint folder
+cannot choose what is rewritten, nor what the caller believes was, nor keep a standby waiting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 if __name__ == "__main__":  # run as a file: this folder's modules are no top-level modules
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-from airflow_savepoints.core.names import RESCALE_READY_FILE, RESCALE_REQUEST_FILE  # noqa: E402
-from airflow_savepoints.errors import RescaleFailedError  # noqa: E402
+from airflow_savepoints.core.names import RESCALE_OWNER_FILE, RESCALE_READY_FILE, RESCALE_REQUEST_FILE  # noqa: E402
+from airflow_savepoints.errors import RescaleFailedError, StorageError  # noqa: E402
 from airflow_savepoints.jobs.description import trust  # noqa: E402
 from airflow_savepoints.jobs.description.files import process_started, same_process  # noqa: E402
 from airflow_savepoints.jobs.driver.app_result import app_secret, run_and_report  # noqa: E402
@@ -46,6 +50,8 @@ WARM_UP_FOLDER = "warm-up"
 WARM_UP_BUDGET = 60.0  # seconds the warm-up may take (the upgrade waits up to 120 s for the standby to be ready)
 EXECUTOR_WAIT = 10.0  # seconds the warm-up waits for a first executor on a cluster
 SQL_CONF_PREFIX = "spark.sql."  # what a request may set in the running session: the state store's SQL settings
+OWNER_BEAT_INTERVAL = 15.0  # seconds between an upgrade's beats to its standby on another host
+OWNER_SILENCE = 120.0  # seconds without a new beat after which a standby on another host takes its upgrade for gone
 
 
 def main(argv: list[str]) -> int:
@@ -101,22 +107,44 @@ def _warm_up(spark, scratch: Store, budget: float = WARM_UP_BUDGET) -> None:
 
 
 def owner_of_this_process() -> str:
-    """``host:pid:start time`` of this process: what a standby it starts watches (:func:`_owner_alive`)."""
+    """``host:pid:start time`` of this process: what a standby it starts watches (:class:`OwnerWatch`)."""
     return f"{socket.gethostname()}:{os.getpid()}:{process_started(os.getpid())}"
 
 
-def _owner_alive(owner: str) -> bool:
-    """Whether the process ``owner`` names still runs (:func:`~airflow_savepoints.jobs.description.files.same_process`).
-    True when that cannot be told here: no owner, or another host's (a driver in cluster mode)."""
-    host, _, rest = owner.partition(":")
-    pid, _, started = rest.partition(":")
-    try:
-        started_at = float(started)
-    except ValueError:
-        return True
-    if host != socket.gethostname() or not pid.isdigit():
-        return True
-    return same_process(int(pid), started_at) is not None
+class OwnerWatch:
+    """Whether the upgrade ``owner`` (``host:pid:start time``) that started a standby still runs. On its host: its
+    process (:func:`~airflow_savepoints.jobs.description.files.same_process`). Elsewhere (a driver in cluster mode):
+    its beats, ``owner.json`` in ``folder`` sealed with ``secret``, read every ``check_every`` s; gone after
+    ``silence`` s without a new one (timed by this process's clock from the first look: no clock is compared).
+    No owner given: never gone."""
+
+    def __init__(self, owner: str, folder: Store, secret: str, silence: float = OWNER_SILENCE, check_every: float = 5.0,
+                 on_forged: Callable[[str], None] = lambda url: None):
+        host, _, rest = owner.partition(":")
+        pid, _, started = rest.partition(":")
+        try:
+            self.process = (int(pid), float(started)) if host == socket.gethostname() else None
+        except ValueError:
+            self.process, owner = None, ""
+        self.watched = bool(owner)
+        self.folder, self.secret, self.silence, self.check_every = folder, secret, silence, check_every
+        self.on_forged = on_forged
+        self.last_beat = 0  # the highest count heard: an old beat written again is no new one
+        self.heard = self.looked = time.monotonic()
+
+    def gone(self) -> bool:
+        if not self.watched:
+            return False
+        if self.process is not None:
+            return same_process(*self.process) is None
+        now = time.monotonic()
+        if now - self.looked >= self.check_every:
+            self.looked = now
+            with contextlib.suppress(StorageError):  # a read that failed heard nothing
+                count = (trust.read_sealed(self.folder, RESCALE_OWNER_FILE, self.secret, self.on_forged) or {}).get("beat")
+                if isinstance(count, int) and count > self.last_beat:
+                    self.last_beat, self.heard = count, now
+        return now - self.heard > self.silence
 
 
 def _executors_joined(spark, wait: float) -> bool:
@@ -151,6 +179,7 @@ def _standby(spark, folder: Store, wait: float, owner: str = "") -> int:
             warned.add(url)
             log.warning("%s is not sealed with this standby's secret: ignored", url)
 
+    watch = OwnerWatch(owner, folder, secret, on_forged=forged)
     while time.monotonic() < deadline:
         request = trust.read_sealed(folder, RESCALE_REQUEST_FILE, secret, forged)
         if request is not None:
@@ -161,7 +190,7 @@ def _standby(spark, folder: Store, wait: float, owner: str = "") -> int:
                     spark.conf.set(key, value)
             return _rescale(spark, request["checkpoint"], int(request["partitions"]), int(request["batch"]),
                             folder.url, request.get("sink") or "")
-        if not _owner_alive(owner):
+        if watch.gone():
             print(f"airflow-savepoints: the upgrade that started this standby ({owner}) is gone: ending",
                   file=sys.stderr, flush=True)
             spark.stop()

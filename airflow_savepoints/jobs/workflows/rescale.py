@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_savepoints.checkpoint import formats
 from airflow_savepoints.core.models import FileEntry, SavepointManifest, StateStoreSettings
-from airflow_savepoints.core.names import CHECK_RESULT_FILE, RESCALE_FOLDER, RESCALE_READY_FILE, RESCALE_REQUEST_FILE
+from airflow_savepoints.core.names import (
+    CHECK_RESULT_FILE,
+    RESCALE_FOLDER,
+    RESCALE_OWNER_FILE,
+    RESCALE_READY_FILE,
+    RESCALE_REQUEST_FILE,
+)
 from airflow_savepoints.core.rescale import RescalePlan, plan_rescale, reported_error
 from airflow_savepoints.core.savepoint import plan_listed
 from airflow_savepoints.errors import RescaleError, RescaleFailedError, StorageError
@@ -144,6 +151,7 @@ class RescaleStandby:
     ready_after_s: float | None = None
     used: bool = False
     ignored: set[str] = field(default_factory=set)  # files found not sealed with its secret (each said once)
+    beating: threading.Event | None = None  # set to end the beats of a standby on another host (:meth:`start_owner_beats`)
 
     @classmethod
     def start(cls, ctx: JobContext, submit_command: Callable[[str, dict[str, str]], list[str]], log_dir: Path,
@@ -155,7 +163,26 @@ class RescaleStandby:
                                       [rescale_app.STANDBY_FLAG, folder.url, str(wait), rescale_app.owner_of_this_process()])
         log_file = new_log_file(Path(log_dir), f"{job.name}-rescale")
         process = spawn_submit(command, log_file, env=env)
-        return cls(ctx, folder, secret, process, log_file)
+        standby = cls(ctx, folder, secret, process, log_file)
+        if job.deploy_mode == "cluster":  # its driver runs elsewhere: it cannot watch this process, it hears it
+            standby.start_owner_beats()
+        return standby
+
+    def start_owner_beats(self) -> None:
+        """Write a sealed ``owner.json`` with a new count every ``rescale_app.OWNER_BEAT_INTERVAL`` s from a thread,
+        until :meth:`close`: a standby whose driver runs on another host ends (and removes its folder) when they stop,
+        so one whose upgrade died holds no cluster resources for its whole wait (``rescale_app.OwnerWatch``)."""
+        self.beating, interval = threading.Event(), rescale_app.OWNER_BEAT_INTERVAL
+
+        def beats(stop: threading.Event) -> None:
+            count = 0
+            while not stop.is_set():
+                count += 1
+                with contextlib.suppress(StorageError):  # one missed beat is not silence
+                    trust.write_sealed(self.folder, RESCALE_OWNER_FILE, {"beat": count}, self.secret)
+                stop.wait(interval)
+
+        threading.Thread(target=beats, args=(self.beating,), name=f"standby-beat-{self.folder.name}", daemon=True).start()
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -199,6 +226,8 @@ class RescaleStandby:
 
     def close(self, grace: float = 15.0) -> None:
         """End it if it still waits (a sealed cancel, then a kill after ``grace`` s) and remove its folder."""
+        if self.beating is not None:
+            self.beating.set()
         try:
             if self.alive():
                 with contextlib.suppress(StorageError):

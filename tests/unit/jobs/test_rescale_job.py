@@ -4,6 +4,7 @@ refusal of an unrescalable upgrade from the live checkpoint (Spark 3.5's checkpo
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,49 @@ def test_a_one_off_application_of_a_job_pinning_its_driver_pod_gets_a_pod_of_its
     assert len(own_driver_pod(long, "rescale")[DRIVER_POD_CONF]) == 63
     assert own_driver_pod(job.model_copy(update={"spark_conf": {}}), "check") == {}  # spark-submit names each pod
     assert own_driver_pod(job.model_copy(update={"master": "spark://master:7077"}), "check") == {}
+
+
+def test_a_standby_on_another_host_hears_its_upgrade_and_ends_when_it_falls_silent(tmp_path, monkeypatch):
+    """A standby whose driver runs on another host (cluster mode) cannot watch its upgrade's process: the upgrade beats
+    into the standby's folder (sealed ``owner.json``, a rising count) until it closes the standby, and the standby takes
+    it for gone after ``silence`` s without a new beat; a beat sealed with another secret, or an old one written
+    again, is no beat. On the upgrade's own host its process is watched."""
+    import subprocess
+    import sys
+
+    from airflow_savepoints.core.names import RESCALE_OWNER_FILE
+    from airflow_savepoints.jobs.description import trust
+    from airflow_savepoints.jobs.description.files import process_started
+    from airflow_savepoints.jobs.workflows.rescale import RescaleStandby
+
+    monkeypatch.setattr(rescale_app, "OWNER_BEAT_INTERVAL", 0.05)
+    job = _job(tmp_path).model_copy(update={"deploy_mode": "cluster"})
+    ctx = JobContext(job, Store(str(tmp_path / "sp")))
+    submit = lambda checkpoint, conf: [sys.executable, "-c", "import time; time.sleep(60)", job.application,  # noqa: E731
+                                       *(a.replace("{checkpoint}", checkpoint) for a in job.application_args)]
+    standby, forged = RescaleStandby.start(ctx, submit, tmp_path / "logs"), []
+    try:
+        watch = rescale_app.OwnerWatch("another-host:1:1.0", standby.folder, standby.secret, silence=0.6,
+                                       check_every=0.05, on_forged=forged.append)
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            assert not watch.gone()
+            time.sleep(0.05)
+        standby.beating.set()
+        time.sleep(0.1)
+        trust.write_sealed(standby.folder, RESCALE_OWNER_FILE, {"beat": 10**6}, trust.new_secret())
+        silent = time.monotonic()
+        while not watch.gone():
+            assert time.monotonic() - silent < 3, "the standby still takes its silent upgrade for alive"
+            time.sleep(0.05)
+        assert time.monotonic() - silent >= 0.3 and set(forged) == {standby.folder.url_of(RESCALE_OWNER_FILE)}
+        trust.write_sealed(standby.folder, RESCALE_OWNER_FILE, {"beat": 1}, standby.secret)  # an old beat again
+        time.sleep(0.1)
+        assert watch.gone()
+    finally:
+        standby.close(grace=1)
+    assert not rescale_app.OwnerWatch(rescale_app.owner_of_this_process(), standby.folder, "s").gone()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = process_started(ended.pid)
+    ended.wait()
+    assert rescale_app.OwnerWatch(f"{__import__('socket').gethostname()}:{ended.pid}:{started}", standby.folder, "s").gone()
