@@ -157,3 +157,22 @@ def test_a_fifo_state_summary_reads_as_none_without_waiting(savepoint):
     _, location = savepoint
     special(location.parent / STATE_SUMMARIES_FOLDER / f"{location.name}.json", "fifo")
     assert read_summary(Store(str(location.parent)), location.name) is None
+
+
+def test_job_commands_refuse_waits_that_never_end_or_are_negative_and_change_nothing(tmp_path):
+    """A job command's seconds (a stop's grace and in-flight wait, a start's wait, a cancel's grace, an upgrade's
+    timeouts) are refused before anything is read or written: a typed error naming the option, a non-zero exit, and no
+    folder made. Before, ``--grace -1`` stopped at once and ``--health-timeout -5`` was an unexpected error."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  - name: orders\n    application: /apps/orders.py\n    master: local[2]\n"
+                    f"    checkpoint: {tmp_path / 'cp'}\n    savepoint_dir: {tmp_path / 'sp'}\n")
+    for args in (["stop", "--grace", "-1"], ["stop", "--inflight-wait", "nan"], ["start", "--wait-timeout", "0"],
+                 ["cancel", "--grace", "inf"]):
+        result = CliRunner().invoke(cli_app, ["job", args[0], "orders", "--jobs-file", str(jobs), *args[1:], "--json"])
+        assert result.exit_code == 2 and f"'{args[1]}'" in result.output and "finite number of seconds" in result.output, \
+            (args, result.output)
+    for option, value, field in (("--health-timeout", "-5", "health_timeout"), ("--check-timeout", "inf", "check_timeout"),
+                                 ("--state-partitions", "0", "state_partitions")):
+        code, answer = cli("job", "upgrade", "orders", "--jobs-file", str(jobs), option, value)
+        assert code == 1 and answer["error"]["code"] == "invalid_input" and field in answer["error"]["message"], answer
+    assert not (tmp_path / "sp").exists() and not (tmp_path / "cp").exists()

@@ -38,6 +38,20 @@ if TYPE_CHECKING:  # the job modules are imported by the commands that run (not 
 app = typer.Typer(name="job", help="Start, stop (with a savepoint), cancel and watch streaming jobs from a jobs file.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
+def _finite_positive(value: float) -> float:
+    """A number of seconds: finite and above zero (``nan`` and ``inf`` would never end a wait)."""
+    if not math.isfinite(value) or value <= 0:
+        raise typer.BadParameter(f"{value} is not a finite number of seconds above 0")
+    return value
+
+
+def _finite_non_negative(value: float) -> float:
+    """A number of seconds: finite and at least zero (0: do not wait)."""
+    if not math.isfinite(value) or value < 0:
+        raise typer.BadParameter(f"{value} is not a finite number of seconds, 0 or more")
+    return value
+
+
 JobArgument = Annotated[str, typer.Argument(help="The job's name in the jobs file.")]
 JobsFile = Annotated[str, typer.Option("--jobs-file", envvar="SAVEPOINTS_JOBS_FILE",
                                        help="The YAML file of jobs (default: jobs.yaml here, or $SAVEPOINTS_JOBS_FILE).")]
@@ -180,7 +194,8 @@ def start(
     *,
     origin: StartFrom,
     wait_timeout: Annotated[float, typer.Option(help="Seconds to wait until the run is live (its heartbeat; "
-                                                     "without the helper: a new committed batch).")] = 300,
+                                                     "without the helper: a new committed batch).",
+                                                callback=_finite_positive)] = 300,
     log_dir: Annotated[Path | None, typer.Option(envvar="SAVEPOINTS_LOG_DIR", help="Where the driver's log goes "
                                                  "(default: $TMPDIR/airflow-savepoints-jobs).")] = None,
     target: JobTarget,
@@ -209,8 +224,10 @@ def start(
 def stop(
     job: JobArgument,
     *,
-    grace: Annotated[float, typer.Option(help="Seconds for the job to stop between batches before it is forced.")] = 60,
-    inflight_wait: Annotated[float, typer.Option(help="Seconds to wait for a savepoint in flight before stopping.")] = 300,
+    grace: Annotated[float, typer.Option(help="Seconds for the job to stop between batches before it is forced.",
+                                         callback=_finite_positive)] = 60,
+    inflight_wait: Annotated[float, typer.Option(help="Seconds to wait for a savepoint in flight before stopping.",
+                                                 callback=_finite_non_negative)] = 300,
     target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
@@ -262,7 +279,8 @@ def cancel(
     *,
     policy: Annotated[str | None, typer.Option(help="RETAIN_ON_CANCELLATION, RETAIN_ON_FAILURE or "
                                                     "NEVER_RETAIN_AFTER_TERMINATION (default: the job's).")] = None,
-    grace: Annotated[float, typer.Option(help="Seconds for the job to answer before it is forced.")] = 60,
+    grace: Annotated[float, typer.Option(help="Seconds for the job to answer before it is forced.",
+                                         callback=_finite_positive)] = 60,
     target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
@@ -391,13 +409,6 @@ def upgrade_job(
                         f"run {result['started']['run_id']}, batch {result['started']['first_batch']} committed")
 
     _report(as_json, action)
-
-
-def _finite_positive(value: float) -> float:
-    """A number of seconds: finite and above zero (``nan`` and ``inf`` would never end a wait)."""
-    if not math.isfinite(value) or value <= 0:
-        raise typer.BadParameter(f"{value} is not a finite number of seconds above 0")
-    return value
 
 
 @app.command("check")

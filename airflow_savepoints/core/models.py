@@ -60,10 +60,14 @@ class Request(BaseModel):
         try:
             return cls(**fields)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(x) for x in first.get("loc", ()))
-            raise InvalidInputError(f"invalid {field}: {first.get('msg')} (got {first.get('input')!r})",
-                                    f"pass a valid {field}") from None
+            raise invalid_input(exc) from None
+
+
+def invalid_input(exc: ValidationError) -> InvalidInputError:
+    """A request's validation error as the :class:`InvalidInputError` that names its first bad field and value."""
+    first = exc.errors()[0]
+    field = ".".join(str(x) for x in first.get("loc", ()))
+    return InvalidInputError(f"invalid {field}: {first.get('msg')} (got {first.get('input')!r})", f"pass a valid {field}")
 
 
 class SavepointType(StrEnum):

@@ -49,10 +49,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from airflow_savepoints.checkpoint.planner import plan_checkpoint
 from airflow_savepoints.core import SavepointType, take_savepoint
+from airflow_savepoints.core.models import invalid_input
 from airflow_savepoints.core.pointer import resolve_pointer
 from airflow_savepoints.errors import SavepointError, SinkAheadError, UpgradeRefusedError
 from airflow_savepoints.jobs.description.model import JobVersion, StreamingJob
@@ -89,7 +90,7 @@ class UpgradeRolledBackError(UpgradeFailedError):
 class UpgradeRequest(BaseModel):
     """What to upgrade to, and how."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # an endless timeout would never end a wait
 
     version: JobVersion
     mode: str | None = None  # savepoint, last-state or stateless; default: the job's upgrade_mode (checked by upgrade())
@@ -102,6 +103,15 @@ class UpgradeRequest(BaseModel):
     check_first: bool | None = None  # run the new version on a scratch copy first (jobs/workflows/check.py); None: in savepoint mode
     check_timeout: float = Field(default=300, gt=0)  # seconds for the check's batch
     state_partitions: int | None = Field(default=None, ge=1)  # savepoint mode: the check's copy and the new version rescaled
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _named(cls, data: Any, handler: Any) -> UpgradeRequest:
+        """A bad value (a CLI option, an operator's argument) is an :class:`InvalidInputError` naming the field."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise invalid_input(exc) from None
 
 
 def new_version(job: StreamingJob, application: str | None = None, application_args: list[str] | None = None,
