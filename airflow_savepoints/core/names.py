@@ -12,7 +12,8 @@ Layout of a savepoint directory::
         _control/<run id>/*.json         a run's control folder
         _state_summaries/<id>.json       a savepoint's state summary (InspectSavepointOperator)
         _check/<check id>/               an upgrade check's scratch copy and result, removed after the check
-        _rescale/<id>/ _inspect/<id>/    a rescale's or an inspection's result, removed once read
+        _rescale/<id>/ _inspect/<id>/    a rescale's or an inspection's result, removed once read (any of these
+                                         a killed process left: by the job's next of its kind, a day on)
         savepoint-<id6>-<random>/_metadata  a savepoint, complete once _metadata exists
 """
 

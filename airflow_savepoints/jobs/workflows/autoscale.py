@@ -67,7 +67,7 @@ SKEW_LIMIT = 2.0  # the largest state partition's rows over the mean at which pa
 ACTED = ("acted", "rolled_back", "failed")  # history outcomes of an attempt to act: the cooldown counts from them
 AUTOSCALER_STALE_AFTER = 120.0  # seconds: an acting autoscaler's lease not renewed for this long is broken
 SKEW_SAVEPOINTS = 5  # the newest completed savepoints looked at for a recorded state summary (the skew)
-WORK_FOLDER_LIFETIME = 6 * 3600.0  # seconds: a check's or rescale's folder older is left over (a live one: <= 2 h by default)
+IN_FLIGHT_LIFETIME = 6 * 3600.0  # seconds: a check's or rescale's folder older is left over (a check: <= 4 h and its restore)
 CAUSE_CHARS = 2000  # of an action's error kept in the history (bounded: the history stays below the readers' cap)
 
 
@@ -451,7 +451,7 @@ def broker_backlog(ctx: JobContext, checkpoint: str | None, warnings: list[str] 
 def _in_flight(ctx: JobContext, state: JobState, now: float, warnings: list[str]) -> str | None:
     """What of the job is in flight: a start or stop (its run's state), a savepoint (the job's single-flight
     lease, live), an upgrade check (its scratch folder), a rescale (its folder); None when nothing is. A check's
-    or a rescale's folder made more than :data:`WORK_FOLDER_LIFETIME` ago (its name says when) was left by a
+    or a rescale's folder made more than :data:`IN_FLIGHT_LIFETIME` ago (its name says when) was left by a
     process that ended without removing it: not in flight, and a warning names it."""
     if state.state in ("starting", "stopping"):
         return "a start of the job" if state.state == "starting" else "a stop of the job"
@@ -461,10 +461,11 @@ def _in_flight(ctx: JobContext, state: JobState, now: float, warnings: list[str]
     for folder, what in ((CHECK_FOLDER, "an upgrade check"), (RESCALE_FOLDER, "a rescale")):
         for name in ctx.folder.listdir(folder):
             made = run_id_time(name)
-            if made is None or now - made.timestamp() < WORK_FOLDER_LIFETIME:
+            if made is None or now - made.timestamp() < IN_FLIGHT_LIFETIME:
                 return what
             warnings.append(f"{ctx.folder.url}/{folder}/{name} was made at {made.isoformat()} and left by {what} that "
-                            "ended without removing it: not counted as in flight; remove it once nothing uses it")
+                            "ended without removing it: not counted as in flight; the job's next check, rescale or "
+                            "inspection removes it once a day old")
     return None
 
 

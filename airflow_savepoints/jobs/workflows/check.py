@@ -46,7 +46,6 @@ from airflow_savepoints.jobs.description.channel import (
     CHECK_ENV,
     CHECK_TIMEOUT_CONF,
     CHECKPOINT_CONF,
-    new_run_id,
 )
 from airflow_savepoints.jobs.description.model import JobVersion, StreamingJob
 from airflow_savepoints.jobs.description.record import JobRun
@@ -54,7 +53,7 @@ from airflow_savepoints.jobs.launch.launcher import log_tail, start_detached
 from airflow_savepoints.jobs.launch.runners import LocalRunner, own_driver_pod
 from airflow_savepoints.jobs.workflows import lifecycle
 from airflow_savepoints.jobs.workflows.rescale import read_result, rescale_on_the_job
-from airflow_savepoints.jobs.workflows.run import kill
+from airflow_savepoints.jobs.workflows.run import kill, refuse_long_work
 from airflow_savepoints.storage import Store
 
 CHECK_REASON = "upgrade check"
@@ -75,11 +74,12 @@ def check_upgrade(ctx: lifecycle.JobContext, version: JobVersion, *, submit_for:
     savepoint's batch); the driver gets :data:`DRIVER_START_ALLOWANCE` seconds more to start.
     ``state_partitions``: the check runs on the copy rescaled to that many state partitions (passed
     to the restore only when given)."""
+    refuse_long_work(timeout, "the check")
     state = _checkable(ctx)
     restore_options = rescale_options(state_partitions)
     started = time.monotonic()
     check = UpgradeCheck(ctx, version, state, _take_check_savepoint(ctx, state, inflight_wait),
-                         ctx.folder.child(CHECK_FOLDER).child(new_run_id()), timeout)
+                         ctx.work_folder(CHECK_FOLDER), timeout)
     ctx.log(f"checking version {version.hash} of job {ctx.job.name} on savepoint {check.saved.pointer} "
             f"(batch {check.saved.manifest.batch_id}) in {check.scratch.url}")
     restored, run, result = check.run_on_copy(submit_for, log_dir, restore_options, grace)

@@ -20,10 +20,10 @@ from airflow_savepoints.core.names import INSPECT_FOLDER
 from airflow_savepoints.core.pointer import latest_pointer
 from airflow_savepoints.core.state_summary import StateSummary
 from airflow_savepoints.errors import StateUnreadableError, reported
-from airflow_savepoints.jobs.description.channel import new_run_id
 from airflow_savepoints.jobs.driver import inspect_app
 from airflow_savepoints.jobs.launch.launcher import log_tail
 from airflow_savepoints.jobs.workflows.rescale import app_secret_for, application_command, read_result, run_to_end
+from airflow_savepoints.jobs.workflows.run import refuse_long_work
 
 if TYPE_CHECKING:
     from airflow_savepoints.jobs.workflows.run import JobContext
@@ -38,10 +38,10 @@ def inspect_on_the_job(ctx: JobContext, submit_command: Callable[[str, dict[str,
     """The state summary of ``pointer`` (default: the job's newest completed savepoint), read by a Spark
     application of the job; and the application's facts (id, Spark version, seconds it read)."""
     job = ctx.job
+    refuse_long_work(timeout, "the inspection")
     pointer = pointer or latest_pointer(ctx.root, job.name, "to inspect",
                                         "take one first (airflow-savepoints job savepoint), or give a savepoint")
-    results = ctx.folder.child(INSPECT_FOLDER)
-    scratch, (secret, secret_conf, secret_env) = results.child(new_run_id()), app_secret_for(job, "inspect")
+    scratch, (secret, secret_conf, secret_env) = ctx.work_folder(INSPECT_FOLDER), app_secret_for(job, "inspect")
     arguments = [pointer, scratch.url, "-" if operator is None else str(operator), str(sample)]
     command = application_command(job, submit_command, pointer, secret_conf, inspect_app.__file__, arguments)
     progress(f"submitting the inspection of {pointer} as a Spark application of job {job.name} (master {job.master})")
@@ -52,7 +52,7 @@ def inspect_on_the_job(ctx: JobContext, submit_command: Callable[[str, dict[str,
             env=secret_env)
         result = read_result(scratch, secret)
     finally:
-        results.remove_tree(scratch.name)
+        scratch.parent().remove_tree(scratch.name)
     if result is None:
         raise StateUnreadableError(f"the inspection application of job '{job.name}' ended without a result sealed "
                                    f"with the secret it was given; last log "

@@ -44,7 +44,6 @@ from airflow_savepoints.core.rescale import RescalePlan, plan_rescale, reported_
 from airflow_savepoints.core.savepoint import plan_listed
 from airflow_savepoints.errors import RescaleError, RescaleFailedError, StorageError
 from airflow_savepoints.jobs.description import trust
-from airflow_savepoints.jobs.description.channel import new_run_id
 from airflow_savepoints.jobs.driver import rescale_app
 from airflow_savepoints.jobs.launch.launcher import log_tail, spawn_submit
 from airflow_savepoints.jobs.launch.runners import kill_own_child, own_driver_pod
@@ -102,8 +101,7 @@ class JobRescaler:
                          f"application of job {job.name} (master {job.master})")
             log_file, result = self.standby.rescale(destination, plan.partitions, batch, conf, file_sink, self.timeout)
             return self._outcome(result, log_file, batch)
-        results = self.ctx.folder.child(RESCALE_FOLDER)
-        scratch, (secret, secret_conf, secret_env) = results.child(new_run_id()), app_secret_for(job, "rescale")
+        scratch, (secret, secret_conf, secret_env) = self.ctx.work_folder(RESCALE_FOLDER), app_secret_for(job, "rescale")
         arguments = [destination.url, str(plan.partitions), str(batch), scratch.url, file_sink.url if file_sink else ""]
         command = application_command(job, self.submit_command, destination.url, {**conf, **secret_conf},
                                       rescale_app.__file__, arguments)
@@ -113,7 +111,7 @@ class JobRescaler:
             log_file = self._run(command, secret_env)
             result = read_result(scratch, secret)
         finally:
-            results.remove_tree(scratch.name)
+            scratch.parent().remove_tree(scratch.name)
         return self._outcome(result, log_file, batch)
 
     def _outcome(self, result: dict[str, Any] | None, log_file: str, batch: int) -> tuple[int, dict[str, int]]:
@@ -157,7 +155,7 @@ class RescaleStandby:
     def start(cls, ctx: JobContext, submit_command: Callable[[str, dict[str, str]], list[str]], log_dir: Path,
               wait: float = STANDBY_WAIT) -> RescaleStandby:
         """Submit the standby with the job's submit path (its master, deploy mode and conf), not waiting for it."""
-        job, folder = ctx.job, ctx.folder.child(RESCALE_FOLDER).child(new_run_id())
+        job, folder = ctx.job, ctx.work_folder(RESCALE_FOLDER)
         secret, conf, env = app_secret_for(job, "rescale")
         command = application_command(job, submit_command, job.checkpoint, conf, rescale_app.__file__,
                                       [rescale_app.STANDBY_FLAG, folder.url, str(wait), rescale_app.owner_of_this_process()])

@@ -29,8 +29,8 @@ from airflow_savepoints.checkpoint.progress import checkpoint_progress
 from airflow_savepoints.core.lease import CLOCK_SLACK, store_now
 from airflow_savepoints.core.names import RUN_FILE
 from airflow_savepoints.core.termination import apply_checkpoint_retention, parse_policy
-from airflow_savepoints.errors import JobFailedError, JobNotStoppedError
-from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, HEARTBEAT_FILE, JobControl
+from airflow_savepoints.errors import InvalidInputError, JobFailedError, JobNotStoppedError, StorageError
+from airflow_savepoints.jobs.description.channel import CONTROL_FOLDER, HEARTBEAT_FILE, JobControl, new_run_id, run_id_time
 from airflow_savepoints.jobs.description.files import control_folder, safe_run_id
 from airflow_savepoints.jobs.description.lease import DEFAULT_LEASE_TIMEOUT, RunLease, RunLeaseHolder, age_on_store_clock
 from airflow_savepoints.jobs.description.model import StreamingJob
@@ -79,6 +79,18 @@ class JobState(BaseModel):
         return self.state in LIVE_STATES
 
 
+MAX_WORK_TIMEOUT = 4 * 3600.0  # seconds an upgrade check's batch or a job's inspection may be given at most
+WORK_FOLDER_LIFETIME = 24 * 3600.0  # seconds after which a check's, rescale's or inspection's folder was left over
+
+
+def refuse_long_work(timeout: float, what: str) -> None:
+    """Refuse (:class:`InvalidInputError`) a check's or inspection's ``timeout`` that is not a number of seconds above 0
+    and at most :data:`MAX_WORK_TIMEOUT`: its folder is taken for left over (and removed) after a day."""
+    if not (0 < timeout <= MAX_WORK_TIMEOUT):
+        raise InvalidInputError(f"{what} timeout {timeout} s is not above 0 and at most {MAX_WORK_TIMEOUT:.0f} s",
+                                f"give {what} at most {MAX_WORK_TIMEOUT / 3600:.0f} hours")
+
+
 @dataclass
 class JobContext:
     """A job and where its things are: the savepoint directory (with its storage options) and the
@@ -111,6 +123,24 @@ class JobContext:
 
     def checkpoint(self, url: str) -> Store:
         return Store(url, self.checkpoint_options)
+
+    def work_folder(self, kind: str) -> Store:
+        """A new ``<job>/<kind>/<id>/`` (``kind``: ``_check``, ``_rescale``, ``_inspect``) for one check, rescale or
+        inspection, which removes it when done. Those of the same kind made more than :data:`WORK_FOLDER_LIFETIME` ago
+        (the id says when; a live one is hours younger: its timeouts are bounded) were left by a process killed meanwhile:
+        removed first, each logged. Nothing else in ``kind`` is touched."""
+        parent, now = self.folder.child(kind), time.time()
+        for name in parent.listdir(folders_only=True):
+            made = run_id_time(name)
+            if made is None or now - made.timestamp() <= WORK_FOLDER_LIFETIME:
+                continue
+            try:
+                parent.remove_tree(name)
+                self.log(f"removed {parent.url}/{name}, made at {made.isoformat()} and left by a process that ended "
+                         "without removing it")
+            except StorageError as exc:
+                self.log(f"warning: {parent.url}/{name} is left over (made at {made.isoformat()}) and was not removed: {exc}")
+        return parent.child(new_run_id())
 
 
 class _Seen(NamedTuple):

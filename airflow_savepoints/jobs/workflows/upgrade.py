@@ -60,7 +60,7 @@ from airflow_savepoints.jobs.description.model import JobVersion, StreamingJob
 from airflow_savepoints.jobs.workflows import lifecycle
 from airflow_savepoints.jobs.workflows.check import check_upgrade, rescale_options
 from airflow_savepoints.jobs.workflows.rescale import STANDBY_READY_TIMEOUT, RescaleStandby, refuse_unrescalable
-from airflow_savepoints.jobs.workflows.run import JobContext
+from airflow_savepoints.jobs.workflows.run import MAX_WORK_TIMEOUT, JobContext
 
 SubmitFor = Callable[[StreamingJob], Callable[[str, dict[str, str]], list[str]]]
 UPGRADE_MODES = ("savepoint", "last-state", "stateless")
@@ -101,7 +101,7 @@ class UpgradeRequest(BaseModel):
     grace: float = Field(default=60, gt=0)  # seconds for a run to stop between batches before it is forced
     inflight_wait: float = Field(default=300, ge=0)
     check_first: bool | None = None  # run the new version on a scratch copy first (jobs/workflows/check.py); None: in savepoint mode
-    check_timeout: float = Field(default=300, gt=0)  # seconds for the check's batch
+    check_timeout: float = Field(default=300, gt=0, le=MAX_WORK_TIMEOUT)  # seconds for the check's batch
     state_partitions: int | None = Field(default=None, ge=1)  # savepoint mode: the check's copy and the new version rescaled
 
     @model_validator(mode="wrap")

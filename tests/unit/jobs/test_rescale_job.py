@@ -104,9 +104,9 @@ def test_a_standby_that_ends_before_it_is_ready_leaves_the_rescale_to_its_own_ap
 def test_a_check_or_rescale_folder_left_by_a_process_that_died_holds_the_autoscaler_only_for_a_while(tmp_path, folder):
     """An upgrade killed mid-way leaves its ``_check/<id>/`` or ``_rescale/<id>/`` (a standby's) folder: the
     autoscaler holds (``in_flight``) while such a folder may belong to a live check or rescale, and, once it is
-    older than any of them lasts, no more: it is named in a warning to remove by hand."""
+    older than any of them lasts, no more: it is named in a warning (the job's next such work removes it a day on)."""
     from airflow_savepoints.jobs.description.channel import new_run_id, run_id_time
-    from airflow_savepoints.jobs.workflows.autoscale import WORK_FOLDER_LIFETIME, _in_flight
+    from airflow_savepoints.jobs.workflows.autoscale import IN_FLIGHT_LIFETIME, _in_flight
 
     ctx = JobContext(_job(tmp_path), Store(str(tmp_path / "sp")))
     name = new_run_id()
@@ -114,11 +114,11 @@ def test_a_check_or_rescale_folder_left_by_a_process_that_died_holds_the_autosca
     made, state, warnings = run_id_time(name).timestamp(), JobState(job="orders", state="running"), []
     what = "an upgrade check" if folder == "_check" else "a rescale"
     assert _in_flight(ctx, state, made + 60, warnings) == what and not warnings
-    assert _in_flight(ctx, state, made + WORK_FOLDER_LIFETIME - 1, warnings) == what and not warnings
-    assert _in_flight(ctx, state, made + WORK_FOLDER_LIFETIME + 1, warnings) is None
-    assert len(warnings) == 1 and f"{folder}/{name}" in warnings[0] and "remove it" in warnings[0], warnings
+    assert _in_flight(ctx, state, made + IN_FLIGHT_LIFETIME - 1, warnings) == what and not warnings
+    assert _in_flight(ctx, state, made + IN_FLIGHT_LIFETIME + 1, warnings) is None
+    assert len(warnings) == 1 and f"{folder}/{name}" in warnings[0] and "removes it" in warnings[0], warnings
     ctx.folder.child(folder).child("not-a-run-id").write_bytes_atomic("x", b"")  # a name with no time: in flight
-    assert _in_flight(ctx, state, made + WORK_FOLDER_LIFETIME + 1, []) == what
+    assert _in_flight(ctx, state, made + IN_FLIGHT_LIFETIME + 1, []) == what
 
 
 def test_a_result_not_sealed_with_the_applications_secret_is_not_believed(tmp_path):
@@ -212,3 +212,33 @@ def test_a_standby_on_another_host_hears_its_upgrade_and_ends_when_it_falls_sile
     started = process_started(ended.pid)
     ended.wait()
     assert rescale_app.OwnerWatch(f"{__import__('socket').gethostname()}:{ended.pid}:{started}", standby.folder, "s").gone()
+
+
+@pytest.mark.parametrize("kind", ["_check", "_rescale", "_inspect"])
+def test_a_work_folder_left_over_for_a_day_is_removed_by_the_jobs_next_work_of_its_kind(tmp_path, kind):
+    """A check, rescale or inspection killed mid-way leaves its folder (a check's holds a copy of the whole state):
+    the job's next one of the same kind removes those made more than a day ago, names each in its log, and leaves
+    younger ones (a live one: its timeouts are at most 4 hours), names that are no id and other kinds alone. A timeout
+    above 4 hours is refused before anything is done."""
+    from datetime import UTC, datetime, timedelta
+
+    from airflow_savepoints.errors import InvalidInputError
+    from airflow_savepoints.jobs.workflows.run import WORK_FOLDER_LIFETIME, refuse_long_work
+    from airflow_savepoints.jobs.workflows.upgrade import UpgradeRequest
+
+    lines: list[str] = []
+    ctx = JobContext(_job(tmp_path), Store(str(tmp_path / "sp")), log=lines.append)
+    now = datetime.now(UTC)
+    old, young = (f"{now - timedelta(seconds=age):%Y%m%dT%H%M%S}-abcdef" for age in (WORK_FOLDER_LIFETIME + 60,
+                                                                                    WORK_FOLDER_LIFETIME - 600))
+    for folder in (f"{kind}/{old}", f"{kind}/{young}", f"{kind}/not-an-id", f"_other/{old}"):
+        ctx.folder.child(folder).write_bytes_atomic("checkpoint/state/0/1.delta", b"x")
+    made = ctx.work_folder(kind)
+    assert made.parent().url == ctx.folder.child(kind).url and made.name not in (old, young)
+    assert sorted(ctx.folder.listdir(kind)) == sorted([young, "not-an-id"]) and ctx.folder.child("_other").isdir(old)
+    assert len(lines) == 1 and f"{kind}/{old}" in lines[0] and "removed" in lines[0], lines
+    for timeout in (4 * 3600 + 1, 0, -1):
+        with pytest.raises(InvalidInputError, match="at most 14400 s"):
+            refuse_long_work(timeout, "the check")
+    with pytest.raises(InvalidInputError, match="check_timeout"):
+        UpgradeRequest(version=_job(tmp_path).version(), check_timeout=4 * 3600 + 1)
