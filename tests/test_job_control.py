@@ -65,6 +65,19 @@ def wait_past(checkpoint: str, batch: int, timeout: float = 120) -> int:
     raise TimeoutError(f"no batch past {batch} in {checkpoint} within {timeout}s")
 
 
+def wait_quiet(checkpoint: str, quiet: float = 3.0, timeout: float = 120) -> int:
+    """The newest committed batch once no new one has come for ``quiet`` s (a file source with its input all taken)."""
+    deadline, last, since = time.monotonic() + timeout, None, time.monotonic()
+    while time.monotonic() < deadline:
+        newest, _ = checkpoint_progress(Store(checkpoint))
+        if newest != last:
+            last, since = newest, time.monotonic()
+        elif newest is not None and time.monotonic() - since >= quiet:
+            return newest
+        time.sleep(0.25)
+    raise TimeoutError(f"{checkpoint} kept committing batches for {timeout}s")
+
+
 def test_cooperative_stop_lands_between_batches_and_status_names_the_application(tmp_path):
     for index in range(2):
         demo.write_events(tmp_path / "input", index)
@@ -81,6 +94,7 @@ def test_cooperative_stop_lands_between_batches_and_status_names_the_application
         for index in range(2, 6):
             demo.write_events(tmp_path / "input", index)
         wait_past(started["checkpoint"], started["first_batch"])
+        wait_quiet(started["checkpoint"])  # every file taken: the restart below has no new input
         result = StopJobWithSavepointOperator(task_id="stop", job="demo", jobs_file=jobs, grace=60).execute({})
     finally:
         stop_process(read_run(job_folder), grace=10)
