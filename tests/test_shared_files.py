@@ -167,10 +167,12 @@ def test_job_commands_refuse_waits_that_never_end_or_are_negative_and_change_not
     jobs.write_text(f"jobs:\n  - name: orders\n    application: /apps/orders.py\n    master: local[2]\n"
                     f"    checkpoint: {tmp_path / 'cp'}\n    savepoint_dir: {tmp_path / 'sp'}\n")
     for args in (["stop", "--grace", "-1"], ["stop", "--inflight-wait", "nan"], ["start", "--wait-timeout", "0"],
-                 ["cancel", "--grace", "inf"]):
+                 ["cancel", "--grace", "inf"], ["cancel", "--grace", "-0.5"]):
         result = CliRunner().invoke(cli_app, ["job", args[0], "orders", "--jobs-file", str(jobs), *args[1:], "--json"])
         assert result.exit_code == 2 and f"'{args[1]}'" in result.output and "finite number of seconds" in result.output, \
             (args, result.output)
+    forced = CliRunner().invoke(cli_app, ["job", "cancel", "orders", "--jobs-file", str(jobs), "--grace", "0", "--json"])
+    assert "finite number" not in forced.output, forced.output  # 0: cancel at once (a job not running: nothing to do)
     for option, value, field in (("--health-timeout", "-5", "health_timeout"), ("--check-timeout", "inf", "check_timeout"),
                                  ("--state-partitions", "0", "state_partitions")):
         code, answer = cli("job", "upgrade", "orders", "--jobs-file", str(jobs), option, value)

@@ -225,7 +225,7 @@ def stop(
     job: JobArgument,
     *,
     grace: Annotated[float, typer.Option(help="Seconds for the job to stop between batches before it is forced.",
-                                         callback=_finite_positive)] = 60,
+                                         callback=_finite_non_negative)] = 60,
     inflight_wait: Annotated[float, typer.Option(help="Seconds to wait for a savepoint in flight before stopping.",
                                                  callback=_finite_non_negative)] = 300,
     target: JobTarget,
@@ -279,8 +279,8 @@ def cancel(
     *,
     policy: Annotated[str | None, typer.Option(help="RETAIN_ON_CANCELLATION, RETAIN_ON_FAILURE or "
                                                     "NEVER_RETAIN_AFTER_TERMINATION (default: the job's).")] = None,
-    grace: Annotated[float, typer.Option(help="Seconds for the job to answer before it is forced.",
-                                         callback=_finite_positive)] = 60,
+    grace: Annotated[float, typer.Option(help="Seconds for the job to answer before it is forced (0: at once).",
+                                         callback=_finite_non_negative)] = 60,
     target: JobTarget,
     as_json: JsonFlag = False,
 ) -> None:
