@@ -135,17 +135,14 @@ def main() -> None:
                 got = workers[step].take(place)
                 timings[step].append((got["wall"], got["cpu"]))
                 reused[step] = got["reused"]
-            elif step == "links":
-                wall, cpu = time.perf_counter(), time.process_time()
-                for folder in folders:
-                    os.makedirs(folder, exist_ok=True)
-                for source, target in pairs:
-                    os.link(source, target)
-                timings[step].append((time.perf_counter() - wall, time.process_time() - cpu))
             else:
                 wall, cpu = time.perf_counter(), time.process_time()
-                in_slices(_makedirs, folders, MIN_FOLDERS_PER_THREAD)
-                in_slices(_links, pairs, MIN_LINKS_PER_THREAD)
+                if step == "links":
+                    _makedirs(folders)
+                    _links(pairs)
+                else:
+                    in_slices(_makedirs, folders, MIN_FOLDERS_PER_THREAD)
+                    in_slices(_links, pairs, MIN_LINKS_PER_THREAD)
                 timings[step].append((time.perf_counter() - wall, time.process_time() - cpu))
             shutil.rmtree(place)
     for worker in workers.values():

@@ -344,9 +344,13 @@ def cli_savepoint(endpoint: str, bucket: str, work: Path) -> dict:
 
 # --- one pass at one latency -----------------------------------------------------------------------------
 def _s5cmd_savepoint(tool: str, proxy_url: str, keys: list[str], src: str, dst: str, workers: int | None,
-                     work: Path) -> list[str]:
+                     work: Path, reads_into: Path | None = None) -> list[str]:
+    """s5cmd's command copying ``keys`` from ``src`` to ``dst`` server-side (and, with ``reads_into``, reading each
+    snapshot zip there too, as a plan does)."""
     commands = work / f"s5cmd-{dst.rsplit('/', 1)[-1]}.txt"
-    commands.write_text("".join(f"cp s3://{src}/{k} s3://{dst}/{k}\n" for k in keys))
+    commands.write_text("".join(f"cp s3://{src}/{k} s3://{dst}/{k}\n" for k in keys)
+                        + ("".join(f"cp s3://{src}/{k} {reads_into}/{k}\n" for k in keys if k.endswith(".zip"))
+                           if reads_into is not None else ""))
     return [tool, "--endpoint-url", proxy_url, *(["--numworkers", str(workers)] if workers else []), "run", str(commands)]
 
 
@@ -404,12 +408,9 @@ def _s5cmd_with_reads(tool: str, proxy: Proxy, bucket_fs, bucket: str, planned: 
     every planned file and a read (GET) of each RocksDB snapshot zip, whose list of SSTs the plan needs (the
     floor of the plan's requests on this rig; the catalog, lease and manifest are not in it)."""
     target, reads = f"{bucket}/peer-s5cmd-reads", work / "s5cmd-reads"
-    commands = work / "s5cmd-with-reads.txt"
-    commands.write_text("".join(f"cp s3://{bucket}/checkpoint/{k} s3://{target}/{k}\n" for k in planned)
-                        + "".join(f"cp s3://{bucket}/checkpoint/{k} {reads}/{k}\n" for k in planned if k.endswith(".zip")))
+    command = _s5cmd_savepoint(tool, proxy.url, planned, f"{bucket}/checkpoint", target, 8, work, reads_into=reads)
     log("  s5cmd at 8 workers: savepoint with the plan's reads")
-    saved = counted(proxy, lambda: measured_child([tool, "--endpoint-url", proxy.url, "--numworkers", "8", "run",
-                                                   str(commands)], PEER_ENV, work))
+    saved = counted(proxy, lambda: measured_child(command, PEER_ENV, work))
     bucket_fs.rm(target, recursive=True)
     shutil.rmtree(reads, ignore_errors=True)
     return {"savepoint": saved}

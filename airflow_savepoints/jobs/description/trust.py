@@ -159,6 +159,19 @@ def write_sealed(store: Store, name: str, content: dict[str, Any], secret: str) 
     store.write_bytes_atomic(name, json.dumps(seal(content, secret)).encode())
 
 
+def once_per_file(say: Callable[[str], None]) -> Callable[[str], None]:
+    """An ``on_forged`` for a reader that polls (:func:`read_sealed`): ``say(url)`` the first time each file is found
+    not sealed, not on every read."""
+    said: set[str] = set()
+
+    def once(url: str) -> None:
+        if url not in said:
+            said.add(url)
+            say(url)
+
+    return once
+
+
 def read_sealed(store: Store, name: str, secret: str,
                 on_forged: Callable[[str], None] = lambda url: None) -> dict[str, Any] | None:
     """The JSON object in ``name`` of ``store`` if it is sealed with ``secret`` (its seal taken off); None when it

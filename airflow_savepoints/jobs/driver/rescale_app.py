@@ -172,13 +172,8 @@ def _standby(spark, folder: Store, wait: float, owner: str = "") -> int:
     _warm_up(spark, folder.child(WARM_UP_FOLDER))
     trust.write_sealed(folder, RESCALE_READY_FILE, {"application_id": spark.sparkContext.applicationId,
                                                     "spark_version": spark.version}, secret)
-    deadline, warned = time.monotonic() + wait, set()
-
-    def forged(url: str) -> None:
-        if url not in warned:
-            warned.add(url)
-            log.warning("%s is not sealed with this standby's secret: ignored", url)
-
+    deadline = time.monotonic() + wait
+    forged = trust.once_per_file(lambda url: log.warning("%s is not sealed with this standby's secret: ignored", url))
     watch = OwnerWatch(owner, folder, secret, on_forged=forged)
     while time.monotonic() < deadline:
         request = trust.read_sealed(folder, RESCALE_REQUEST_FILE, secret, forged)

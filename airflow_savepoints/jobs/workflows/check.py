@@ -198,12 +198,13 @@ def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 
     warned: list[str] = []
 
     def forged(url: str) -> None:
-        if not warned:
-            warned.append(f"{url} is not sealed with this check's secret (forged, or written by another driver): ignored")
-            log(f"warning: {warned[0]}")
+        warned.append(f"{url} is not sealed with this check's secret (forged, or written by another driver): ignored")
+        log(f"warning: {warned[0]}")
+
+    forged_once = trust.once_per_file(forged)  # one file: one warning, kept for the outcome's words
 
     def authentic() -> dict[str, Any] | None:
-        return read_result(scratch, secret, forged)
+        return read_result(scratch, secret, forged_once)
 
     deadline = time.monotonic() + timeout
     while (result := authentic()) is None:

@@ -148,7 +148,6 @@ class RescaleStandby:
     ready: dict[str, Any] | None = None  # its sealed ready.json: its application id and Spark version
     ready_after_s: float | None = None
     used: bool = False
-    ignored: set[str] = field(default_factory=set)  # files found not sealed with its secret (each said once)
     beating: threading.Event | None = None  # set to end the beats of a standby on another host (:meth:`start_owner_beats`)
 
     @classmethod
@@ -240,14 +239,12 @@ class RescaleStandby:
     def _ask(self, request: dict[str, Any]) -> None:
         trust.write_sealed(self.folder, RESCALE_REQUEST_FILE, request, self.secret)
 
+    def __post_init__(self) -> None:
+        self._forged = trust.once_per_file(lambda url: self.ctx.log(
+            f"warning: {url} is not sealed with the standby's secret (forged, or written by another application): ignored"))
+
     def _sealed(self, name: str) -> dict[str, Any] | None:
         return trust.read_sealed(self.folder, name, self.secret, self._forged)
-
-    def _forged(self, url: str) -> None:
-        if url not in self.ignored:
-            self.ignored.add(url)
-            self.ctx.log(f"warning: {url} is not sealed with the standby's secret (forged, or written by another "
-                         "application): ignored")
 
 
 def new_log_file(log_dir: Path, name: str) -> Path:
