@@ -52,6 +52,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import socket
 import subprocess
@@ -179,7 +180,9 @@ def _wait_for(port: int, process: subprocess.Popen, what: str) -> None:
 class Proxy:
     """The counting, delaying proxy (tests/support/fault_proxy.py) in its own process."""
 
-    def __init__(self, upstream: str, latency: float, work: Path, service: str = "s3", *extra: str):
+    def __init__(self, upstream: str, latency: float, work: Path, service: str = "s3", *extra: str,
+                 upstream_process: subprocess.Popen | None = None):
+        self.upstream = upstream_process
         port_file = work / f"proxy-{service}-{latency}.url"
         port_file.unlink(missing_ok=True)
         self.process = subprocess.Popen([sys.executable, "-m", "tests.support.fault_proxy", "--upstream", upstream,
@@ -244,14 +247,15 @@ def measured_here(fn) -> tuple[dict, object]:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         out = fn()
     finally:
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         done.set()
         sampler.join()
-    return {"seconds": round(seconds, 3), "peak_mib_above_baseline": round(max(0, peak[0] - baseline) / 2**20, 1)}, out
+    return {"seconds": round(seconds, 3), "client_cpu_s": round(cpu, 3),
+            "peak_mib_above_baseline": round(max(0, peak[0] - baseline) / 2**20, 1)}, out
 
 
 def _tree_rss(process) -> int:
@@ -272,6 +276,7 @@ def measured_child(command: list[str], env: dict, work: Path) -> dict:
     import psutil
 
     errors = work / "peer-stderr.txt"
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with open(errors, "wb") as stderr:
         process = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -285,16 +290,29 @@ def measured_child(command: list[str], env: dict, work: Path) -> dict:
     seconds = time.perf_counter() - start
     if process.returncode:
         raise RuntimeError(f"{command[0]} failed ({process.returncode}): {errors.read_text(errors='replace')[-800:]}")
-    return {"seconds": round(seconds, 3), "peak_mib": round(peak / 2**20, 1)}
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = reaped.ru_utime + reaped.ru_stime - children.ru_utime - children.ru_stime
+    return {"seconds": round(seconds, 3), "client_cpu_s": round(cpu, 3), "peak_mib": round(peak / 2**20, 1)}
+
+
+def _cpu_seconds(process) -> float:
+    import psutil
+
+    times = psutil.Process(process.pid).cpu_times()
+    return times.user + times.system
 
 
 def counted(proxy: Proxy, step) -> dict:
-    """``step()`` returns timing figures; add the requests and payload bytes the proxy saw meanwhile."""
+    """``step()`` returns timing figures; add the requests and payload bytes the proxy saw meanwhile, and the CPU
+    seconds the proxy and, where known (``proxy.upstream``), the store's server spent on them."""
+    servers = {"proxy": proxy.process, **({"server": proxy.upstream} if proxy.upstream is not None else {})}
     proxy.reset()
+    before = {name: _cpu_seconds(process) for name, process in servers.items()}
     figures = step()
+    cpu = {f"{name}_cpu_s": round(_cpu_seconds(process) - before[name], 3) for name, process in servers.items()}
     counts = proxy.counts()
     return {**figures, "requests": counts["requests"], "requests_by_kind": counts["by_kind"],
-            "payload_bytes": counts["payload_bytes"]}
+            "payload_bytes": counts["payload_bytes"], **cpu}
 
 
 def _tally(values) -> dict[str, int]:
@@ -429,7 +447,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
     direct.fs.mkdir(bucket)
     direct.fs.put(str(local) + "/", f"{bucket}/checkpoint", recursive=True)  # straight to moto: not counted
     all_files = sorted(p.removeprefix(f"{bucket}/checkpoint/") for p in direct.fs.find(f"{bucket}/checkpoint"))
-    proxy = Proxy(moto.url, latency, work)
+    proxy = Proxy(moto.url, latency, work, upstream_process=moto.process)
     try:
         options = {"endpoint_url": proxy.url, **KEYS, "skip_instance_cache": True}
         checkpoint, savepoints = Store(f"s3://{bucket}/checkpoint", options), Store(f"s3://{bucket}/savepoints", options)

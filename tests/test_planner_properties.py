@@ -339,6 +339,8 @@ def plans_exactly_what_spark_needs(c: Checkpoint):
             plan_checkpoint(listing, c.files.__getitem__, where="generated")
         return
     plan = plan_checkpoint(listing, c.files.__getitem__, where="generated")
+    together = plan_checkpoint(listing, c.files.__getitem__, where="generated", parallelism=4)  # zips read together
+    assert together.files == plan.files and together.snapshots == plan.snapshots
     got = {f.path for f in plan.files}
     need, allowed, next_complete = needed(c)
     assert plan.batch_id == c.n and plan.query_id == QUERY_ID

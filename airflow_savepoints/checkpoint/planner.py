@@ -98,26 +98,53 @@ class _PlanInputs:
         self.read, self.listing, self.known = read, listing, known
         self.snapshots: dict[str, dict[str, int]] = {}
         self.pending: dict[str, Future[bytes]] = dict(pending or {})  # reads already under way
+        self.gathering = False  # a read not under way raises _ReadFirst (see _StatePlanner.plan)
 
     def __call__(self, path: str) -> bytes:
         future = self.pending.pop(path, None)
-        return self.read(path) if future is None else future.result()
+        if future is not None:
+            return future.result()
+        if self.gathering:
+            raise _ReadFirst(path)
+        return self.read(path)
 
     def prefetch(self, paths: list[str], parallelism: int) -> None:
-        """Read ``paths`` together (one request each on an object store) when reads may run in parallel."""
+        """Read ``paths`` together, ``parallelism`` at a time (one request each on an object store), when reads
+        may run in parallel; returns once all are read (a failed read fails where the plan reads it)."""
         wanted = [p for p in dict.fromkeys(paths) if p not in self.pending]
         if parallelism > 1 and len(wanted) > 1:
-            with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="plan") as pool:
-                self.pending.update({p: pool.submit(self.read, p) for p in wanted})
+            self.read_together(wanted, parallelism)
+
+    def read_together(self, paths: list[str], parallelism: int) -> None:
+        """Read ``paths``, ``parallelism`` at a time, and keep what each read gave (its error too) for the
+        plan to take; one path is read in this thread."""
+        if len(paths) == 1:
+            future: Future[bytes] = Future()
+            try:
+                future.set_result(self.read(paths[0]))
+            except Exception as exc:  # noqa: BLE001 - raised where the plan reads it
+                future.set_exception(exc)
+            self.pending[paths[0]] = future
+            return
+        with ThreadPoolExecutor(max_workers=min(parallelism, len(paths)), thread_name_prefix="plan") as pool:
+            self.pending.update({p: pool.submit(self.read, p) for p in paths})
 
     def snapshot(self, zip_path: str) -> dict[str, int]:
         known = self.known.get(zip_path)
         if known is not None and known[0] == self.listing[zip_path].version:
             files = dict(known[1])
         else:
-            files = formats.parse_rocksdb_zip(self.read(zip_path), zip_path).files
-        self.snapshots[zip_path] = files  # one key per thread: safe without a lock
+            files = formats.parse_rocksdb_zip(self(zip_path), zip_path).files
+        self.snapshots[zip_path] = files
         return files
+
+
+class _ReadFirst(BaseException):  # noqa: N818 - a signal, not an error: no ``except Exception`` may take it
+    """Planning a store needs ``path``'s content, which is not read yet."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
 
 
 class _VisibleFiles(Mapping[str, FileStat]):
@@ -391,8 +418,8 @@ def _store_folders(op_folders: list[str], op_folder: str, files_in: Mapping[str,
 
 
 class _StatePlanner:
-    """Plans every operator's state for one version; the stores are planned ``parallelism`` at a time
-    (``add`` only sets dictionary items, which is safe from several threads)."""
+    """Plans every operator's state for one version; with ``parallelism`` above 1, the snapshot zips the
+    stores need are read that many at a time (``_plan_gathering_reads``)."""
 
     def __init__(self, listing: _VisibleFiles, read: Reader, commit: formats.CommitEntry, where: str, parallelism: int):
         self.listing, self.read, self.commit, self.where = listing, read, commit, where
@@ -415,18 +442,44 @@ class _StatePlanner:
             for store, files in op_stores:
                 stores.append((store, files, _committed_ids(unique_ids, store.split("/")[2])))
 
-        def one(job: tuple[str, list[str], set[str]]) -> None:
-            store, files, ids = job
-            _plan_store(self.listing, self.read, store, files, version, ids, add, self.where)
-
-        workers = min(self.parallelism, len(stores))
-        if workers <= 1:
-            for job in stores:
-                one(job)
-        else:  # the first failure (in store order) is raised, as when planned one after another
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plan") as pool:
-                list(pool.map(one, stores))
+        if self.parallelism <= 1 or not isinstance(self.read, _PlanInputs):
+            for store, files, ids in stores:
+                _plan_store(self.listing, self.read, store, files, version, ids, add, self.where)
+        else:
+            self._plan_gathering_reads(stores, version, add)
         return list(self.stores)
+
+    def _plan_gathering_reads(self, stores: list[tuple[str, list[str], set[str]]], version: int, add) -> None:
+        """Plan every store in this thread; the zips they need that are not known are read together
+        (``parallelism`` at a time), then the stores that needed them are planned again, until none needs a
+        read. Planning itself is Python on the listing: threads would only add their start-up (milliseconds
+        each on a busy interpreter) to it. The first failure in store order is raised, as when planned one
+        after another (``add`` only records paths, so planning a store twice adds the same entries)."""
+        read: _PlanInputs = self.read  # type: ignore[assignment]
+        waiting = list(enumerate(stores))
+        first_failure: tuple[int, BaseException] | None = None
+        while waiting:
+            again: list[tuple[int, tuple[str, list[str], set[str]], str]] = []  # (index, store, the path it needs)
+            read.gathering = True
+            try:
+                for index, job in waiting:
+                    if first_failure is not None and index > first_failure[0]:
+                        break  # an earlier store failed: nothing after it is planned
+                    try:
+                        _plan_store(self.listing, read, job[0], job[1], version, job[2], add, self.where)
+                    except _ReadFirst as first:
+                        again.append((index, job, first.path))
+                    except Exception as exc:  # noqa: BLE001 - raised below, once every earlier store is planned
+                        first_failure = (index, exc)
+            finally:
+                read.gathering = False
+            if first_failure is not None:
+                again = [entry for entry in again if entry[0] < first_failure[0]]
+            if again:
+                read.read_together(list(dict.fromkeys(path for _, _, path in again)), self.parallelism)
+            waiting = [(index, job) for index, job, _ in again]
+        if first_failure is not None:
+            raise first_failure[1]
 
 
 def _committed_ids(unique_ids, partition: str) -> set[str]:

@@ -203,6 +203,68 @@ def test_a_zip_known_at_its_listed_version_is_planned_without_reading_it():
     assert "state/0/0/2.zip" in read and paths(changed) == paths(first)
 
 
+def _rocks_stores(stores: int) -> Ckpt:
+    """A RocksDB v1 checkpoint whose state is at version 2: per store a zip at 2 naming one SST."""
+    c = base(2)
+    for s in range(stores):
+        c[f"state/0/{s}/2.zip"] = rocks_zip({f"00000{s}-a.sst": 3})
+        c[f"state/0/{s}/SSTs/00000{s}-a.sst"] = b"abc"
+    return c
+
+
+def test_zips_are_read_together_and_planning_needs_no_thread_of_its_own(monkeypatch):
+    """With parallelism, the stores' unknown zips are read at the same time; zips a previous manifest answers
+    start no thread (planning is Python on the listing: a thread's start costs more than it does)."""
+    import threading
+    import time
+
+    from airflow_savepoints.checkpoint import planner
+
+    c = _rocks_stores(6)
+    in_flight, most, lock = [0], [0], threading.Lock()
+
+    def reader(path: str) -> bytes:
+        if path.endswith(".zip"):
+            with lock:
+                in_flight[0] += 1
+                most[0] = max(most[0], in_flight[0])
+            time.sleep(0.05)
+            with lock:
+                in_flight[0] -= 1
+        return c[path]
+
+    pools: list[int] = []
+
+    class CountedPool(planner.ThreadPoolExecutor):
+        def __init__(self, max_workers=None, **kwargs):
+            pools.append(max_workers)
+            super().__init__(max_workers, **kwargs)
+
+    monkeypatch.setattr(planner, "ThreadPoolExecutor", CountedPool)
+    plan = plan_checkpoint(c.listing(), reader, parallelism=4)
+    assert plan.files == c.plan().files and most[0] == 4, most  # six zips, four at a time
+    pools.clear()
+    known = {p: ("v", files) for p, files in plan.snapshots.items()}
+    again = plan_checkpoint(c.listing(), reader, parallelism=4, known_snapshots=known)
+    assert again.files == plan.files and pools == [3], pools  # only metadata, offsets/1, commits/1, together
+
+
+def test_with_parallelism_the_first_failure_in_store_order_is_raised():
+    c = _rocks_stores(6)
+    del c["state/0/3/2.zip"]  # store 3 cannot load version 2 (a changelog, no zip), known before any read
+    c["state/0/3/1.changelog"] = b"c"
+    c["state/0/1/2.zip"] = b"not a zip"  # store 1's zip is broken, known once it is read
+
+    def reader(path: str) -> bytes:
+        return c[path]
+
+    with pytest.raises(CheckpointError) as one:
+        plan_checkpoint(c.listing(), reader)
+    with pytest.raises(CheckpointError) as many:
+        plan_checkpoint(c.listing(), reader, parallelism=4)
+    assert "state/0/1/2.zip" in str(many.value) and str(many.value) == str(one.value)
+
+
 def test_rocksdb_v1_missing_sst_is_a_race():
     c = base(3)
     c["state/0/0/3.zip"] = rocks_zip({"000008-aaa.sst": 3})
