@@ -17,7 +17,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import email.utils
+import os
 import posixpath
+import threading
 from datetime import datetime
 from typing import IO, Any, ClassVar
 
@@ -79,16 +81,39 @@ def parse_timestamp(value: Any) -> datetime:
     return botocore_timestamp(value)
 
 
-def use_fast_timestamps(fs: Any) -> None:
-    """Have the responses of ``fs``'s aiobotocore session parsed with :func:`parse_timestamp`. s3fs makes
-    its session on the first call (``AioSession(**fs.kwargs)``) unless it was given one: it is made here
-    the same way, so that its clients (whenever made) use it; one s3fs replaces on a refresh uses botocore's."""
-    if getattr(fs, "session", False) is None and isinstance(getattr(fs, "kwargs", None), dict):
-        import aiobotocore.session
+_SESSIONS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+_SESSIONS_LOCK = threading.Lock()
 
-        fs.session = aiobotocore.session.AioSession(**fs.kwargs)
+
+def shared_session(kwargs: dict[str, Any]) -> Any:
+    """One aiobotocore session per process for the same session arguments (a profile) and the same ``AWS_*``
+    environment (where credentials and the region are found), its responses' timestamps parsed with
+    :func:`parse_timestamp`. A session loads botocore's service data once (about 60 ms of CPU): a second
+    store's client then costs a few milliseconds, not a session's start. A changed environment gets its own."""
+    import aiobotocore.session
+
+    key = (repr(sorted(kwargs.items())), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.get(key)
+        if session is None:
+            session = _SESSIONS[key] = aiobotocore.session.AioSession(**kwargs)
+            _fast_timestamps(session)
+        return session
+
+
+def _fast_timestamps(session: Any) -> None:
     with contextlib.suppress(Exception):
-        fs.session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
+        session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
+
+
+def use_fast_timestamps(fs: Any) -> None:
+    """Give ``fs`` the process's :func:`shared_session` for its arguments, or have the session its caller gave
+    it parse timestamps with :func:`parse_timestamp` too. s3fs would make its own session on the first call
+    (``AioSession(**fs.kwargs)``); one it makes on a refresh is botocore's as it comes."""
+    if getattr(fs, "session", False) is None and isinstance(getattr(fs, "kwargs", None), dict):
+        fs.session = shared_session(fs.kwargs)
+    elif getattr(fs, "session", None) is not None:
+        _fast_timestamps(fs.session)
 
 
 def plain_http_endpoint(options: dict[str, Any]) -> bool:

@@ -4,6 +4,7 @@ moto's S3 server, fake-gcs-server, Azurite, a NameNode and DataNode (HDFS, throu
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import urllib.request
@@ -149,6 +150,20 @@ def test_s3_responses_use_the_fast_timestamp_parser_and_give_the_same_times(s3):
     assert factory.create_parser("rest-xml")._timestamp_parser is parse_timestamp
     listed, (_, read) = store.list_files()["a"].modified, store.read_stamped("a")
     assert abs(listed - read) < 1 and abs(listed - time.time()) < 600  # the listing's milliseconds, the header's seconds
+
+
+@pytest.mark.s3
+def test_s3_stores_share_one_session_until_the_aws_environment_changes(s3, monkeypatch):
+    """A second store's client is made from the first one's session (botocore's service data loaded once); a
+    changed AWS_* environment (other credentials) gets a session of its own, which finds them."""
+    first, second = (Store(f"s3://{s3}/shared", {"skip_instance_cache": True}) for _ in range(2))
+    first.write_bytes_atomic("a", b"x")
+    assert second.backend.fs is not first.backend.fs and second.backend.fs.session is first.backend.fs.session
+    assert second.read_bytes("a") == b"x"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "someone-else")
+    other = Store(f"s3://{s3}/three", {"skip_instance_cache": True})
+    assert other.backend.fs.session is not first.backend.fs.session
+    assert asyncio.run(other.backend.fs.session.get_credentials()).access_key == "someone-else"
 
 
 @pytest.mark.hdfs
