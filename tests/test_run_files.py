@@ -32,6 +32,7 @@ from airflow_savepoints.errors import (
     InvalidInputError,
     JobFailedError,
     JobNotStoppedError,
+    NoSavepointError,
     UntrustedRunFileError,
 )
 from airflow_savepoints.jobs import StreamingJob, load_jobs
@@ -499,6 +500,23 @@ def test_a_fresh_start_refuses_a_checkpoint_inside_the_savepoint_folder(tmp_path
 
     with pytest.raises(InvalidInputError, match="overlap"):
         lifecycle.start(ctx, submit_command=never, log_dir=tmp_path / "logs", fresh=True)
+
+
+def test_a_start_refused_for_want_of_a_savepoint_leaves_no_folder_behind(tmp_path):
+    """The run's lease makes the job's folder (and the savepoint root) on a local disk: a start refused after it
+    removes what it made, and only that (a root that was there, with another job's folder, stays)."""
+    job = StreamingJob(name="orders", application="a.py", checkpoint=str(tmp_path / "orders-ckpt"))
+
+    def never(*_):
+        raise AssertionError("a refused start launches nothing")
+
+    for existing in ((), ("payments",)):
+        root = tmp_path / f"sp{len(existing)}"
+        for other in existing:
+            (root / other).mkdir(parents=True)
+        with pytest.raises(NoSavepointError, match="no completed savepoint"):
+            lifecycle.start(JobContext(job, Store(str(root))), submit_command=never, log_dir=tmp_path / "logs")
+        assert (sorted(p.name for p in root.iterdir()) if root.exists() else None) == (list(existing) or None)
 
 
 def test_the_api_redacts_the_secret_conf_of_a_manifest_an_older_release_wrote(tmp_path):

@@ -169,6 +169,9 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
     control = ctx.folder.child(CONTROL_FOLDER).child(run_id)
     timeout = ctx.lease_timeout or DEFAULT_LEASE_TIMEOUT
     version = job.version()
+    # on a local disk the lease makes the job's folder (and the root): a start that fails removes them if left empty
+    made_root, made_folder = (ctx.root.is_local and not ctx.root.exists(),
+                              ctx.folder.is_local and not ctx.folder.exists())
     holder = ctx.lease.acquire(run_id, {"host": _hostname(), "control": control.url, "master": ctx.master,
                                         "timeout_s": timeout, "version": version.hash},
                                may_take_over=lambda h: h.run_id == previous.run_id and previous.state == "lost")
@@ -186,6 +189,10 @@ def _launch(ctx: JobContext, submit_command: SubmitCommand, log_dir: Path, wait_
         ctx.lease.renew(run_id, {"pid": run.pid, "pid_started": run.pid_started, "checkpoint": checkpoint})
     except BaseException:
         ctx.lease.release(run_id)
+        if made_folder:  # a start refused (no savepoint, a sink's refusal...) leaves no empty folder behind
+            ctx.root.remove_empty_folders([job.name])
+        if made_root:
+            ctx.root.parent().remove_empty_folders([ctx.root.name])
         raise
     batch, live = _wait_until_live(ctx, run, wait_timeout)
     ctx.log(f"job {job.name} runs as run {run_id} (pid {run.pid}): " + (
