@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -38,18 +39,18 @@ if TYPE_CHECKING:  # the job modules are imported by the commands that run (not 
 app = typer.Typer(name="job", help="Start, stop (with a savepoint), cancel and watch streaming jobs from a jobs file.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
-def _finite_positive(value: float) -> float:
-    """A number of seconds: finite and above zero (``nan`` and ``inf`` would never end a wait)."""
-    if not math.isfinite(value) or value <= 0:
-        raise typer.BadParameter(f"{value} is not a finite number of seconds above 0")
-    return value
+def _seconds(*, zero: bool) -> Callable[[float], float]:
+    """A callback refusing a number of seconds that is not finite (``nan`` and ``inf`` would never end a wait) or is
+    negative, and 0 unless ``zero`` (0: do not wait)."""
+    def finite(value: float) -> float:
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            raise typer.BadParameter(f"{value} is not a finite number of seconds, " + ("0 or more" if zero else "above 0"))
+        return value
+
+    return finite
 
 
-def _finite_non_negative(value: float) -> float:
-    """A number of seconds: finite and at least zero (0: do not wait)."""
-    if not math.isfinite(value) or value < 0:
-        raise typer.BadParameter(f"{value} is not a finite number of seconds, 0 or more")
-    return value
+_finite_positive, _finite_non_negative = _seconds(zero=False), _seconds(zero=True)
 
 
 JobArgument = Annotated[str, typer.Argument(help="The job's name in the jobs file.")]

@@ -55,6 +55,7 @@ from airflow_savepoints.errors import (
 from airflow_savepoints.jobs.description.channel import run_id_time
 from airflow_savepoints.jobs.description.metrics import MetricPoint, append_decision, read_decisions, read_series
 from airflow_savepoints.jobs.description.model import AutoscaleSettings
+from airflow_savepoints.jobs.workflows.run import MAX_WORK_TIMEOUT
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -67,7 +68,9 @@ SKEW_LIMIT = 2.0  # the largest state partition's rows over the mean at which pa
 ACTED = ("acted", "rolled_back", "failed")  # history outcomes of an attempt to act: the cooldown counts from them
 AUTOSCALER_STALE_AFTER = 120.0  # seconds: an acting autoscaler's lease not renewed for this long is broken
 SKEW_SAVEPOINTS = 5  # the newest completed savepoints looked at for a recorded state summary (the skew)
-IN_FLIGHT_LIFETIME = 6 * 3600.0  # seconds: a check's or rescale's folder older is left over (a check: <= 4 h and its restore)
+# seconds: a check's or rescale's folder older is left over (a check's batch: at most MAX_WORK_TIMEOUT, then 2 h for its
+# restore and the rest)
+IN_FLIGHT_LIFETIME = MAX_WORK_TIMEOUT + 2 * 3600.0
 CAUSE_CHARS = 2000  # of an action's error kept in the history (bounded: the history stays below the readers' cap)
 
 
