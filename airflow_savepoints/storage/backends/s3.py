@@ -85,11 +85,22 @@ _SESSIONS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 _SESSIONS_LOCK = threading.Lock()
 
 
+def _forget_sessions() -> None:
+    """In a forked child (an Airflow task's process): its own sessions, and a lock no parent's thread holds."""
+    global _SESSIONS_LOCK
+    _SESSIONS.clear()
+    _SESSIONS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_sessions)
+
+
 def shared_session(kwargs: dict[str, Any]) -> Any:
     """One aiobotocore session per process for the same session arguments (a profile) and the same ``AWS_*``
     environment (where credentials and the region are found), its responses' timestamps parsed with
     :func:`parse_timestamp`. A session loads botocore's service data once (about 60 ms of CPU): a second
-    store's client then costs a few milliseconds, not a session's start. A changed environment gets its own."""
+    store's client then costs a few milliseconds, not a session's start. A changed environment gets its own, and so
+    does a forked process (an Airflow task's): the credentials a session caches may hold a lock of its parent's loop."""
     import aiobotocore.session
 
     key = (repr(sorted(kwargs.items())), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))

@@ -5,6 +5,7 @@ moto's S3 server, fake-gcs-server, Azurite, a NameNode and DataNode (HDFS, throu
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import urllib.request
@@ -164,6 +165,15 @@ def test_s3_stores_share_one_session_until_the_aws_environment_changes(s3, monke
     other = Store(f"s3://{s3}/three", {"skip_instance_cache": True})
     assert other.backend.fs.session is not first.backend.fs.session
     assert asyncio.run(other.backend.fs.session.get_credentials()).access_key == "someone-else"
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # a forked process (an Airflow task's) makes its own: the parent's may hold its loop's locks
+        forked = Store(f"s3://{s3}/three", {"skip_instance_cache": True}).backend.fs.session
+        os.write(write_end, b"own" if forked is not other.backend.fs.session else b"parent's")
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    assert os.read(read_end, 16) == b"own"
 
 
 @pytest.mark.hdfs
