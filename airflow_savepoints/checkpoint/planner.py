@@ -253,8 +253,8 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
                     pending: Mapping[str, Future[bytes]] | None = None) -> CheckpointPlan:
     """Plan the savepoint of the newest committed batch of the checkpoint described by ``listing``.
 
-    The state stores are planned ``parallelism`` at a time: on an object store, reading the RocksDB
-    snapshot zips (one request each) dominates planning, and each store's zips are independent.
+    The RocksDB snapshot zips the state stores need are read ``parallelism`` at a time: on an object store
+    those reads (one request each) dominate planning; the planning itself is one thread's.
     ``known_snapshots``: zips whose content is known for a version token; one still listed with that
     token is not read. ``pending``: reads the caller started already (by path). With ``parallelism``
     above 1, the metadata and the batch's logs are read together."""
