@@ -130,6 +130,9 @@ class _PlanInputs:
             self.pending.update({p: pool.submit(self.read, p) for p in paths})
 
     def snapshot(self, zip_path: str) -> dict[str, int]:
+        """The files ``zip_path`` lists: known, or read once (a store planned again takes what it read before)."""
+        if (files := self.snapshots.get(zip_path)) is not None:
+            return files
         known = self.known.get(zip_path)
         if known is not None and known[0] == self.listing[zip_path].version:
             files = dict(known[1])

@@ -296,6 +296,27 @@ def test_rocksdb_v2_follows_committed_unique_ids_with_sidecars():
     assert sidecar.sidecar_of == sidecar.path[:-4]
 
 
+def test_a_v2_store_whose_lineage_needs_three_zips_is_planned_alike_with_its_zips_read_together():
+    """Version 3 has zips of two task attempts (not a stop: the lineage may go further back), version 2 one zip:
+    the store needs three zips, read one round after another, each once, and planned as one after another."""
+    c = base(4)
+    c["commits/3"] = commit({"0": [["u4"]]})
+    c["state/0/0/4_u4.changelog"] = b"c"
+    for name, sst in (("3_a.zip", "000001-a.sst"), ("3_b.zip", "000002-b.sst"), ("2_s.zip", "000003-s.sst")):
+        c[f"state/0/0/{name}"] = rocks_zip({sst: 1})
+        c[f"state/0/0/SSTs/{sst}"] = b"x"
+    read: list[str] = []
+
+    def reader(path: str) -> bytes:
+        read.append(path)
+        return c[path]
+
+    together = plan_checkpoint(c.listing(), reader, parallelism=4)
+    zips = sorted(p for p in read if p.endswith(".zip"))
+    assert zips == ["state/0/0/2_s.zip", "state/0/0/3_a.zip", "state/0/0/3_b.zip"], read
+    assert together.files == c.plan().files and len(together.snapshots) == 3
+
+
 def test_transform_with_state_metadata_v2_and_schema_files():
     c = base(7)
     schema = "file:/old/ckpt/state/0/_stateSchema/default/0_abc"
