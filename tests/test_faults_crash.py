@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -97,10 +98,17 @@ def start_child(checkpoint: Path, root: Path) -> subprocess.Popen:
 
 
 def calibrate(checkpoint: Path, root: Path) -> dict[str, float]:
-    """Times (from GO) of an unkilled savepoint in a child process: planned, completed, done."""
+    """Times (from GO) of an unkilled savepoint in a child process: planned, completed, done. Its output is read
+    through the file object ``start_child`` read GO from: ``communicate`` reads the pipe beneath it, and so misses
+    what that read took ahead (all of it, when a loaded machine let the child finish first)."""
     process = start_child(checkpoint, root)
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == 0, err
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.append(process.stderr.read()))  # a full stderr pipe never blocks it
+    reader.start()
+    out = process.stdout.read()
+    process.wait(120)
+    reader.join(30)
+    assert process.returncode == 0, errors
     return {line.split()[0].lower(): float(line.split()[1]) for line in out.splitlines() if len(line.split()) == 2}
 
 
