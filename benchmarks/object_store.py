@@ -431,9 +431,13 @@ def _round(figures: dict) -> dict:
     return {k: figures[k] for k in ("seconds", "requests", "client_cpu_s", "proxy_cpu_s", "server_cpu_s") if k in figures}
 
 
+def _turns(row: dict) -> list[dict]:
+    """A row's rounds (its one run where it has no rounds)."""
+    return row.get("rounds") or [row]
+
+
 def _median_seconds(row: dict) -> float:
-    """The median of a row's rounds (its one run where it has no rounds)."""
-    return statistics.median(r["seconds"] for r in row.get("rounds") or [row])
+    return statistics.median(r["seconds"] for r in _turns(row))
 
 
 def _s5cmd_with_reads(tool: str, proxy: Proxy, bucket_fs, bucket: str, planned: list[str], work: Path) -> dict:
@@ -738,14 +742,13 @@ def evaluate(passes: list[dict]) -> list[dict]:
         if s5_inc:
             mine, theirs = _median_seconds(inc), _median_seconds(s5_inc["savepoint"])
             r = mine / theirs
-            rounds = len(inc.get("rounds") or [inc])
+            rounds = len(_turns(inc))
             add(f"S3 at {at}: incremental savepoint / s5cmd cp of the same files at equal concurrency (seconds, "
                 f"median of {rounds} turns each)", r, "<= 1.0", r <= 1.0,
                 f"ours {mine:.2f}s, {inc['requests']} requests; s5cmd {theirs:.2f}s, "
                 f"{s5_inc['savepoint']['requests']} requests; each turn: "
                 + ", ".join(f"{a['seconds']:.2f}/{b['seconds']:.2f}"
-                            for a, b in zip(inc.get("rounds") or [inc], s5_inc["savepoint"].get("rounds")
-                                            or [s5_inc["savepoint"]], strict=False)))
+                            for a, b in zip(_turns(inc), _turns(s5_inc["savepoint"]), strict=False)))
         if s5_eq:
             r = save["seconds"] / s5_eq["savepoint"]["seconds"]
             add(f"S3 at {at}: savepoint / s5cmd cp at equal concurrency (seconds)", r, "<= 1.0", r <= 1.0)

@@ -424,7 +424,8 @@ class _StatePlanner:
     """Plans every operator's state for one version; with ``parallelism`` above 1, the snapshot zips the
     stores need are read that many at a time (``_plan_gathering_reads``)."""
 
-    def __init__(self, listing: _VisibleFiles, read: Reader, commit: formats.CommitEntry, where: str, parallelism: int):
+    def __init__(self, listing: _VisibleFiles, read: _PlanInputs, commit: formats.CommitEntry, where: str,
+                 parallelism: int):
         self.listing, self.read, self.commit, self.where = listing, read, commit, where
         self.parallelism = max(1, parallelism)
         by_operator: dict[str, list[str]] = defaultdict(list)  # operator -> its folders holding files
@@ -445,7 +446,7 @@ class _StatePlanner:
             for store, files in op_stores:
                 stores.append((store, files, _committed_ids(unique_ids, store.split("/")[2])))
 
-        if self.parallelism <= 1 or not isinstance(self.read, _PlanInputs):
+        if self.parallelism <= 1:
             for store, files, ids in stores:
                 _plan_store(self.listing, self.read, store, files, version, ids, add, self.where)
         else:
@@ -458,7 +459,7 @@ class _StatePlanner:
         read. Planning itself is Python on the listing: threads would only add their start-up (milliseconds
         each on a busy interpreter) to it. The first failure in store order is raised, as when planned one
         after another (``add`` only records paths, so planning a store twice adds the same entries)."""
-        read: _PlanInputs = self.read  # type: ignore[assignment]
+        read = self.read
         waiting = list(enumerate(stores))
         first_failure: tuple[int, BaseException] | None = None
         while waiting:

@@ -198,8 +198,8 @@ def _wait_for_result(scratch: Store, run: JobRun, timeout: float, poll: float = 
     warned: list[str] = []
 
     def forged(url: str) -> None:
-        warned.append(f"{url} is not sealed with this check's secret (forged, or written by another driver): ignored")
-        log(f"warning: {warned[0]}")
+        warned.append(text := f"{url} is not sealed with this check's secret (forged, or written by another driver): ignored")
+        log(f"warning: {text}")
 
     forged_once = trust.once_per_file(forged)  # one file: one warning, kept for the outcome's words
 

@@ -5,7 +5,8 @@ endpoint is ``CopyObject`` guarded by the listed ETag (``CopySourceIfMatch``), a
 the CRC32C of the copy. Errors are told apart by S3's error codes: s3fs turns a botocore
 ``ClientError`` into an ``OSError`` and keeps the original as its cause (or context).
 
-Per request the client's CPU is mostly botocore's; the back end sets its session's timestamp parser
+Stores of one process share an aiobotocore session (:func:`shared_session`), so botocore's service data is
+loaded once. Per request the client's CPU is mostly botocore's; the back end sets its session's timestamp parser
 (:func:`parse_timestamp`, botocore's documented ``set_parser_defaults``) to one that reads S3's two
 forms without dateutil's general parser, about a tenth of the CPU of a copy or a read. An ``http://``
 endpoint with no proxy before it is reached without TLS, so its client loads no CA bundle
@@ -117,7 +118,7 @@ def _fast_timestamps(session: Any) -> None:
         session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
 
 
-def use_fast_timestamps(fs: Any) -> None:
+def use_shared_session(fs: Any) -> None:
     """Give ``fs`` the process's :func:`shared_session` for its arguments, or have the session its caller gave
     it parse timestamps with :func:`parse_timestamp` too. s3fs would make its own session on the first call
     (``AioSession(**fs.kwargs)``); one it makes on a refresh is botocore's as it comes."""
@@ -144,7 +145,7 @@ class S3Backend(ObjectStoreBackend):
 
     def __init__(self, fs: Any, protocol: str):
         super().__init__(fs, protocol)
-        use_fast_timestamps(fs)
+        use_shared_session(fs)
 
     @classmethod
     def filesystem_options(cls, options: dict[str, Any]) -> dict[str, Any]:
