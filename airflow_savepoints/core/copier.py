@@ -27,9 +27,8 @@ from; ``docs/savepoint-format.md`` states what each promises.
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Annotated, NamedTuple, TypeVar
 
@@ -311,24 +310,45 @@ def workers_for(stores: tuple[Store, ...], parallelism: int | None, jobs: int, *
 
 
 def bounded_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
-    """``fn`` over ``items`` on ``workers`` threads, in order, the first failure raised; at most a few
-    items per worker are queued at a time (``Executor.map`` would queue a future for each of 20,000 files)."""
-    results: list[R] = []
+    """``fn`` over ``items`` on ``workers`` threads, results in order. At most a few items per worker are
+    queued at a time (``Executor.map`` would queue a future for each of 20,000 files), and a slot is
+    refilled as soon as any item is done: one slow item (a large file, a slow request) holds up its own
+    worker only. On a failure nothing more is started; once the items under way are done, the failure
+    of the first item in order is raised."""
     window = 4 * workers
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending: deque[Future[R]] = deque()
+        queued: dict[Future[R], int] = {}
+        done: dict[int, R] = {}
+        failed: dict[int, BaseException] = {}
+
+        def collect(finished) -> None:
+            for future in finished:
+                index = queued.pop(future)
+                if future.cancelled():
+                    continue
+                if (error := future.exception()) is not None:
+                    failed[index] = error
+                else:
+                    done[index] = future.result()
+
         try:
-            for item in items:
-                pending.append(pool.submit(fn, item))
-                if len(pending) >= window:
-                    results.append(pending.popleft().result())
-            while pending:
-                results.append(pending.popleft().result())
-        except BaseException:
-            for future in pending:
+            for index, item in enumerate(items):
+                if len(queued) >= window:
+                    collect(wait(queued, return_when=FIRST_COMPLETED).done)
+                if failed:
+                    break
+                queued[pool.submit(fn, item)] = index
+        except BaseException:  # interrupted while waiting: nothing more runs
+            for future in queued:
                 future.cancel()
             raise
-    return results
+        if failed:
+            for future in queued:
+                future.cancel()
+        collect(wait(queued).done)
+    if failed:
+        raise failed[min(failed)]
+    return [done[index] for index in range(len(items))]
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,45 @@ def test_between_a_local_disk_and_s3_files_are_streamed(s3, tmp_path):
     assert (down.method, down.crc, down.source_version) == (STREAM, crc(DATA["offsets/3"]), None)  # not pinned
 
 
+def test_bounded_map_refills_the_window_past_a_slow_item():
+    """A slow first item holds up its own worker only: the items beyond the window (4 per worker) still run
+    while it waits, and the results keep their order. Refilling only as the oldest item ends would wait here."""
+    import threading
+
+    from airflow_savepoints.core.copier import bounded_map
+
+    far = threading.Event()
+
+    def work(i: int) -> int:
+        if i == 0:
+            assert far.wait(timeout=10), "no item past the window ran while the first was slow"
+        if i == 4 * 4 + 10:
+            far.set()
+        return i
+
+    assert bounded_map(work, list(range(60)), 4) == list(range(60))
+
+
+def test_bounded_map_raises_the_failure_of_the_first_item_in_order():
+    import threading
+
+    from airflow_savepoints.core.copier import bounded_map
+
+    later_failed = threading.Event()
+
+    def work(i: int) -> int:
+        if i == 5:
+            later_failed.wait(timeout=10)
+            raise ValueError("item 5")
+        if i == 9:
+            later_failed.set()
+            raise ValueError("item 9")
+        return i
+
+    with pytest.raises(ValueError, match="item 5"):
+        bounded_map(work, list(range(200)), 4)
+
+
 def test_bounded_map_keeps_order_queues_a_few_items_per_worker_and_stops_at_the_first_failure():
     import threading
 

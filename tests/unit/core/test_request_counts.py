@@ -348,6 +348,24 @@ def test_the_catalog_lock_is_released_beside_the_first_copies_and_taken_beside_t
 
 
 @pytest.mark.s3
+def test_the_plan_is_copied_in_one_pass_no_group_waiting_for_the_one_before(counted):
+    """The state files, the offset and commit logs and ``metadata`` are started in the plan's order, but a
+    slow state file holds up only its own worker: with the copy of one snapshot zip held back 1 s at the
+    proxy, the logs and ``metadata`` (planned after every state file) are copied before it is answered."""
+    checkpoint, savepoints = counted.stores()
+    counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"PUT"}, path=r"/savepoints/.*/state/0/0/[^/]*\.zip$",
+                                 times=1))
+    info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
+    location = f"/{counted.bucket}/savepoints/counted/{info.manifest.savepoint_id}/"
+    answered = {unquote(target.partition("?")[0]).removeprefix(location): end
+                for _, end, kind, target, _ in counted.proxy.settled_timeline() if kind == "COPY"}
+    (held,) = [end for path, end in answered.items() if path.startswith("state/0/0/") and path.endswith(".zip")]
+    batch = info.manifest.batch_id
+    assert {path: answered[path] < held for path in ("metadata", f"offsets/{batch}", f"commits/{batch}")} == \
+        {"metadata": True, f"offsets/{batch}": True, f"commits/{batch}": True}, "a group waited for the held-back state file"
+
+
+@pytest.mark.s3
 def test_a_run_that_loses_its_lease_while_copying_leaves_the_catalog_unlocked(counted):
     """The completed record's lock, taken ahead while ``_metadata`` would be written, is released when the
     run fails instead (here its job lease was taken over while it copied): the next savepoint runs at once."""
