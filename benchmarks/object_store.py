@@ -56,6 +56,7 @@ import math
 import os
 import random
 import resource
+import shlex
 import shutil
 import socket
 import statistics
@@ -71,7 +72,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_BIN = ROOT / ".tools" / "peers" / "bin"
 PARTITIONS = 200
-INCREMENTAL_ROUNDS = 3  # turns of our incremental savepoint and s5cmd copying the same files, taken alternately
+INCREMENTAL_ROUNDS = 5  # turns of our incremental savepoint, s5cmd copying the same files and s5cmd listing first, in rotation
 SNAPSHOT_VERSION = 10
 QUERY_ID = "0b7e9d1e-5c1a-4a47-9a6e-b3f1c0ffee20"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -517,17 +518,32 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
                 finally:
                     direct.fs.rm(target, recursive=True)
 
+            # the same, found the way a savepoint finds them: s5cmd lists the checkpoint first (all its pages)
+            listing_first = ["sh", "-c", shlex.join([tool, "--endpoint-url", proxy.url, "ls", f"s3://{bucket}/checkpoint/*"])
+                             + " > /dev/null && " + shlex.join(command)]
+
+            def s5cmd_listing_first() -> dict:
+                log(f"  s5cmd at equal ({parallelism}): listing the checkpoint, then copying the same files")
+                try:
+                    return counted(proxy, lambda: measured_child(listing_first, PEER_ENV, work))
+                finally:
+                    direct.fs.rm(target, recursive=True)
+
             peer = {"savepoint": s5cmd_incremental()}
+            lister = {"savepoint": s5cmd_listing_first()}
             peers[f"s5cmd equal ({parallelism}), the incremental's files"] = peer
-            # moto's pace drifts by 10-20% from minute to minute: the two take turns, each round the same files
+            peers[f"s5cmd equal ({parallelism}), listing first, the incremental's files"] = lister
+            # moto's pace drifts by 10-20% from minute to minute: they take turns, each round the same files
             # (ours again on the same checkpoint: an incremental savepoint copies every file on S3)
-            ours_rounds, peer_rounds = [ours["incremental"]], [peer["savepoint"]]
+            ours_rounds, peer_rounds, lister_rounds = [ours["incremental"]], [peer["savepoint"]], [lister["savepoint"]]
             for _ in range(INCREMENTAL_ROUNDS - 1):
                 log(f"{latency * 1000:.0f} ms: incremental savepoint again, {len(files2)} files")
                 ours_rounds.append(counted(proxy, incremental))
                 peer_rounds.append(s5cmd_incremental())
+                lister_rounds.append(s5cmd_listing_first())
             ours["incremental"]["rounds"] = [_round(r) for r in ours_rounds]
             peer["savepoint"]["rounds"] = [_round(r) for r in peer_rounds]
+            lister["savepoint"]["rounds"] = [_round(r) for r in lister_rounds]
         log(f"{latency * 1000:.0f} ms: restore")
         restore_dir = work / f"restored-{latency}"
         ours["restore"] = counted(proxy, lambda: measured_here(
@@ -749,6 +765,15 @@ def evaluate(passes: list[dict]) -> list[dict]:
                 f"{s5_inc['savepoint']['requests']} requests; each turn: "
                 + ", ".join(f"{a['seconds']:.2f}/{b['seconds']:.2f}"
                             for a, b in zip(_turns(inc), _turns(s5_inc["savepoint"]), strict=False)))
+        s5_listing = peers.get(f"s5cmd equal ({p['parallelism']}), listing first, the incremental's files")
+        if s5_listing:
+            mine, theirs = _median_seconds(inc), _median_seconds(s5_listing["savepoint"])
+            r = mine / theirs
+            add(f"S3 at {at}: incremental savepoint / s5cmd listing the checkpoint, then copying the same files "
+                f"(seconds, median of {len(_turns(inc))} turns each)", r, "<= 1.0", r <= 1.0,
+                f"s5cmd {theirs:.2f}s, {s5_listing['savepoint']['requests']} requests; each turn: "
+                + ", ".join(f"{a['seconds']:.2f}/{b['seconds']:.2f}"
+                            for a, b in zip(_turns(inc), _turns(s5_listing["savepoint"]), strict=False)))
         if s5_eq:
             r = save["seconds"] / s5_eq["savepoint"]["seconds"]
             add(f"S3 at {at}: savepoint / s5cmd cp at equal concurrency (seconds)", r, "<= 1.0", r <= 1.0)
