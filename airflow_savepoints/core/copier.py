@@ -26,9 +26,11 @@ from; ``docs/savepoint-format.md`` states what each promises.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, NamedTuple, TypeVar
 
@@ -315,37 +317,33 @@ def bounded_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
     refilled as soon as any item is done: one slow item (a large file, a slow request) holds up its own
     worker only. On a failure nothing more is started; once the items under way are done, the failure
     of the first item in order is raised."""
-    window = 4 * workers
+    slots = threading.BoundedSemaphore(4 * workers)
+    done: dict[int, R] = {}
+    failed: dict[int, BaseException] = {}
+
+    def settle(index: int, future: Future[R]) -> None:  # in the thread that ran the item
+        try:
+            if future.cancelled():
+                return
+            if (error := future.exception()) is not None:
+                failed[index] = error
+            else:
+                done[index] = future.result()
+        finally:
+            slots.release()
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        queued: dict[Future[R], int] = {}
-        done: dict[int, R] = {}
-        failed: dict[int, BaseException] = {}
-
-        def collect(finished) -> None:
-            for future in finished:
-                index = queued.pop(future)
-                if future.cancelled():
-                    continue
-                if (error := future.exception()) is not None:
-                    failed[index] = error
-                else:
-                    done[index] = future.result()
-
         try:
             for index, item in enumerate(items):
-                if len(queued) >= window:
-                    collect(wait(queued, return_when=FIRST_COMPLETED).done)
+                slots.acquire()
                 if failed:
                     break
-                queued[pool.submit(fn, item)] = index
-        except BaseException:  # interrupted while waiting: nothing more runs
-            for future in queued:
-                future.cancel()
+                pool.submit(fn, item).add_done_callback(functools.partial(settle, index))
+        except BaseException:  # interrupted: the queued items never start
+            pool.shutdown(wait=True, cancel_futures=True)
             raise
         if failed:
-            for future in queued:
-                future.cancel()
-        collect(wait(queued).done)
+            pool.shutdown(wait=True, cancel_futures=True)
     if failed:
         raise failed[min(failed)]
     return [done[index] for index in range(len(items))]
