@@ -67,6 +67,7 @@ import threading
 import time
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -511,24 +512,21 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
             command = _s5cmd_savepoint(tool, proxy.url, sorted(e.path for e in files2), f"{bucket}/checkpoint", target,
                                        parallelism, work)
 
-            def s5cmd_incremental() -> dict:
-                log(f"  s5cmd at equal ({parallelism}): the incremental savepoint's {len(files2)} files")
-                try:
-                    return counted(proxy, lambda: measured_child(command, PEER_ENV, work))
-                finally:
-                    direct.fs.rm(target, recursive=True)
-
             # the same, found the way a savepoint finds them: s5cmd lists the checkpoint first (all its pages)
             listing_first = ["sh", "-c", shlex.join([tool, "--endpoint-url", proxy.url, "ls", f"s3://{bucket}/checkpoint/*"])
                              + " > /dev/null && " + shlex.join(command)]
 
-            def s5cmd_listing_first() -> dict:
-                log(f"  s5cmd at equal ({parallelism}): listing the checkpoint, then copying the same files")
-                try:
-                    return counted(proxy, lambda: measured_child(listing_first, PEER_ENV, work))
-                finally:
-                    direct.fs.rm(target, recursive=True)
+            def s5cmd_turn(peer_command: list[str], what: str) -> Callable[[], dict]:
+                def turn() -> dict:
+                    log(f"  s5cmd at equal ({parallelism}): {what}")
+                    try:
+                        return counted(proxy, lambda: measured_child(peer_command, PEER_ENV, work))
+                    finally:
+                        direct.fs.rm(target, recursive=True)
+                return turn
 
+            s5cmd_incremental = s5cmd_turn(command, f"the incremental savepoint's {len(files2)} files")
+            s5cmd_listing_first = s5cmd_turn(listing_first, "listing the checkpoint, then copying the same files")
             peer = {"savepoint": s5cmd_incremental()}
             lister = {"savepoint": s5cmd_listing_first()}
             peers[f"s5cmd equal ({parallelism}), the incremental's files"] = peer
