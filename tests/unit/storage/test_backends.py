@@ -176,48 +176,27 @@ def test_s3_stores_share_one_session_until_the_aws_environment_changes(s3, monke
     assert os.read(read_end, 16) == b"own"
 
 
-@contextmanager
-def _user_agents() -> Iterator[tuple[str, list[str]]]:
-    """An endpoint that answers every request 404 (S3's ``NoSuchKey``), and the User-Agent of each request it got."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+@pytest.mark.s3
+def test_s3_requests_name_this_tool_in_their_user_agent_unless_one_is_configured(s3, s3_endpoint):
+    """Seen in S3's access logs and CloudTrail; botocore's own is built from about thirty parts per request. The
+    proxy notes each request's User-Agent (its hook for response headers, adding none)."""
+    from airflow_savepoints import __version__
+    from tests.support.fault_proxy import FaultProxy
 
     seen: list[str] = []
-
-    class NotFound(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            seen.append(self.headers.get("User-Agent", ""))
-            body = b"<Error><Code>NoSuchKey</Code><Message>none</Message></Error>"
-            self.send_response(404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        do_GET = do_HEAD = do_PUT = _answer
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = FaultProxy(s3_endpoint).start()
+    proxy.add_headers = lambda method, target, headers, status: seen.append(headers.get("User-Agent", "")) or {}
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-
-
-def test_s3_requests_name_this_tool_in_their_user_agent_unless_one_is_configured():
-    """Seen in S3's access logs and CloudTrail; botocore's own is built from about thirty parts per request."""
-    from airflow_savepoints import __version__
-
-    options = {"key": "k", "secret": "s", "skip_instance_cache": True}
-    with _user_agents() as (endpoint, seen):
-        assert not Store("s3://bucket/ua", {**options, "endpoint_url": endpoint}).exists("a")
+        ours = Store(f"s3://{s3}/ua", {"endpoint_url": proxy.url, "skip_instance_cache": True})
+        ours.write_bytes_atomic("a", b"x")
+        assert ours.read_bytes("a") == b"x"
         assert seen and all(agent.startswith(f"airflow-savepoints/{__version__} python/") for agent in seen), seen
         seen.clear()
-        mine = {**options, "endpoint_url": endpoint, "config_kwargs": {"user_agent": "my-platform/2"}}
-        assert not Store("s3://bucket/ua", mine).exists("a")
+        theirs = {"endpoint_url": proxy.url, "skip_instance_cache": True, "config_kwargs": {"user_agent": "my-platform/2"}}
+        assert Store(f"s3://{s3}/ua", theirs).read_bytes("a") == b"x"
         assert seen and all(agent.startswith("my-platform/2") for agent in seen), seen
+    finally:
+        proxy.stop()
 
 
 @pytest.mark.hdfs
