@@ -16,8 +16,9 @@ then 50 ms in a second pass. In each pass, on the same server:
   ``s5cmd cp`` (one ``cp`` per file through ``s5cmd run``, server-side) and ``aws s3 cp --recursive``,
   each at our concurrency and at its own default (``s5cmd`` also at 8 workers, the command line's
   yardstick), for the savepoint and for the restore; ``s5cmd`` at our concurrency also on the incremental
-  savepoint's files, and then each of the two twice more, taking turns (moto's pace drifts by 10-20% from
-  minute to minute): their medians are compared.
+  savepoint's files, given their keys and (the floor of a tool that must find them) listing the checkpoint
+  first; the incremental savepoint and these two take ``INCREMENTAL_ROUNDS`` turns each, in rotation (moto's
+  pace drifts by 10-20% from minute to minute): their medians are compared.
 
 Figures: seconds, requests by kind (counted at the proxy), payload bytes through the worker (object
 bodies read and written, at the proxy), peak resident memory above the process's baseline, and the CPU
@@ -740,6 +741,17 @@ def emulated_pass(service: str, files: int, work: Path) -> dict:
 
 
 # --- targets and the report ------------------------------------------------------------------------------
+def _against_turns(at: str, inc: dict, peer: dict, what: str, ours_note: str = "") -> tuple:
+    """The target row of the incremental savepoint's median turn over ``peer``'s, each turn listed."""
+    mine, theirs = _median_seconds(inc), _median_seconds(peer)
+    r = mine / theirs
+    return (f"S3 at {at}: incremental savepoint / {what} (seconds, median of {len(_turns(inc))} turns each)",
+            r, "<= 1.0", r <= 1.0,
+            (ours_note and f"ours {mine:.2f}s, {ours_note}; ") + f"s5cmd {theirs:.2f}s, {peer['requests']} requests; "
+            "each turn: " + ", ".join(f"{a['seconds']:.2f}/{b['seconds']:.2f}"
+                                      for a, b in zip(_turns(inc), _turns(peer), strict=False)))
+
+
 def evaluate(passes: list[dict]) -> list[dict]:
     out: list[dict] = []
 
@@ -753,25 +765,13 @@ def evaluate(passes: list[dict]) -> list[dict]:
         s5_eq = peers.get(f"s5cmd equal ({p['parallelism']})")
         aws_default = peers.get("aws default (10)")
         s5_inc = peers.get(f"s5cmd equal ({p['parallelism']}), the incremental's files")
+
         if s5_inc:
-            mine, theirs = _median_seconds(inc), _median_seconds(s5_inc["savepoint"])
-            r = mine / theirs
-            rounds = len(_turns(inc))
-            add(f"S3 at {at}: incremental savepoint / s5cmd cp of the same files at equal concurrency (seconds, "
-                f"median of {rounds} turns each)", r, "<= 1.0", r <= 1.0,
-                f"ours {mine:.2f}s, {inc['requests']} requests; s5cmd {theirs:.2f}s, "
-                f"{s5_inc['savepoint']['requests']} requests; each turn: "
-                + ", ".join(f"{a['seconds']:.2f}/{b['seconds']:.2f}"
-                            for a, b in zip(_turns(inc), _turns(s5_inc["savepoint"]), strict=False)))
+            add(*_against_turns(at, inc, s5_inc["savepoint"], "s5cmd cp of the same files at equal concurrency",
+                                f"{inc['requests']} requests"))
         s5_listing = peers.get(f"s5cmd equal ({p['parallelism']}), listing first, the incremental's files")
         if s5_listing:
-            mine, theirs = _median_seconds(inc), _median_seconds(s5_listing["savepoint"])
-            r = mine / theirs
-            add(f"S3 at {at}: incremental savepoint / s5cmd listing the checkpoint, then copying the same files "
-                f"(seconds, median of {len(_turns(inc))} turns each)", r, "<= 1.0", r <= 1.0,
-                f"s5cmd {theirs:.2f}s, {s5_listing['savepoint']['requests']} requests; each turn: "
-                + ", ".join(f"{a['seconds']:.2f}/{b['seconds']:.2f}"
-                            for a, b in zip(_turns(inc), _turns(s5_listing["savepoint"]), strict=False)))
+            add(*_against_turns(at, inc, s5_listing["savepoint"], "s5cmd listing the checkpoint, then copying the same files"))
         if s5_eq:
             r = save["seconds"] / s5_eq["savepoint"]["seconds"]
             add(f"S3 at {at}: savepoint / s5cmd cp at equal concurrency (seconds)", r, "<= 1.0", r <= 1.0)
