@@ -176,6 +176,11 @@ def test_a_real_job_whose_batch_hangs_is_reported_stalled_within_its_progress_ti
         assert lifecycle.status(ctx).live and read_run(ctx.folder).run_id == started["run_id"]  # reported, not restarted
         hold.unlink()
         assert wait_for_sink(output, sorted(sent)) == sorted(sent)
+        # the sink holds the batch's rows before Spark writes its commit: the look waits for that commit
+        committed, deadline = Path(job.checkpoint) / "commits" / str(held), time.monotonic() + 60
+        while not committed.exists():
+            assert time.monotonic() < deadline, f"batch {held} wrote its rows but was never committed"
+            time.sleep(0.2)
         assert watchdog.supervise(ctx, submit_command=submit(ctx), log_dir=logs).action == "healthy"
     finally:
         stop_process(read_run(ctx.folder), grace=10)
