@@ -390,10 +390,16 @@ class Catalog:
                 after.result()
 
     def _locked(self) -> tuple[Lease, CatalogDocument]:
-        """The catalog's lock and the document read under it: the ones taken ahead, or taken now."""
+        """The catalog's lock and the document read under it: the ones taken ahead while still ``recent``
+        (no other writer can have broken the lock as stale meanwhile), else taken now."""
         with self._pending:
             ahead, self._ahead = self._ahead, None
-        return ahead.result() if ahead is not None else self._lock_and_read()
+        if ahead is not None:
+            lease, document = ahead.result()
+            if lease.recent:
+                return lease, document
+            lease.release()  # held too long ahead (a long plan): it may have been broken; take it afresh
+        return self._lock_and_read()
 
     def _lock_and_read(self) -> tuple[Lease, CatalogDocument]:
         lease = self._acquire()

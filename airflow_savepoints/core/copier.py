@@ -311,15 +311,28 @@ def workers_for(stores: tuple[Store, ...], parallelism: int | None, jobs: int, *
     return max(1, workers)
 
 
-def bounded_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
+def bounded_map(fn: Callable[[T], R], items: list[T], workers: int,
+                on_last_wave: Callable[[], object] | None = None) -> list[R]:
     """``fn`` over ``items`` on ``workers`` threads, results in order. At most a few items per worker are
     queued at a time (``Executor.map`` would queue a future for each of 20,000 files), and a slot is
     refilled as soon as any item is done: one slow item (a large file, a slow request) holds up its own
     worker only. On a failure nothing more is started; once the items under way are done, the failure
-    of the first item in order is raised."""
+    of the first item in order is raised. ``on_last_wave`` is called once, when every item left is under
+    way (the caller's next step can start its requests then)."""
     slots = threading.BoundedSemaphore(4 * workers)
     done: dict[int, R] = {}
     failed: dict[int, BaseException] = {}
+    counting = threading.Lock()
+    left, all_handed = len(items), False  # items not done; every item handed to the pool
+    last_wave = on_last_wave
+
+    def count(finished: int) -> None:
+        nonlocal left, last_wave
+        with counting:
+            left -= finished
+            call, last_wave = (last_wave, None) if all_handed and left <= workers and not failed else (None, last_wave)
+        if call is not None:
+            call()
 
     def settle(index: int, future: Future[R]) -> None:  # in the thread that ran the item
         try:
@@ -331,6 +344,7 @@ def bounded_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
                 done[index] = future.result()
         finally:
             slots.release()
+            count(1)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         try:
@@ -339,6 +353,10 @@ def bounded_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
                 if failed:
                     break
                 pool.submit(fn, item).add_done_callback(functools.partial(settle, index))
+            else:
+                with counting:
+                    all_handed = True
+                count(0)
         except BaseException:  # interrupted: the queued items never start
             pool.shutdown(wait=True, cancel_futures=True)
             raise
@@ -354,12 +372,14 @@ class CopyOptions:
     """How a copy runs: ``parallelism`` files at once (None: :func:`workers_for` picks), by ``mode``
     (``auto``: link, server-side copy or stream, whatever the stores offer; ``stream``), with
     ``any_store_checksum`` (a savepoint) each file's checksum whichever kind the store computed for
-    its copy, and ``on_file`` called (from the copying thread) with each file copied."""
+    its copy, ``on_file`` called (from the copying thread) with each file copied, and ``on_last_wave``
+    once when every file left is under way (see :func:`bounded_map`; not called when one thread copies)."""
 
     parallelism: int | None = None
     mode: str = "auto"
     any_store_checksum: bool = False
     on_file: Callable[[CopiedFile], None] | None = None
+    on_last_wave: Callable[[], object] | None = None
 
 
 def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = CopyOptions(), *,
@@ -409,7 +429,7 @@ def copy_many(src: Store, dst: Store, paths: list[str], options: CopyOptions = C
         if on_file is None:  # no one to tell of each file as it is done: one loop for all
             done.update(linked := _link_and_hash_all(src, dst, rest, algorithms))
             rest = [path for path in rest if path not in linked]  # links refused: copied one by one below
-    results = bounded_map(one, rest, workers) if workers > 1 else [one(path) for path in rest]
+    results = bounded_map(one, rest, workers, options.on_last_wave) if workers > 1 else [one(path) for path in rest]
     done.update({r.path: r for r in results})
     return {p: done[p] for p in paths}
 

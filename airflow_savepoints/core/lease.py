@@ -54,6 +54,7 @@ CLOCK_SLACK = 2.0  # seconds: mtime resolution (1 s on S3) and the probe's own d
 CLOCK_PROBE_TTL = 30.0  # seconds a measured store clock is extrapolated before it is probed again
 UNSAFE = b"\0unsafe"  # the content a lease file that is no plain small file is read as (never valid JSON)
 MAX_DECLARED_STALE_AFTER = 86400.0  # seconds: a longer stale time written in a lease is not believed
+_ABANDONED: set[str] = set()  # tokens of leases this process removed for their holder (``JobLock.abandon``)
 
 _clock_cache: dict[tuple[str, str], tuple[float, float]] = {}  # (protocol, folder) -> (store time, monotonic)
 _clock_lock = threading.Lock()
@@ -258,12 +259,21 @@ class Lease:
             self._written_at = None
             return removed
 
+    @property
+    def recent(self) -> bool:
+        """Whether our last write of the lease is less than ``stale_after / 2`` old on our clock: so recent
+        that no reader can have judged it stale (its age is counted on the store's clock from a moment
+        inside our write), so no breaker can have removed it; nor has this process, for us (``JobLock.abandon``),
+        and no renewal has found it taken over (``lost``)."""
+        return self._written_at is not None and time.monotonic() - self._written_at < self.stale_after / 2 \
+            and not self.lost and self.token not in _ABANDONED
+
     def _while_ours(self, action: Callable[[], None], removing: bool = False) -> bool:
-        """Run ``action`` if the lease is ours. Unless our last write is recent (nobody can judge it
-        stale yet), under the break lock, so that no breaker acts on it meanwhile."""
-        recent = self._written_at is not None and time.monotonic() - self._written_at < self.stale_after / 2
-        if recent:
-            if not self.held():
+        """Run ``action`` if the lease is ours. Unless our last write is ``recent``, under the break lock,
+        so that no breaker acts on it meanwhile. A recent lease is removed without reading it first: it
+        can be no one else's."""
+        if self.recent:
+            if not removing and not self.held():
                 return False
             action()
             if not removing:
@@ -445,6 +455,8 @@ class JobLock:
             self.lease.facts["savepoint_id"] = savepoint_id
 
     def still_held(self) -> bool:
+        """Whether the lease is still ours, read from the store (not believed from our last write: a lease
+        removed by hand, or by a trigger after a pause, must stop a ``_metadata`` write)."""
         return not self.lease.lost and self.lease.held()
 
     @staticmethod
@@ -453,6 +465,7 @@ class JobLock:
         state = Lease(job_store, LOCK_FILE, stale_after=120.0).read()
         if state is None or state.facts.get("savepoint_id") != savepoint_id or state.owner != owner_id():
             return False
+        _ABANDONED.add(state.token)  # its holder's lease object, if still at work here, reads it again
         return Lease(job_store, LOCK_FILE, token=state.token, stale_after=120.0).release()
 
     def release(self) -> None:

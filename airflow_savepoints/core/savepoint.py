@@ -258,6 +258,7 @@ class SavepointRun:
                     self._early_holder = early.result()
             except BaseException:
                 if early is not None and not early.cancel() and early.exception() is None and early.result() is None:
+                    self.catalog.settle(quiet=True)  # the catalog's lock taken with it, unused
                     self.lease.release()  # taken for a plan that failed: nothing is left behind
                 raise
         if self.lease.savepoint_id is None:
@@ -270,10 +271,15 @@ class SavepointRun:
 
     def _lease_early(self, metadata: Future[bytes]) -> InflightHolder | None:
         """The first try for the job's lease, named after the query the checkpoint's ``metadata`` names
-        (a checkpoint without a readable one gets no lease: its plan fails)."""
+        (a checkpoint without a readable one gets no lease: its plan fails). Once it is ours, the catalog's
+        lock is taken and the catalog read for the first update under it (the pin of the previous savepoint,
+        or our in-progress record) while planning goes on: two round trips fewer between plan and copy."""
         query_id = formats.parse_stream_metadata(metadata.result())
         self.lease.set_savepoint(new_savepoint_id(query_id))
-        return self.lease.try_acquire()
+        holder = self.lease.try_acquire()
+        if holder is None:
+            self.catalog.lock_ahead()
+        return holder
 
     def wait_for_lease(self) -> SavepointInfo | None:
         """Take the job's lease (None), or return the result of the same request finishing elsewhere."""
@@ -416,7 +422,9 @@ class SavepointRun:
         a race, however the copies interleave: each is of the version listed (``check_unchanged``)."""
         known = self.previous.known(plan) if self.previous is not None else {}
         on_file = None if self.quiet else lambda c: self.notify("file_done", {"path": c.path, "bytes": c.size})
-        options = CopyOptions(self.request.parallelism, self.request.copy_mode, any_store_checksum=True, on_file=on_file)
+        # the completed record's lock and read start with the copy's last wave (after the secondary copy, if any)
+        options = CopyOptions(self.request.parallelism, self.request.copy_mode, any_store_checksum=True, on_file=on_file,
+                              on_last_wave=self.catalog.lock_ahead if self.secondary_root is None else None)
         try:
             return copy_many(self.source, self.location, [f.path for f in plan.files], options, stats=listing, known=known)
         except FileNotFoundError as exc:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
+import airflow_savepoints.core.catalog as catalog_module
 from airflow_savepoints.core.catalog import Catalog, CatalogDocument, SavepointState
 from airflow_savepoints.core.lease import JobLock
 from airflow_savepoints.core.models import SavepointType
@@ -206,6 +208,20 @@ def test_a_pin_can_go_with_other_changes_in_the_same_updates(taken, monkeypatch)
         hold.release(also=lambda d: d.records.pop(other))
         assert not catalog.load().active_pins(sid) and other not in catalog.load().records
     assert len(updates) == 2  # pin + record, then unpin + change: the block's end adds none
+
+
+def test_a_lock_taken_ahead_and_held_past_half_its_stale_time_is_taken_afresh(job, monkeypatch):
+    """An update never writes under a lock taken ahead that another writer may have broken as stale meanwhile:
+    held longer than half its stale time, it is taken again and the catalog read again. No update is lost."""
+    monkeypatch.setattr(catalog_module, "LOCK_STALE_AFTER", 0.4)
+    ahead = Catalog(job.store, "orders", overlap_lock=True)
+    ahead.lock_ahead()
+    time.sleep(0.6)  # stale by then: another writer breaks it and writes
+    job.begin("savepoint-abc123-000000000001", SavepointType.PERIODIC, None, None)
+    ahead.begin("savepoint-abc123-000000000002", SavepointType.PERIODIC, None, None)
+    ahead.settle()
+    assert sorted(job.load().records) == ["savepoint-abc123-000000000001", "savepoint-abc123-000000000002"]
+    assert not job.store.exists("_catalog.lock")
 
 
 def test_concurrent_updates_are_never_lost(job):

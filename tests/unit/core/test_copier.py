@@ -124,6 +124,31 @@ def test_bounded_map_refills_the_window_past_a_slow_item():
     assert bounded_map(work, list(range(60)), 4) == list(range(60))
 
 
+def test_bounded_map_announces_its_last_wave_once_while_the_last_items_run():
+    """``on_last_wave`` is called once every item is handed to the pool and no more than one per worker is
+    left: the last four items here wait for the call, and all the others are done when it comes."""
+    import threading
+
+    from airflow_savepoints.core.copier import bounded_map
+
+    finished: list[int] = []
+    seen: list[int] = []
+    announced = threading.Event()
+
+    def work(i: int) -> int:
+        if i >= 96:
+            assert announced.wait(timeout=10), "the last wave was not announced while it ran"
+        finished.append(i)
+        return i
+
+    def last_wave() -> None:
+        seen.append(len(finished))
+        announced.set()
+
+    assert bounded_map(work, list(range(100)), 4, last_wave) == list(range(100))
+    assert seen == [96]
+
+
 def test_bounded_map_raises_the_failure_of_the_first_item_in_order():
     import threading
 

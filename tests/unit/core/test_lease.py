@@ -130,3 +130,20 @@ def test_abandon_removes_only_this_process_lease_for_that_location(tmp_path):
     assert not JobLock.abandon(job, "savepoint-abc-0123456789ab")  # another process: kept
     path.write_text(json.dumps(body))
     assert JobLock.abandon(job, "savepoint-abc-0123456789ab") and not path.exists()
+
+
+def test_a_lease_removed_for_its_holder_in_this_process_is_no_longer_believed_its_own(tmp_path):
+    """A holder trusts its own recent write (its release removes the lease without reading it first), but not
+    once ``JobLock.abandon`` removed it for the holder (a killed task's clean-up): a new holder's lease stays."""
+    job = Store(str(tmp_path / "job"))
+    first = JobLock(job, request_id="first")
+    assert first.try_acquire() is None
+    first.set_savepoint("savepoint-abc-0123456789ab")
+    assert first.lease.recent
+    assert JobLock.abandon(job, "savepoint-abc-0123456789ab")
+    second = JobLock(job, request_id="second")
+    assert second.try_acquire() is None
+    assert not first.lease.recent
+    first.release()
+    assert JobLock(job, request_id=None).current().request_id == "second"
+    second.release()

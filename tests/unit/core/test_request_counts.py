@@ -233,8 +233,9 @@ def _named(entry) -> tuple[str, str]:
 
 def test_the_serial_requests_overlap(counted_on):
     """Issue 32, on S3, GCS and Azure alike: the checkpoint's listing, its ``metadata``, the job's catalog
-    and the job's lease are asked for together (the lease once the ``metadata`` names the query), and the
-    job's lease is released while the catalog's lock is. The listing and the last release of the catalog's
+    and the job's lease are asked for together (the lease once the ``metadata`` names the query; the catalog's
+    lock, and the catalog read under it, once the lease is ours), and the job's lease is released while the
+    catalog's lock is, neither read first. The listing and the last release of the catalog's
     lock are held back 1 s at the proxy: what overlaps them completes before they do. A listing is one
     request (no look at the listed folder itself first, which adlfs's ``find`` makes). Then (on S3) a restore
     into the store checks its target's name and contents together, and gives back claim and pin together."""
@@ -252,6 +253,12 @@ def test_the_serial_requests_overlap(counted_on):
     assert done.index(("PUT", "_inflight.json")) < done.index(listing)
     assert done.index(("GET", "_catalog.json")) < done.index(listing)
     assert done.index(("GET", "metadata")) < done.index(listing)
+    # the catalog's lock for the in-progress record, and the catalog's read under it, are taken with the lease
+    assert done.index(("PUT", "_catalog.lock")) < done.index(listing)
+    assert done[:done.index(listing)].count(("GET", "_catalog.json")) == 2, "the catalog was read under its lock after planning"
+    # a lock or lease of ours written moments ago is removed without reading it first; the lease is read once,
+    # before _metadata is written
+    assert ("GET", "_catalog.lock") not in done and done.count(("GET", "_inflight.json")) == 1
     last_lock_release = max(i for i, d in enumerate(done) if d == ("DELETE", "_catalog.lock"))
     assert done.index(("DELETE", "_inflight.json")) < last_lock_release
     assert done.index(("PUT", "_metadata")) < done.index(("DELETE", "_inflight.json"))  # the manifest before the release
@@ -341,7 +348,7 @@ def test_the_catalog_lock_is_released_beside_the_first_copies_and_taken_beside_t
     assert len(locks) == len(unlocks) == 2, log
     assert copies and copies[0] < unlocks[0], "the first copy waited for the in-progress record's unlock"
     assert locks[1] < manifest, "the completed record's lock waited for _metadata"
-    assert locks[1] > copies[-1]  # taken once every file is copied
+    assert locks[1] > copies[-5]  # taken in the copy's last wave (4 workers): once all but 4 files are copied
     assert not savepoints.exists("counted/_catalog.lock")
     (record,) = [r for r in Catalog(savepoints.child("counted")).records() if r.savepoint_id == info.manifest.savepoint_id]
     assert record.state == "completed"
@@ -363,6 +370,23 @@ def test_the_plan_is_copied_in_one_pass_no_group_waiting_for_the_one_before(coun
     batch = info.manifest.batch_id
     assert {path: answered[path] < held for path in ("metadata", f"offsets/{batch}", f"commits/{batch}")} == \
         {"metadata": True, f"offsets/{batch}": True, f"commits/{batch}": True}, "a group waited for the held-back state file"
+
+
+@pytest.mark.s3
+def test_the_completed_records_lock_is_taken_in_the_copys_last_wave(counted):
+    """The lock and read of the completed record start once every file left is being copied: with the copy of
+    ``metadata`` (planned last) held back 1 s at the proxy, both are answered before it."""
+    checkpoint, savepoints = counted.stores()
+    counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"PUT"}, path=r"/savepoints/counted/[^/]+/metadata$"))
+    info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
+    log = _answered(counted)
+    location = f"/{counted.bucket}/savepoints/counted/{info.manifest.savepoint_id}/"
+    held = log.index(("PUT", location + "metadata"))
+    locks = _at(log, "PUT", lambda t: t.endswith("/_catalog.lock"))
+    reads = _at(log, "GET", lambda t: t.endswith("/_catalog.json"))
+    assert len(locks) == 2 and locks[1] < held and [r for r in reads if locks[1] < r < held], log
+    (record,) = [r for r in Catalog(savepoints.child("counted")).records() if r.savepoint_id == info.manifest.savepoint_id]
+    assert record.state == "completed"
 
 
 @pytest.mark.s3
