@@ -265,7 +265,7 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
     read = _PlanInputs(read, listing, known_snapshots or {}, pending)
     offsets, commits = _int_names(listing, "offsets"), _int_names(listing, "commits")
     n = _newest_committed(listing, offsets, commits, where)
-    read.prefetch([METADATA, offsets[n], commits[n], *([offsets[n + 1]] if (n + 1) in offsets else [])], parallelism)
+    read.prefetch([METADATA, *_batch_logs(offsets, commits, n)], parallelism)
     planned: dict[str, _Pending] = {}
     purpose = f"{where}: needed for batch {n}"
     add = _collector(listing, planned, purpose)
@@ -307,6 +307,37 @@ def plan_checkpoint(listing: Mapping[str, FileStat], read: Reader, *, where: str
         source_offsets=offset_n.sources, spark_conf=offset_n.conf, operators=operators,
         snapshots={p: read.snapshots[p] for p in sorted(read.snapshots) if p in planned},
     )
+
+
+def _batch_logs(offsets: dict[int, str], commits: dict[int, str], n: int) -> list[str]:
+    """The logs a plan of batch ``n`` reads first: its offsets and commit, and the next batch's offsets if listed."""
+    return [offsets[n], commits[n], *([offsets[n + 1]] if (n + 1) in offsets else [])]
+
+
+class FirstReads:
+    """A head start for the reads a plan begins with (``_batch_logs`` of the newest committed batch), while the
+    checkpoint is still being listed: called with each page of a listing in key order (``Store.list_files_lazily``'s
+    ``on_page``), it starts them with ``start`` once a page reaches past every ``offsets/`` name, and keeps
+    them in ``started`` (by path) for the plan's ``pending``. The plan decides from the whole listing and reads
+    what it needs that was not started; a listing out of key order at worst starts reads the plan does not take."""
+
+    def __init__(self, start: Callable[[str], Future[bytes]]):
+        self.start = start
+        self.started: dict[str, Future[bytes]] = {}
+        self._logs: dict[str, FileStat] = {}
+        self._done = False
+
+    def __call__(self, page: Mapping[str, FileStat]) -> None:
+        if self._done or not page:
+            return
+        self._logs.update((p, s) for p, s in page.items() if p.startswith(("offsets/", "commits/")))
+        if max(page) < "offsets0":  # "offsets/..." < "offsets0": later pages may list more of them
+            return
+        self._done = True
+        logs = _VisibleFiles(self._logs)
+        offsets, commits = _int_names(logs, "offsets"), _int_names(logs, "commits")
+        if committed := set(offsets) & set(commits):
+            self.started = {path: self.start(path) for path in _batch_logs(offsets, commits, max(committed))}
 
 
 def _newest_committed(listing: Mapping[str, FileStat], offsets: dict[int, str], commits: dict[int, str],

@@ -12,6 +12,7 @@ Spark raced the copy: the attempt is retried on a newer N. Any failure discards 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import time
@@ -25,7 +26,7 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_a
 
 from airflow_savepoints import __version__
 from airflow_savepoints.checkpoint import formats
-from airflow_savepoints.checkpoint.planner import CheckpointPlan, KnownSnapshot, plan_checkpoint
+from airflow_savepoints.checkpoint.planner import CheckpointPlan, FirstReads, KnownSnapshot, plan_checkpoint
 from airflow_savepoints.core.catalog import Catalog, Change, PinHold
 from airflow_savepoints.core.checksums import CRC32C, HEX_FORMAT
 from airflow_savepoints.core.copier import (  # noqa: F401 - CopyMode, known_copy_mode: imported from here too
@@ -235,7 +236,8 @@ class SavepointRun:
         Where the checkpoint or the savepoints are on an object store, the serial requests overlap: the
         checkpoint's listing, its ``metadata``, the job's catalog and (on an object store, once the
         ``metadata`` names the query) the first try for the job's lease run together, and the lease is
-        released again if planning fails. On local disks (requests cost microseconds) one after another."""
+        released again if planning fails. On S3 the batch's logs are read once the listing's pages are
+        past them (``FirstReads``), while the rest is listed. On local disks (requests cost microseconds) one after another."""
         if self.source.is_local and self.root.is_local:
             self._latest = self._latest_of_checkpoint()
             listing, self._listing = self._listing, None
@@ -245,15 +247,16 @@ class SavepointRun:
                                            expect=True)
             self.lease.set_savepoint(new_savepoint_id(self._first_plan[0].query_id))  # named as the lease is taken
             return
-        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="savepoint-start") as pool:
+        with ThreadPoolExecutor(max_workers=6, thread_name_prefix="savepoint-start") as pool:
             metadata = pool.submit(self.source.read_bytes, formats.METADATA_FILE)
             latest = pool.submit(self._latest_of_checkpoint)
             early = None if self.root.is_local else pool.submit(self._lease_early, metadata)
+            logs = FirstReads(functools.partial(pool.submit, self.source.read_bytes))  # once the listing is past them
             try:
-                listing = self.source.list_files_lazily()
+                listing = self.source.list_files_lazily(on_page=logs)
                 self._latest = latest.result()
-                self._first_plan = plan_listed(self.source, self.request.parallelism, self._lender(),
-                                               listing=listing, pending={formats.METADATA_FILE: metadata})
+                self._first_plan = plan_listed(self.source, self.request.parallelism, self._lender(), listing=listing,
+                                               pending={formats.METADATA_FILE: metadata, **logs.started})
                 if early is not None:
                     self._early_holder = early.result()
             except BaseException:

@@ -33,7 +33,7 @@ from airflow_savepoints.errors import (
     UnknownSchemeError,
 )
 from airflow_savepoints.storage.backends import LINK, SERVER_COPY, Backend, FileStat, ServerCopy, backend_class
-from airflow_savepoints.storage.backends.base import TooLarge, WrongKind
+from airflow_savepoints.storage.backends.base import OnPage, TooLarge, WrongKind
 from airflow_savepoints.storage.known_files import cap_of, parse_json
 
 __all__ = ["EXTRA_OF_PROTOCOL", "SCHEME_ALIASES", "FileStat", "ServerCopy", "SourceChangedError", "Store", "split_url"]
@@ -298,12 +298,15 @@ class Store:
         with self.translate_errors(self.url_of(rel)):
             return self.backend.list_files(self.path_of(rel))
 
-    def list_files_lazily(self, rel: str = "", links: list[str] | None = None) -> Mapping[str, FileStat]:
+    def list_files_lazily(self, rel: str = "", links: list[str] | None = None,
+                          on_page: OnPage | None = None) -> Mapping[str, FileStat]:
         """``list_files``, but on a local disk only the names are read at once; each file is stat'ed
         the first time it is looked up (for a planner that needs the stats of some of the files). The
-        symbolic links met (as ``symlinks`` finds them) are added to ``links`` if given: one walk for both."""
+        symbolic links met (as ``symlinks`` finds them) are added to ``links`` if given: one walk for both.
+        On S3, ``on_page`` is told each page's files (paths relative to ``rel``) as it arrives, in key order,
+        on the store's event loop (it must not wait); other stores never call it."""
         with self.translate_errors(self.url_of(rel)):
-            return self.backend.list_files_lazily(self.path_of(rel), self._raise_translated, links)
+            return self.backend.list_files_lazily(self.path_of(rel), self._raise_translated, links, on_page)
 
     def stat_files(self, paths: Iterable[str]) -> dict[str, FileStat]:
         """The listing entries of ``paths`` as they are now (a missing file is left out): one stat

@@ -35,6 +35,7 @@ UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
 TRANSPORT_MODULES = {"botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "google", "azure"}
 
 OnError = Callable[[OSError, str], NoReturn]
+OnPage = Callable[[Mapping[str, "FileStat"]], object]  # told each page of a listing, as it arrives
 
 
 class WrongKind(Exception):  # noqa: N818 - a signal to the Store, which raises the typed error
@@ -171,9 +172,11 @@ class Backend:
                 out[path[len(prefix):]] = self.file_stat(info)
         return out
 
-    def list_files_lazily(self, base: str, on_error: OnError, links: list[str] | None = None) -> Mapping[str, FileStat]:
+    def list_files_lazily(self, base: str, on_error: OnError, links: list[str] | None = None,
+                          on_page: OnPage | None = None) -> Mapping[str, FileStat]:
         """``list_files``, where a back end can defer the stat of each file to its first lookup; symbolic
-        links met are added to ``links`` if given (stores without links have none)."""
+        links met are added to ``links`` if given (stores without links have none). A back end that lists in
+        pages of keys in order may tell ``on_page`` each page's files as it arrives (S3); others never call it."""
         return self.list_files(base)
 
     def stat_files(self, base: str, paths: Iterable[str], on_error: OnError) -> dict[str, FileStat]:

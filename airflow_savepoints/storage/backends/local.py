@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, ClassVar
 
-from airflow_savepoints.storage.backends.base import LINK, STREAM, Backend, FileStat, OnError, TooLarge, WrongKind
+from airflow_savepoints.storage.backends.base import LINK, STREAM, Backend, FileStat, OnError, OnPage, TooLarge, WrongKind
 from airflow_savepoints.storage.backends.generic import temporary_name
 
 # errnos of a link the filesystem refuses (another device, no hard links, not allowed): copy instead
@@ -90,7 +90,8 @@ class LocalBackend(Backend):
             return super().list_files(base)
         return LazyLocalListing(base, scan_names(base), _raise).present()
 
-    def list_files_lazily(self, base: str, on_error: OnError, links: list[str] | None = None) -> Mapping[str, FileStat]:
+    def list_files_lazily(self, base: str, on_error: OnError, links: list[str] | None = None,
+                          on_page: OnPage | None = None) -> Mapping[str, FileStat]:
         if not self.is_local_disk:
             if links is not None:
                 scan_names(base, links)

@@ -23,6 +23,7 @@ import os
 import platform
 import posixpath
 import threading
+from collections.abc import Mapping
 from datetime import datetime
 from typing import IO, Any, ClassVar
 
@@ -38,6 +39,8 @@ from airflow_savepoints.storage.backends.base import (
     STREAM,
     Backend,
     FileStat,
+    OnError,
+    OnPage,
     ServerCopy,
     StreamReader,
     TooLarge,
@@ -208,6 +211,32 @@ class S3Backend(ObjectStoreBackend):
         except FileNotFoundError:
             return {}
         return self.files_below(base, found)
+
+    def list_files_lazily(self, base: str, on_error: OnError, links: list[str] | None = None,
+                          on_page: OnPage | None = None) -> Mapping[str, FileStat]:
+        """``list_files``; with ``on_page``, the same ``ListObjectsV2`` pages told as each arrives (keys in
+        order on S3's general purpose buckets), through s3fs's own page loop (each page's request retried)."""
+        if on_page is None or self.fs.version_aware:
+            return self.list_files(base)
+        try:
+            return fsspec.asyn.sync(self.fs.loop, self._list_in_pages, base, on_page)
+        except FileNotFoundError:
+            return {}
+
+    async def _list_in_pages(self, base: str, on_page: OnPage) -> dict[str, FileStat]:
+        bucket, key, _ = self.fs.split_path(self.strip(base).rstrip("/"))
+        prefix = key + "/" if key else ""
+        found: dict[str, FileStat] = {}
+        async for page in self.fs._list_pages("list_objects_v2", Bucket=bucket, Prefix=prefix, Delimiter="",
+                                              **self.fs.req_kw):
+            entries = page.get("Contents", [])
+            for entry in entries:  # as s3fs's own listing fills them
+                entry["type"], entry["size"] = "file", entry["Size"]
+                self.fs._fill_info(entry, bucket)
+            files = self.files_below(base, entries)
+            found.update(files)
+            on_page(files)
+        return found
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """A conditional PUT; a 412 means the key exists. A retried PUT (its first response was lost)

@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 
-from airflow_savepoints.checkpoint.planner import plan_checkpoint
+from airflow_savepoints.checkpoint.planner import FirstReads, plan_checkpoint
 from airflow_savepoints.errors import (
     CheckpointError,
     CheckpointRaceError,
@@ -416,3 +416,26 @@ def test_a_local_file_gone_between_the_scan_and_its_stat_is_a_race(tmp_path):
 
 def paths_of(plan) -> list[str]:
     return [f.path for f in plan.files]
+
+
+def test_first_reads_start_the_batchs_logs_once_the_listing_is_past_them():
+    """Told a listing's pages in key order, ``FirstReads`` starts the newest committed batch's offsets and commit
+    and the next batch's offsets once a page reaches past every ``offsets/`` name (not before: the next page
+    could list more), and only once."""
+    from concurrent.futures import Future
+
+    started: list[str] = []
+
+    def start(path: str) -> Future:
+        started.append(path)
+        future: Future = Future()
+        future.set_result(path.encode())
+        return future
+
+    first, stat = FirstReads(start), FileStat(size=1, version="v")
+    first({"commits/7": stat, "commits/8": stat, "metadata": stat, "offsets/7": stat, "offsets/8": stat})
+    assert started == []
+    first({"offsets/9": stat, "offsets/.9.tmp": stat, "sources/0/0": stat})
+    assert started == ["offsets/8", "commits/8", "offsets/9"] and list(first.started) == started
+    first({"state/0/0/1.delta": stat})
+    assert len(started) == 3

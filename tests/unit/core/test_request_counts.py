@@ -373,6 +373,22 @@ def test_the_plan_is_copied_in_one_pass_no_group_waiting_for_the_one_before(coun
 
 
 @pytest.mark.s3
+def test_the_batchs_logs_are_read_while_the_rest_of_the_checkpoint_is_listed(counted):
+    """A checkpoint listed in two pages (1,000 unused SSTs added), the second held back 1 s at the proxy: the
+    batch's offsets and commit, on the first page, are read before the second page is answered."""
+    counted.direct.fs.pipe({f"{counted.bucket}/checkpoint/state/0/0/SSTs/unused-{i:04d}.sst": b"x" for i in range(1000)})
+    checkpoint, savepoints = counted.stores()
+    counted.proxy.set_rules(Rule(action="delay", seconds=1.0, methods={"GET"}, path=r"continuation-token="))
+    info = take_savepoint(checkpoint, "counted", savepoint_dir=savepoints, parallelism=4, incremental=False)
+    done = [_named(e) for e in counted.proxy.settled_timeline()]  # in the order answered
+    listings = [i for i, d in enumerate(done) if d == ("LIST", "checkpoint")]
+    logs = [i for i, d in enumerate(done) if d == ("GET", str(info.manifest.batch_id))]
+    assert len(listings) == 2 and len(logs) == 2, done
+    assert max(logs) < listings[1], "the batch's logs were read only once the whole checkpoint was listed"
+    assert not [f for f in info.manifest.files if "unused" in f.path]
+
+
+@pytest.mark.s3
 def test_the_completed_records_lock_is_taken_in_the_copys_last_wave(counted):
     """The lock and read of the completed record start once every file left is being copied: with the copy of
     ``metadata`` (planned last) held back 1 s at the proxy, both are answered before it."""

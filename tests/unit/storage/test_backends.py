@@ -109,6 +109,21 @@ def test_s3_exclusive_create_is_a_conditional_put_and_a_retried_one_recognises_i
     assert store.read_bytes("lease") == b"token-1"
 
 
+@pytest.mark.s3
+def test_s3_listing_tells_each_page_as_it_arrives_in_key_order(s3, tmp_path):
+    """``on_page`` is told each ``ListObjectsV2`` page (1,000 keys) as it comes, paths relative to the listed
+    folder, in key order; together the pages are the listing. A local disk lists at once and never calls it."""
+    store = Store(f"s3://{s3}/paged")
+    store.fs.pipe({f"{s3}/paged/f/{i:04d}": b"x" for i in range(1001)})
+    pages: list[dict] = []
+    listing = store.list_files_lazily(on_page=lambda page: pages.append(dict(page)))
+    assert [len(page) for page in pages] == [1000, 1]
+    assert list(pages[0]) == sorted(pages[0]) and max(pages[0]) < min(pages[1]) == "f/1000"
+    assert {path: stat for page in pages for path, stat in page.items()} == dict(listing) == store.list_files()
+    (tmp_path / "a").write_bytes(b"x")
+    assert dict(Store(str(tmp_path)).list_files_lazily(on_page=pages.append)).keys() == {"a"} and len(pages) == 2
+
+
 @pytest.mark.parametrize("store", [GCS, AZURE], indirect=True)
 def test_gcs_and_azure_copy_inside_the_store_only(store, tmp_path):
     assert store.copy_methods(store.child("x")) == (SERVER_COPY, STREAM)
