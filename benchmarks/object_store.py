@@ -22,7 +22,8 @@ then 50 ms in a second pass. In each pass, on the same server:
 
 Figures: seconds, requests by kind (counted at the proxy), payload bytes through the worker (object
 bodies read and written, at the proxy), peak resident memory above the process's baseline, and the CPU
-seconds of the client (this process, or the peer's), of the proxy and of moto's server.
+seconds of the client (this process, or the peer's), of the proxy and of moto's server; for the incremental
+turns, where the copies lay among the requests at the proxy (``copy_spans``: before, during, after them).
 
 File sizes (seeded, so every run plans the same bytes): SSTs log-normal, median 8 KiB, sigma 1.0,
 clipped to 1 KiB..4 MiB (mean ~13 KiB); changelogs log-normal, median 2 KiB, sigma 0.7; snapshot zips
@@ -310,9 +311,10 @@ def _cpu_seconds(process) -> float:
     return times.user + times.system
 
 
-def counted(proxy: Proxy, step) -> dict:
+def counted(proxy: Proxy, step, spans: bool = False) -> dict:
     """``step()`` returns timing figures; add the requests and payload bytes the proxy saw meanwhile, and the CPU
-    seconds the proxy and, where known (``proxy.upstream``), the store's server spent on them."""
+    seconds the proxy and, where known (``proxy.upstream``), the store's server spent on them. With ``spans``, also
+    where the copies lay among the requests (:func:`copy_spans`)."""
     servers = {"proxy": proxy.process, **({"server": proxy.upstream} if proxy.upstream is not None else {})}
     proxy.reset()
     before = {name: _cpu_seconds(process) for name, process in servers.items()}
@@ -320,7 +322,19 @@ def counted(proxy: Proxy, step) -> dict:
     cpu = {f"{name}_cpu_s": round(_cpu_seconds(process) - before[name], 3) for name, process in servers.items()}
     counts = proxy.counts()
     return {**figures, "requests": counts["requests"], "requests_by_kind": counts["by_kind"],
-            "payload_bytes": counts["payload_bytes"], **cpu}
+            "payload_bytes": counts["payload_bytes"], **cpu, **(copy_spans(proxy.log()["timeline"]) if spans else {})}
+
+
+def copy_spans(timeline: list) -> dict:
+    """Seconds at the proxy (each request's (arrived, answered, kind)): from the first request to the first copy,
+    the copies (first arrived to last answered), and from the last copy to the last answer."""
+    copies = [(a, b) for a, b, kind in timeline if kind == "COPY"]
+    if not copies:
+        return {}
+    first, last = min(a for a, _, _ in timeline), max(b for _, b, _ in timeline)
+    began, ended = min(a for a, _ in copies), max(b for _, b in copies)
+    return {"before_copies_s": round(began - first, 3), "copies_s": round(ended - began, 3),
+            "after_copies_s": round(last - ended, 3)}
 
 
 def _tally(values) -> dict[str, int]:
@@ -431,7 +445,8 @@ def run_peers(proxy: Proxy, bucket_fs, bucket: str, planned: list[str], pointer_
 
 def _round(figures: dict) -> dict:
     """One round's seconds, requests and CPU seconds."""
-    return {k: figures[k] for k in ("seconds", "requests", "client_cpu_s", "proxy_cpu_s", "server_cpu_s") if k in figures}
+    return {k: figures[k] for k in ("seconds", "requests", "client_cpu_s", "proxy_cpu_s", "server_cpu_s",
+                                    "before_copies_s", "copies_s", "after_copies_s") if k in figures}
 
 
 def _turns(row: dict) -> list[dict]:
@@ -505,7 +520,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
             second["info"] = info2
             return figures
 
-        ours["incremental"] = counted(proxy, incremental)
+        ours["incremental"] = counted(proxy, incremental, spans=True)
         files2 = second["info"].manifest.files
         ours["incremental"].update(copied_files(files2), new_files=len(added))
         if peers is not None and (tool := peer_tools()["s5cmd"]) is not None:  # the same files, straight from the checkpoint
@@ -521,7 +536,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
                 def turn() -> dict:
                     log(f"  s5cmd at equal ({parallelism}): {what}")
                     try:
-                        return counted(proxy, lambda: measured_child(peer_command, PEER_ENV, work))
+                        return counted(proxy, lambda: measured_child(peer_command, PEER_ENV, work), spans=True)
                     finally:
                         direct.fs.rm(target, recursive=True)
                 return turn
@@ -537,7 +552,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
             ours_rounds, peer_rounds, lister_rounds = [ours["incremental"]], [peer["savepoint"]], [lister["savepoint"]]
             for _ in range(INCREMENTAL_ROUNDS - 1):
                 log(f"{latency * 1000:.0f} ms: incremental savepoint again, {len(files2)} files")
-                ours_rounds.append(counted(proxy, incremental))
+                ours_rounds.append(counted(proxy, incremental, spans=True))
                 peer_rounds.append(s5cmd_incremental())
                 lister_rounds.append(s5cmd_listing_first())
             ours["incremental"]["rounds"] = [_round(r) for r in ours_rounds]
@@ -742,14 +757,20 @@ def emulated_pass(service: str, files: int, work: Path) -> dict:
 
 # --- targets and the report ------------------------------------------------------------------------------
 def _against_turns(at: str, inc: dict, peer: dict, what: str, ours_note: str = "") -> tuple:
-    """The target row of the incremental savepoint's median turn over ``peer``'s, each turn listed."""
+    """The target row of the incremental savepoint's median turn over ``peer``'s, each turn listed, and (where the
+    turns have them) our copies' span against the peer's whole turn, and what lay before and after our copies."""
     mine, theirs = _median_seconds(inc), _median_seconds(peer)
     r = mine / theirs
+    spans = ""
+    if all("copies_s" in t for t in _turns(inc)):
+        median = lambda key: statistics.median(t[key] for t in _turns(inc))  # noqa: E731
+        spans = (f"; our copies' span / s5cmd's turn {median('copies_s') / theirs:.3f} (before our copies "
+                 f"{median('before_copies_s'):.2f}s, after {median('after_copies_s'):.2f}s, at the proxy)")
     return (f"S3 at {at}: incremental savepoint / {what} (seconds, median of {len(_turns(inc))} turns each)",
             r, "<= 1.0", r <= 1.0,
             (ours_note and f"ours {mine:.2f}s, {ours_note}; ") + f"s5cmd {theirs:.2f}s, {peer['requests']} requests; "
             "each turn: " + ", ".join(f"{a['seconds']:.2f}/{b['seconds']:.2f}"
-                                      for a, b in zip(_turns(inc), _turns(peer), strict=False)))
+                                      for a, b in zip(_turns(inc), _turns(peer), strict=False)) + spans)
 
 
 def evaluate(passes: list[dict]) -> list[dict]:

@@ -20,8 +20,8 @@ Run on its own (own process, so its work does not share a benchmark's interprete
     python -m tests.support.fault_proxy --upstream http://127.0.0.1:PORT --latency 0.02 --port-file F
 
 It writes its URL to F; ``GET /__proxy__/counts`` returns the counts as JSON, ``GET /__proxy__/log``
-the request log and the payload log, and ``POST /__proxy__/reset`` clears them (none is forwarded nor
-counted).
+the request log, the payload log and each request's (arrived, answered, kind) on the proxy's clock,
+and ``POST /__proxy__/reset`` clears them (none is forwarded nor counted).
 
 The proxy forwards any HTTP service. Request kinds are S3's unless ``service`` (``--service``) says
 ``gcs`` (the GCS JSON API, as fake-gcs-server serves it) or ``azure`` (Azure Blob, as Azurite serves
@@ -419,8 +419,9 @@ class FaultProxy:
             self.reset()
         if command == "log":  # the request log (method, target, status), the requests by kind, the payloads
             with self.lock:
-                payload = json.dumps({"log": self.log, "requests": self.request_log,
-                                      "payload": self.payload_log}).encode()
+                payload = json.dumps({"log": self.log, "requests": self.request_log, "payload": self.payload_log,
+                                      "timeline": [(arrived, answered, kind) for arrived, answered, kind, *_ in self.timeline]
+                                      }).encode()
         else:
             payload = json.dumps(self.counts()).encode()
         handler.send_response(200)

@@ -373,6 +373,24 @@ def test_the_plan_is_copied_in_one_pass_no_group_waiting_for_the_one_before(coun
 
 
 @pytest.mark.s3
+def test_the_benchmark_places_the_copies_among_the_requests_the_proxy_answered(counted):
+    """The object-store benchmark's split of a turn (``copy_spans``), from the proxy's log as its own process serves it:
+    the listing and the catalog's requests before the first copy, ``_metadata`` and the releases after the last."""
+    import json
+    import urllib.request
+
+    info, _, _ = counted.savepoint(incremental=False)
+    with urllib.request.urlopen(f"{counted.proxy.url}/__proxy__/log", timeout=10) as response:
+        timeline = json.loads(response.read())["timeline"]
+    spans = bench.copy_spans(timeline)
+    assert sum(kind == "COPY" for _, _, kind in timeline) == len(info.manifest.files)
+    assert spans["before_copies_s"] > 0 and spans["copies_s"] > 0 and spans["after_copies_s"] > 0, spans
+    first, last = min(a for a, _, _ in timeline), max(b for _, b, _ in timeline)
+    assert sum(spans.values()) == pytest.approx(last - first, abs=0.005)
+    assert bench.copy_spans([(0.0, 0.1, "LIST")]) == {}
+
+
+@pytest.mark.s3
 def test_the_batchs_logs_are_read_while_the_rest_of_the_checkpoint_is_listed(counted):
     """A checkpoint listed in two pages (1,000 unused SSTs added), the second held back 1 s at the proxy: the
     batch's offsets and commit, on the first page, are read before the second page is answered."""
