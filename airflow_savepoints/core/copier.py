@@ -330,7 +330,9 @@ def bounded_map(fn: Callable[[T], R], items: list[T], workers: int,
         nonlocal left, last_wave
         with counting:
             left -= finished
-            call, last_wave = (last_wave, None) if all_handed and left <= workers and not failed else (None, last_wave)
+            if not all_handed or left > workers or failed:
+                return
+            call, last_wave = last_wave, None
         if call is not None:
             call()
 

@@ -201,29 +201,23 @@ class S3Backend(ObjectStoreBackend):
     def open_read(self, path: str, block_size: int | None) -> tuple[IO[bytes], str | None]:
         return ObjectReader(self.fs, path), None
 
-    def list_files(self, base: str) -> dict[str, FileStat]:
-        """One ``ListObjectsV2`` per page, kept in no cache (s3fs's ``find`` would keep ~25 MiB of raw
-        entries for 20,000 files, for the life of the filesystem object; reads need no size from it:
-        :class:`ObjectReader`). ``find`` also asks again when nothing is below ``base`` (a HEAD and a
-        listing of the name itself): two more round trips before an empty folder is known empty."""
-        try:
-            found = fsspec.asyn.sync(self.fs.loop, self.fs._lsdir, self.strip(base).rstrip("/"), delimiter="")
-        except FileNotFoundError:
-            return {}
-        return self.files_below(base, found)
-
-    def list_files_lazily(self, base: str, on_error: OnError, links: list[str] | None = None,
-                          on_page: OnPage | None = None) -> Mapping[str, FileStat]:
-        """``list_files``; with ``on_page``, the same ``ListObjectsV2`` pages told as each arrives (keys in
-        order on S3's general purpose buckets), through s3fs's own page loop (each page's request retried)."""
-        if on_page is None or self.fs.version_aware:
-            return self.list_files(base)
+    def list_files(self, base: str, on_page: OnPage | None = None) -> dict[str, FileStat]:
+        """One ``ListObjectsV2`` per page through s3fs's own page loop (each page's request retried), kept in no
+        cache (s3fs's ``find`` would keep ~25 MiB of raw entries for 20,000 files, for the life of the filesystem
+        object; reads need no size from it: :class:`ObjectReader`). ``find`` also asks again when nothing is below
+        ``base`` (a HEAD and a listing of the name itself): two more round trips before an empty folder is known
+        empty. ``on_page`` is told each page's files as it arrives (keys in order on S3's general purpose buckets).
+        Each key's latest version, whether or not the filesystem is version-aware."""
         try:
             return fsspec.asyn.sync(self.fs.loop, self._list_in_pages, base, on_page)
         except FileNotFoundError:
             return {}
 
-    async def _list_in_pages(self, base: str, on_page: OnPage) -> dict[str, FileStat]:
+    def list_files_lazily(self, base: str, on_error: OnError, links: list[str] | None = None,
+                          on_page: OnPage | None = None) -> Mapping[str, FileStat]:
+        return self.list_files(base, on_page)
+
+    async def _list_in_pages(self, base: str, on_page: OnPage | None) -> dict[str, FileStat]:
         bucket, key, _ = self.fs.split_path(self.strip(base).rstrip("/"))
         prefix = key + "/" if key else ""
         found: dict[str, FileStat] = {}
@@ -235,7 +229,8 @@ class S3Backend(ObjectStoreBackend):
                 self.fs._fill_info(entry, bucket)
             files = self.files_below(base, entries)
             found.update(files)
-            on_page(files)
+            if on_page is not None:
+                on_page(files)
         return found
 
     def create_exclusive(self, path: str, data: bytes) -> bool:

@@ -124,6 +124,21 @@ def test_s3_listing_tells_each_page_as_it_arrives_in_key_order(s3, tmp_path):
     assert dict(Store(str(tmp_path)).list_files_lazily(on_page=pages.append)).keys() == {"a"} and len(pages) == 2
 
 
+@pytest.mark.s3
+def test_a_version_aware_s3_store_lists_each_files_latest_version_once(s3):
+    """In a versioned bucket, a version-aware filesystem's listing gives a file written twice once, its latest
+    version, exactly as a plain filesystem's listing does."""
+    plain = Store(f"s3://{s3}/versioned", {"skip_instance_cache": True})
+    plain.fs.call_s3("put_bucket_versioning", Bucket=s3, VersioningConfiguration={"Status": "Enabled"})
+    plain.write_bytes_atomic("f", b"first")
+    plain.write_bytes_atomic("f", b"second, longer")
+    plain.write_bytes_atomic("g/h", b"x")
+    aware = Store(f"s3://{s3}/versioned", {"skip_instance_cache": True, "version_aware": True})
+    listed = aware.list_files_lazily(on_page=lambda page: None)
+    assert sorted(listed) == ["f", "g/h"] and listed["f"].size == len(b"second, longer")
+    assert dict(listed) == plain.list_files()
+
+
 @pytest.mark.parametrize("store", [GCS, AZURE], indirect=True)
 def test_gcs_and_azure_copy_inside_the_store_only(store, tmp_path):
     assert store.copy_methods(store.child("x")) == (SERVER_COPY, STREAM)
