@@ -149,7 +149,7 @@ class Lease:
         self._io = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.lost = False  # set by the heartbeat when a renewal finds the lease taken over
+        self.lost = False  # set once a renewal or a read finds the lease we took gone or taken over
 
     @property
     def written(self) -> bool:
@@ -162,12 +162,15 @@ class Lease:
         return self._state_of(self.name, self.stale_after)
 
     def held(self) -> bool:
-        """Whether the lease file carries our token (one read; its age does not matter to its holder)."""
+        """Whether the lease file carries our token (one read; its age does not matter to its holder). Once a
+        lease we took is read gone or another's, it is ``lost``: no later release trusts our last write."""
         try:
-            data = self.store.read_known(self.name, "lease")
+            ours = _parse(self.store.read_known(self.name, "lease"))[0] == self.token
         except (FileNotFoundError, UnsafeFileError):
-            return False
-        return _parse(data)[0] == self.token
+            ours = False
+        if not ours and self._written_at is not None:
+            self.lost = True
+        return ours
 
     def _raw(self, name: str) -> tuple[bytes, float | None] | None:
         try:

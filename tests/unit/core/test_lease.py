@@ -132,6 +132,23 @@ def test_abandon_removes_only_this_process_lease_for_that_location(tmp_path):
     assert JobLock.abandon(job, "savepoint-abc-0123456789ab") and not path.exists()
 
 
+def test_a_lease_read_gone_is_no_longer_believed_its_holders_own(tmp_path):
+    """A lease removed by hand (its holder judged dead) and taken by a second run: the first run's check
+    before ``_metadata`` reads it gone, and its release then reads before it removes: the second run's lease stays."""
+    job = Store(str(tmp_path / "job"))
+    first = JobLock(job, request_id="first")
+    assert first.try_acquire() is None
+    first.set_savepoint("savepoint-abc-0123456789ab")
+    (tmp_path / "job" / LOCK_FILE).unlink()
+    second = JobLock(job, request_id="second")
+    assert second.try_acquire() is None
+    assert first.lease.recent and not first.still_held()
+    assert not first.lease.recent
+    first.release()
+    assert JobLock(job, request_id=None).current().request_id == "second"
+    second.release()
+
+
 def test_a_lease_removed_for_its_holder_in_this_process_is_no_longer_believed_its_own(tmp_path):
     """A holder trusts its own recent write (its release removes the lease without reading it first), but not
     once ``JobLock.abandon`` removed it for the holder (a killed task's clean-up): a new holder's lease stays."""
