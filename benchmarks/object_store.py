@@ -16,9 +16,10 @@ then 50 ms in a second pass. In each pass, on the same server:
   ``s5cmd cp`` (one ``cp`` per file through ``s5cmd run``, server-side) and ``aws s3 cp --recursive``,
   each at our concurrency and at its own default (``s5cmd`` also at 8 workers, the command line's
   yardstick), for the savepoint and for the restore; ``s5cmd`` at our concurrency also on the incremental
-  savepoint's files, given their keys and (the floor of a tool that must find them) listing the checkpoint
-  first; the incremental savepoint and these two take ``INCREMENTAL_ROUNDS`` turns each, in rotation (moto's
-  pace drifts by 10-20% from minute to minute): their medians are compared.
+  savepoint's files, given their keys, listing the checkpoint first, and listing it beside the copies (the
+  floor of any tool that must find the files: on this rig moto's CPU, which every request shares, bounds
+  the run); the incremental savepoint and these three take ``INCREMENTAL_ROUNDS`` turns each, in rotation
+  (moto's pace drifts by 10-20% from minute to minute): their medians are compared.
 
 Figures: seconds, requests by kind (counted at the proxy), payload bytes through the worker (object
 bodies read and written, at the proxy), peak resident memory above the process's baseline, and the CPU
@@ -75,7 +76,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_BIN = ROOT / ".tools" / "peers" / "bin"
 PARTITIONS = 200
-INCREMENTAL_ROUNDS = 5  # turns of our incremental savepoint, s5cmd copying the same files and s5cmd listing first, in rotation
+INCREMENTAL_ROUNDS = 5  # turns of our incremental savepoint and of s5cmd on its files (three ways), in rotation
 SNAPSHOT_VERSION = 10
 QUERY_ID = "0b7e9d1e-5c1a-4a47-9a6e-b3f1c0ffee20"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -529,8 +530,10 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
                                        parallelism, work)
 
             # the same, found the way a savepoint finds them: s5cmd lists the checkpoint first (all its pages)
-            listing_first = ["sh", "-c", shlex.join([tool, "--endpoint-url", proxy.url, "ls", f"s3://{bucket}/checkpoint/*"])
-                             + " > /dev/null && " + shlex.join(command)]
+            listing = shlex.join([tool, "--endpoint-url", proxy.url, "ls", f"s3://{bucket}/checkpoint/*"]) + " > /dev/null"
+            listing_first = ["sh", "-c", f"{listing} && {shlex.join(command)}"]
+            # and the floor of any tool that must list: the listing beside the copies it did not need to wait for
+            listing_beside = ["sh", "-c", f"{listing} & listing=$!; {shlex.join(command)} && wait $listing"]
 
             def s5cmd_turn(peer_command: list[str], what: str) -> Callable[[], dict]:
                 def turn() -> dict:
@@ -543,21 +546,25 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
 
             s5cmd_incremental = s5cmd_turn(command, f"the incremental savepoint's {len(files2)} files")
             s5cmd_listing_first = s5cmd_turn(listing_first, "listing the checkpoint, then copying the same files")
+            s5cmd_listing_beside = s5cmd_turn(listing_beside, "listing the checkpoint beside copying the same files")
             peer = {"savepoint": s5cmd_incremental()}
             lister = {"savepoint": s5cmd_listing_first()}
+            beside = {"savepoint": s5cmd_listing_beside()}
             peers[f"s5cmd equal ({parallelism}), the incremental's files"] = peer
             peers[f"s5cmd equal ({parallelism}), listing first, the incremental's files"] = lister
+            peers[f"s5cmd equal ({parallelism}), listing beside, the incremental's files"] = beside
             # moto's pace drifts by 10-20% from minute to minute: they take turns, each round the same files
             # (ours again on the same checkpoint: an incremental savepoint copies every file on S3)
-            ours_rounds, peer_rounds, lister_rounds = [ours["incremental"]], [peer["savepoint"]], [lister["savepoint"]]
+            rounds = [(ours["incremental"], lambda: counted(proxy, incremental, spans=True)),
+                      (peer["savepoint"], s5cmd_incremental), (lister["savepoint"], s5cmd_listing_first),
+                      (beside["savepoint"], s5cmd_listing_beside)]
+            turns: list[list[dict]] = [[first_turn] for first_turn, _ in rounds]
             for _ in range(INCREMENTAL_ROUNDS - 1):
                 log(f"{latency * 1000:.0f} ms: incremental savepoint again, {len(files2)} files")
-                ours_rounds.append(counted(proxy, incremental, spans=True))
-                peer_rounds.append(s5cmd_incremental())
-                lister_rounds.append(s5cmd_listing_first())
-            ours["incremental"]["rounds"] = [_round(r) for r in ours_rounds]
-            peer["savepoint"]["rounds"] = [_round(r) for r in peer_rounds]
-            lister["savepoint"]["rounds"] = [_round(r) for r in lister_rounds]
+                for taken, (_, turn) in zip(turns, rounds, strict=True):
+                    taken.append(turn())
+            for (first_turn, _), taken in zip(rounds, turns, strict=True):
+                first_turn["rounds"] = [_round(r) for r in taken]
         log(f"{latency * 1000:.0f} ms: restore")
         restore_dir = work / f"restored-{latency}"
         ours["restore"] = counted(proxy, lambda: measured_here(
@@ -793,6 +800,13 @@ def evaluate(passes: list[dict]) -> list[dict]:
         s5_listing = peers.get(f"s5cmd equal ({p['parallelism']}), listing first, the incremental's files")
         if s5_listing:
             add(*_against_turns(at, inc, s5_listing["savepoint"], "s5cmd listing the checkpoint, then copying the same files"))
+        if s5_beside := peers.get(f"s5cmd equal ({p['parallelism']}), listing beside, the incremental's files"):
+            *row, note = _against_turns(at, inc, s5_beside["savepoint"],
+                                        "s5cmd listing the checkpoint beside copying the same files (any lister's floor)")
+            if s5_inc:  # what finding the files costs even overlapped: the floor over a peer handed the keys
+                note += (f"; s5cmd listing beside / s5cmd given the keys "
+                         f"{_median_seconds(s5_beside['savepoint']) / _median_seconds(s5_inc['savepoint']):.3f}")
+            add(*row, note)
         if s5_eq:
             r = save["seconds"] / s5_eq["savepoint"]["seconds"]
             add(f"S3 at {at}: savepoint / s5cmd cp at equal concurrency (seconds)", r, "<= 1.0", r <= 1.0)
