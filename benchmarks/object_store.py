@@ -521,7 +521,10 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
             second["info"] = info2
             return figures
 
-        ours["incremental"] = counted(proxy, incremental, spans=True)
+        def incremental_turn() -> dict:
+            return counted(proxy, incremental, spans=True)
+
+        ours["incremental"] = incremental_turn()
         files2 = second["info"].manifest.files
         ours["incremental"].update(copied_files(files2), new_files=len(added))
         if peers is not None and (tool := peer_tools()["s5cmd"]) is not None:  # the same files, straight from the checkpoint
@@ -555,7 +558,7 @@ def one_pass(moto: Moto, latency: float, files: int, work: Path, with_peers: boo
             peers[f"s5cmd equal ({parallelism}), listing beside, the incremental's files"] = beside
             # moto's pace drifts by 10-20% from minute to minute: they take turns, each round the same files
             # (ours again on the same checkpoint: an incremental savepoint copies every file on S3)
-            rounds = [(ours["incremental"], lambda: counted(proxy, incremental, spans=True)),
+            rounds = [(ours["incremental"], incremental_turn),
                       (peer["savepoint"], s5cmd_incremental), (lister["savepoint"], s5cmd_listing_first),
                       (beside["savepoint"], s5cmd_listing_beside)]
             turns: list[list[dict]] = [[first_turn] for first_turn, _ in rounds]

@@ -128,7 +128,7 @@ def test_a_planned_batch_uncommitted_past_progress_timeout_is_stalled(checkpoint
     job = StreamingJob(name="stuck", application="app.py", checkpoint=str(checkpoint), progress_timeout=1,
                        savepoint_dir=str(tmp_path / "savepoints"))
     ctx = JobContext(job, Store(job.savepoint_dir))
-    newest = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    newest = _newest(checkpoint, "commits")
     state = lifecycle.JobState(job="stuck", state="running", checkpoint=str(checkpoint))
     assert watchdog.stall_reason(ctx, state) is None  # everything planned is committed
     (checkpoint / "commits" / str(newest)).unlink()  # batch `newest` planned, not committed
@@ -194,7 +194,8 @@ def test_a_real_job_whose_batch_hangs_is_reported_stalled_within_its_progress_ti
         stop_process(read_run(ctx.folder), grace=10)
 
 
-def _newest(checkpoint: str, log: str) -> int:
+def _newest(checkpoint: str | Path, log: str) -> int:
+    """The newest batch in a local checkpoint's ``log`` folder (offsets, commits), -1 if none."""
     return max((int(p.name) for p in (Path(checkpoint) / log).iterdir() if p.name.isdigit()), default=-1)
 
 
